@@ -1,0 +1,3 @@
+"""hfscale: choose how to train a GPT-2/BLOOM-style model at scale, and know what each choice costs."""
+
+__version__ = "0.1.0"

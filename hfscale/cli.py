@@ -1,0 +1,63 @@
+"""`hfscale` console script: train | strategies | peak."""
+
+import argparse
+import sys
+
+from .errors import exit_on_user_error
+
+
+def cmd_strategies(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="hfscale strategies", description="List strategies (and the optimizer matrix).")
+    parser.add_argument("--matrix", action="store_true", help="print which strategy x optimizer pairs work")
+    opts = parser.parse_args(argv)
+    from .strategies import OPTIMIZERS, all_strategies, matrix_markdown
+
+    if opts.matrix:
+        print(matrix_markdown())
+        return
+    for s in all_strategies().values():
+        print(f"{s.name:<14} {s.summary}")
+    print("\noptimizers (--optim): " + ", ".join(f"{name} ({desc})" for name, (_, _, desc) in OPTIMIZERS.items()))
+
+
+def cmd_peak(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="hfscale peak", description="Measure the best matmul TFLOPs this device reaches.")
+    parser.add_argument("--dtype", default=None, choices=["bf16", "fp16", "tf32", "fp32"])
+    parser.add_argument("--size", type=int, default=None, help="matrix size (default 8192 on GPU, 1024 on CPU)")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    opts = parser.parse_args(argv)
+    import torch
+
+    from .peaks import measure_peak_tflops, table_peak
+
+    on_cuda = torch.cuda.is_available()
+    device = "cuda" if on_cuda else "cpu"
+    name = torch.cuda.get_device_name() if on_cuda else f"CPU ({torch.get_num_threads()} threads)"
+    for dtype in [opts.dtype] if opts.dtype else (["bf16", "tf32", "fp32"] if on_cuda else ["fp32", "bf16"]):
+        measured = measure_peak_tflops(device, dtype, opts.size, opts.seconds)
+        table = table_peak(name, dtype) if on_cuda else None
+        ratio = f" ({measured / table:.0%} of datasheet {table:g})" if table else ""
+        print(f"{name} {dtype}: measured {measured:.2f} TFLOPs{ratio}")
+
+
+COMMANDS = {
+    "train": "train with a strategy and optimizer (every TrainingArguments flag works)",
+    "strategies": "list strategies; --matrix for the strategy x optimizer table",
+    "peak": "measure this device's matmul peak TFLOPs",
+}
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: hfscale {" + ",".join(COMMANDS) + "} ...\n")
+        for name, text in COMMANDS.items():
+            print(f"  {name:<11} {text}")
+        sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from .train import main as train_main
+
+        return train_main(rest)
+    {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

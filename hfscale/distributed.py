@@ -1,0 +1,100 @@
+"""Process-group set-up the libraries get wrong on a CPU-only machine, and reading what the launcher asked for.
+
+Traps this module exists for (each seen with transformers 5 / accelerate 1.x on a CPU-only machine):
+- Launched with 2 processes, the Trainer on CPU runs with accelerate's distributed_type NO unless `use_cpu=True`:
+  no DDP wrapper, every rank trains on the same batches. hfscale sets `use_cpu` for ddp/fsdp on CPU.
+- With DeepSpeed on CPU, `use_cpu=True` would drop DeepSpeed, and without it accelerate believes the world size is
+  1 (same batches on every rank while DeepSpeed averages their gradients). The route that works: create
+  accelerate's `PartialState(backend="gloo")` with ACCELERATE_USE_DEEPSPEED=true *before* the TrainingArguments,
+  and let the Trainer reuse it (`accelerator_config.use_configured_state`).
+- A run started without a launcher gets a one-process group of its own, so FSDP and DeepSpeed run unchanged.
+"""
+
+import os
+import socket
+
+from .errors import HfscaleError
+from .strategies import Strategy, all_strategies
+
+
+def has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_process_group_env() -> None:
+    """Give a process started without a launcher the environment of a one-process group."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def launcher_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _true(var: str) -> bool:
+    return os.environ.get(var, "false").lower() == "true"
+
+
+def launcher_strategy() -> str | None:
+    """The strategy an `accelerate launch --config_file ...` asked for, read from the environment it sets."""
+    if _true("ACCELERATE_USE_DEEPSPEED"):
+        config_file = os.path.basename(os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", ""))
+        for s in all_strategies().values():
+            if s.engine == "deepspeed" and s.deepspeed_config == config_file:
+                return s.name
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+        offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none") not in ("none", "")
+        name = f"zero{stage}" + ("_offload" if offload else "")
+        if name not in all_strategies():
+            raise HfscaleError(f"the launcher's DeepSpeed config ({config_file or 'stage ' + stage}) matches no strategy")
+        return name
+    if _true("ACCELERATE_USE_FSDP"):
+        return "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
+    return None
+
+
+def resolve_strategy(asked: str | None) -> str:
+    """--strategy, checked against the launcher's config; the launcher's choice when no --strategy; else ddp."""
+    launched = launcher_strategy()
+    if asked is None:
+        return launched or "ddp"
+    if launched is not None and launched != asked:
+        raise HfscaleError(
+            f"--strategy {asked} contradicts the launcher's config, which asks for {launched}; "
+            f"launch with accelerate_configs/{asked}.yaml or drop --config_file"
+        )
+    return asked
+
+
+def configure_state_for_cpu_deepspeed() -> dict:
+    """Pre-create accelerate's state for DeepSpeed over gloo; returns the accelerator_config the Trainer needs."""
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo")
+    return {"use_configured_state": True}
+
+
+def prepare_processes(strategy: Strategy) -> dict:
+    """Everything that must happen before the TrainingArguments build their device state.
+
+    Returns the TrainingArguments overrides this needs ({} on a GPU machine: the GPU route is left alone).
+    """
+    ensure_process_group_env()
+    if has_accelerator():
+        return {}
+    if strategy.engine == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        return {"accelerator_config": configure_state_for_cpu_deepspeed(), "use_cpu": False}
+    return {"use_cpu": True}

@@ -1,0 +1,206 @@
+"""Live measurement during training: seconds per iteration, throughput, TFLOPs, MFU, memory, days.
+
+One timing per logging step: on CUDA a single synchronize before reading the clock (the Trainer's loss
+`.item()` at a logging step synchronizes anyway); nothing is synchronized on the other steps. Figures come
+from metrics.py; this module only measures time and memory and routes the numbers.
+"""
+
+import resource
+import sys
+import time
+from dataclasses import asdict
+
+from transformers import TrainerCallback
+
+from . import metrics
+
+GB = 1e9
+
+
+def _sync(on_cuda: bool) -> None:
+    if on_cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def memory_now(on_cuda: bool) -> dict:
+    """Peak memory of this process: device allocated/reserved on CUDA, resident host memory (RSS) always."""
+    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB}  # ru_maxrss is KiB
+    if on_cuda:
+        import torch
+
+        out["peak_allocated_gb"] = torch.cuda.max_memory_allocated() / GB
+        out["peak_reserved_gb"] = torch.cuda.max_memory_reserved() / GB
+    return out
+
+
+class Meter:
+    """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures."""
+
+    def __init__(self, shape, *, micro_batch, grad_accum, gpus, seq, checkpointing, token_budget, peak_tflops,
+                 warmup_steps, on_cuda):
+        self.fixed = dict(micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, seq=seq,
+                          checkpointing=checkpointing, token_budget=token_budget, peak_tflops=peak_tflops)
+        self.shape, self.warmup_steps, self.on_cuda = shape, warmup_steps, on_cuda
+        self.start_step = self.start_time = None  # the end of the warm-up: where the whole-run average starts
+        self.mark_step = self.mark_time = None  # the last logging step: where the current interval starts
+        self.paused_s = 0.0  # time spent saving/evaluating since start, excluded from training time
+        self.end_step = self.end_time = None  # the last optimizer step: where the whole-run average ends
+        self._step_end_time = None
+        self._paused = False
+
+    def step_end(self, step: int, last: bool = False) -> None:
+        if step == self.warmup_steps or last:
+            _sync(self.on_cuda)
+        now = time.perf_counter()
+        if step == self.warmup_steps:
+            self.start_step = self.mark_step = step
+            self.start_time = self.mark_time = now
+        if last:
+            self.end_step, self.end_time = step, now
+        self._step_end_time = now
+
+    def mark_paused(self) -> None:
+        """A checkpoint save or an evaluation happened after the last step; its time is not training time."""
+        self._paused = True
+
+    def step_begin(self) -> None:
+        if self._paused and self._step_end_time is not None and self.start_time is not None:
+            self.pause(time.perf_counter() - self._step_end_time)
+        self._paused = False
+
+    def pause(self, seconds: float) -> None:
+        self.paused_s += seconds
+        if self.mark_time is not None:
+            self.mark_time += seconds
+
+    def figures(self, s_per_iter: float) -> metrics.StepFigures:
+        return metrics.step_figures(self.shape, s_per_iter=s_per_iter, **self.fixed)
+
+    def interval(self, step: int) -> metrics.StepFigures | None:
+        """Figures over the steps since the previous logging step (None during warm-up)."""
+        if self.mark_step is None or step <= self.mark_step:
+            return None
+        _sync(self.on_cuda)
+        now = time.perf_counter()
+        s_per_iter = (now - self.mark_time) / (step - self.mark_step)
+        self.mark_step, self.mark_time = step, now
+        return self.figures(s_per_iter)
+
+    def whole_run(self) -> tuple[metrics.StepFigures | None, int]:
+        """Figures averaged over every step after the warm-up, and how many steps that is."""
+        if self.start_step is None or self.end_step is None or self.end_step <= self.start_step:
+            return None, 0
+        steps = self.end_step - self.start_step
+        return self.figures((self.end_time - self.start_time - self.paused_s) / steps), steps
+
+
+def perf_scalars(fig: metrics.StepFigures) -> dict:
+    """The perf/* names used in logs, TensorBoard and the results file."""
+    return {
+        "perf/s_per_iter": fig.s_per_iter,
+        "perf/tokens_per_s": fig.tokens_per_s,
+        "perf/tokens_per_s_per_gpu": fig.tokens_per_s_per_gpu,
+        "perf/samples_per_s": fig.samples_per_s,
+        "perf/tflops_per_gpu": fig.tflops_per_gpu_model,
+        "perf/tflops_per_gpu_hardware": fig.tflops_per_gpu_hardware,
+        "perf/tflops_per_gpu_bigscience": fig.tflops_per_gpu_bigscience,
+        **({"perf/mfu": fig.mfu, "perf/hfu": fig.hfu} if fig.mfu is not None else {}),
+        "perf/days_to_budget": fig.days_to_budget,
+        "perf/gpu_days_to_budget": fig.gpu_days_to_budget,
+    }
+
+
+class TensorBoardWriter:
+    """train/*, perf/*, memory/* scalars and the run's hyper-parameters, straight into the run directory,
+    so `tensorboard --logdir runs/` overlays every run under its run name."""
+
+    def __init__(self, log_dir: str, hparams: dict):
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        self.writer = SummaryWriter(log_dir=log_dir)
+        self.hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        for summary in hparams_summary(self.hparams, {"perf/tokens_per_s": 0.0, "train/loss": 0.0}):
+            self.writer.file_writer.add_summary(summary)
+
+    def scalars(self, values: dict, step: int) -> None:
+        for name, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/lr"}
+
+
+class MeasureCallback(TrainerCallback):
+    """Feeds the Meter from the Trainer's events and sends figures to TensorBoard and the run record."""
+
+    def __init__(self, meter: Meter, record, tensorboard: TensorBoardWriter | None, is_main: bool):
+        self.meter, self.record, self.tb, self.is_main = meter, record, tensorboard, is_main
+        
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.meter.step_begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.meter.mark_paused()
+        self.record.note_checkpoint(state.global_step)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.meter.mark_paused()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        values = {TRAIN_SCALARS[k]: v for k, v in logs.items() if k in TRAIN_SCALARS}
+        values.update({k: v for k, v in logs.items() if k.startswith(("perf/", "memory/"))})
+        if "loss" in logs:
+            self.record.add_loss(state.global_step, logs)
+        if self.tb and self.is_main:
+            self.tb.scalars(values, state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.tb:
+            self.tb.close()
+
+
+def format_summary(results: dict) -> str:
+    """The one-screen summary printed at the end of a run."""
+    perf, mem, model, cfg = results.get("perf") or {}, results.get("memory") or {}, results["model"], results["config"]
+    def f(key, fmt="{:.3g}"):
+        value = perf.get(key)
+        return fmt.format(value) if isinstance(value, (int, float)) else "n/a"
+    lines = [
+        f"hfscale run {results['run_name']}  [{results['status']}]",
+        f"  strategy {results['strategy']} · optim {results['optim']} · model {model['name']} "
+        f"({model['params_model'] / 1e6:.2f}M params) · {cfg['world_size']} x {results['environment']['device_name']}",
+        f"  DP {cfg['world_size']} · MBS {cfg['micro_batch_size']} · GAS {cfg['grad_accum']} · GBS "
+        f"{cfg['global_batch_size']} · seq {cfg['seq_len']} · checkpointing {cfg['checkpointing']} · {cfg['precision']}",
+        f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.get('measured_steps', 0)} steps · "
+        f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per GPU)",
+        f"  TFLOPs/GPU: exact {f('tflops_per_gpu_model')} · hardware {f('tflops_per_gpu_hardware')} · "
+        f"BigScience {f('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
+        f"(peak {f('peak_tflops')} TFLOPs, {perf.get('peak_source', 'n/a')})",
+        f"  memory: peak RSS {mem.get('peak_rss_gb', 0):.2f} GB"
+        + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
+           if "peak_allocated_gb" in mem else ""),
+        f"  {results['config']['token_budget'] / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
+        f"{cfg['world_size']} GPU(s) = {f('gpu_days_to_budget', '{:,.1f}')} GPU-days",
+        f"  results: {results['output_dir']}/results.json",
+    ]
+    return "\n".join(lines)
+
+
+def print_summary(results: dict) -> None:
+    print(format_summary(results), file=sys.stdout, flush=True)
+
+
+def figures_dict(fig: metrics.StepFigures | None) -> dict:
+    return asdict(fig) if fig is not None else {}

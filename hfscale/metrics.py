@@ -1,0 +1,160 @@
+"""Every number hfscale reports — parameters, FLOPs, throughput, MFU, days — as pure functions.
+
+No torch import: these are tested exactly against independent sources (the model's own parameter count,
+torch's FlopCounterMode, the BigScience worked example) and reused by train, report and estimate alike.
+
+Units: FLOPs are floating-point operations (a multiply-add is 2); `_s` seconds; TFLOPs = 1e12 FLOPs/s.
+"""
+
+from dataclasses import dataclass
+
+SECONDS_PER_DAY = 86_400
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a GPT-2 or BLOOM decoder: all the architecture the formulas need."""
+
+    family: str  # "gpt2" (learned positions) | "bloom" (ALiBi, LayerNorm after the embeddings)
+    n_layer: int
+    hidden: int
+    n_head: int
+    vocab: int
+    positions: int  # maximum sequence length (GPT-2: size of the learned position table)
+    ffn: int | None = None  # MLP inner size; None means the usual 4 x hidden
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+
+def param_count(shape: ModelShape) -> int:
+    """Exact trainable parameters (embeddings tied to the LM head, as in both families).
+
+    Per layer: QKV 3h^2+3h, output projection h^2+h, MLP 2hf+f+h, two LayerNorms 4h  ->  4h^2 + 2hf + 9h + f
+    (= 12h^2 + 13h when f = 4h). Plus word embeddings v*h, a final LayerNorm 2h, and GPT-2's position table s*h
+    or BLOOM's embedding LayerNorm 2h.
+    """
+    h, f = shape.hidden, shape.ffn_size
+    per_layer = 4 * h * h + 2 * h * f + 9 * h + f
+    extra = shape.positions * h if shape.family == "gpt2" else 2 * h
+    return shape.n_layer * per_layer + shape.vocab * h + 2 * h + extra
+
+
+def param_count_bigscience(n_layer: int, hidden: int, seq: int, vocab: int) -> int:
+    """The BigScience notes' GPT-2 size formula: l(12h^2 + 13h) + vh + sh + 2h."""
+    h = hidden
+    return n_layer * (12 * h * h + 13 * h) + vocab * h + seq * h + 2 * h
+
+
+def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
+    """Matmul FLOPs of one forward pass over one sequence of `seq` tokens, by component.
+
+    Attention scores (QK^T) and context (AV) are counted over the full s x s square, as the kernels compute
+    them (and as torch's FlopCounterMode counts them); causal masking does not skip work in eager/SDPA math.
+    """
+    h, f, s, l = shape.hidden, shape.ffn_size, seq, shape.n_layer
+    return {
+        "qkv": l * 2 * s * h * 3 * h,
+        "attention_scores": l * 2 * s * s * h,
+        "attention_context": l * 2 * s * s * h,
+        "attention_output": l * 2 * s * h * h,
+        "mlp": l * 2 * 2 * s * h * f,
+        "lm_head": 2 * s * h * shape.vocab,
+    }
+
+
+def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool) -> tuple[int, int]:
+    """(model FLOPs, hardware FLOPs) of one training step over one sequence.
+
+    Model FLOPs = forward + backward (2 x forward) = 3 x forward: the work the model needs (MFU).
+    Hardware FLOPs add what activation checkpointing recomputes: one more forward of the decoder blocks
+    (the LM head is outside the checkpointed blocks) — the work the device actually does (HFU).
+    """
+    parts = forward_flops_per_sequence(shape, seq)
+    forward = sum(parts.values())
+    model = 3 * forward
+    hardware = model + (forward - parts["lm_head"] if recompute else 0)
+    return model, hardware
+
+
+def bigscience_tflops_per_gpu(
+    params: int, seq: int, global_batch: int, s_per_iter: float, gpus: int, checkpointing: bool
+) -> float:
+    """BigScience convention: params x F x 2 x seq x GBS / (s_per_iter x GPUs x 1e12), F = 4 with checkpointing
+    (forward recomputed), 3 without. Ignores attention's s^2 term and the LM head's shape."""
+    factor = 4 if checkpointing else 3
+    return params * factor * 2 * seq * global_batch / (s_per_iter * gpus * 1e12)
+
+
+def tokens_per_step(micro_batch: int, grad_accum: int, data_parallel: int, seq: int) -> int:
+    """Tokens per optimizer step: GBS (= MBS x GAS x DP samples) x seq, every block packed full."""
+    return micro_batch * grad_accum * data_parallel * seq
+
+
+def tflops_per_gpu(flops_per_step: float, s_per_iter: float, gpus: int) -> float:
+    return flops_per_step / (s_per_iter * gpus * 1e12)
+
+
+def utilization(achieved_tflops: float, peak_tflops: float | None) -> float | None:
+    """MFU/HFU as a fraction of the peak; None where no peak is known."""
+    return achieved_tflops / peak_tflops if peak_tflops else None
+
+
+def days_to_train(token_budget: float, tokens_per_s: float, gpus: int) -> tuple[float, float]:
+    """(wall-clock days, GPU-days) to process `token_budget` tokens at a global `tokens_per_s`."""
+    days = token_budget / tokens_per_s / SECONDS_PER_DAY
+    return days, days * gpus
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """Everything derived from one measured seconds-per-iteration (the results file's `perf` block)."""
+
+    s_per_iter: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    samples_per_s: float
+    tflops_per_gpu_bigscience: float
+    tflops_per_gpu_model: float
+    tflops_per_gpu_hardware: float
+    mfu: float | None
+    hfu: float | None
+    days_to_budget: float
+    gpu_days_to_budget: float
+
+
+def step_figures(
+    shape: ModelShape,
+    *,
+    s_per_iter: float,
+    micro_batch: int,
+    grad_accum: int,
+    gpus: int,
+    seq: int,
+    checkpointing: bool,
+    token_budget: float,
+    peak_tflops: float | None,
+) -> StepFigures:
+    global_batch = micro_batch * grad_accum * gpus
+    tokens = tokens_per_step(micro_batch, grad_accum, gpus, seq)
+    model_flops, hardware_flops = training_flops_per_sequence(shape, seq, checkpointing)
+    model_tflops = tflops_per_gpu(model_flops * global_batch, s_per_iter, gpus)
+    hardware_tflops = tflops_per_gpu(hardware_flops * global_batch, s_per_iter, gpus)
+    tokens_per_s = tokens / s_per_iter
+    days, gpu_days = days_to_train(token_budget, tokens_per_s, gpus)
+    return StepFigures(
+        s_per_iter=s_per_iter,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / gpus,
+        samples_per_s=global_batch / s_per_iter,
+        tflops_per_gpu_bigscience=bigscience_tflops_per_gpu(
+            param_count(shape), seq, global_batch, s_per_iter, gpus, checkpointing
+        ),
+        tflops_per_gpu_model=model_tflops,
+        tflops_per_gpu_hardware=hardware_tflops,
+        mfu=utilization(model_tflops, peak_tflops),
+        hfu=utilization(hardware_tflops, peak_tflops),
+        days_to_budget=days,
+        gpu_days_to_budget=gpu_days,
+    )

@@ -1,0 +1,129 @@
+"""Model presets (GPT-2, BLOOM and BigScience experiment shapes) and building a model from one.
+
+A preset is only a ModelShape; the model is built from a transformers config so every Trainer feature works.
+"""
+
+from dataclasses import replace
+
+from .errors import HfscaleError, one_of
+from .metrics import ModelShape
+
+GPT2_VOCAB, BLOOM_VOCAB = 50257, 250880
+
+
+def _gpt2(n_layer, hidden, n_head, positions=1024, vocab=GPT2_VOCAB):
+    return ModelShape("gpt2", n_layer, hidden, n_head, vocab, positions)
+
+
+def _bloom(n_layer, hidden, n_head):
+    # BLOOM uses ALiBi (no position table); 2048 is the sequence length it was trained with.
+    return ModelShape("bloom", n_layer, hidden, n_head, BLOOM_VOCAB, 2048)
+
+
+PRESETS: dict[str, ModelShape] = {
+    # A few-hundred-thousand-parameter GPT-2 for tests and the CPU default run.
+    "tiny": _gpt2(2, 64, 4, positions=256, vocab=2048),
+    "tiny-bloom": ModelShape("bloom", 2, 64, 4, 2048, 256),
+    # OpenAI GPT-2 sizes.
+    "gpt2-124m": _gpt2(12, 768, 12),
+    "gpt2-350m": _gpt2(24, 1024, 16),
+    "gpt2-774m": _gpt2(36, 1280, 20),
+    "gpt2-1.5b": _gpt2(48, 1600, 25),
+    # Megatron/BigScience GPT-2 1.3B (the usual MFU benchmark shape).
+    "gpt2-1.3b": _gpt2(24, 2048, 16, positions=2048),
+    # BLOOM family shapes.
+    "bloom-560m": _bloom(24, 1024, 16),
+    "bloom-1b1": _bloom(24, 1536, 16),
+    "bloom-1b7": _bloom(24, 2048, 16),
+    "bloom-3b": _bloom(30, 2560, 32),
+    "bloom-7b1": _bloom(30, 4096, 32),
+    # BigScience experiment shapes (GPT-2 architecture, seq 2048).
+    "bigscience-13b": _gpt2(40, 5120, 40, positions=2048),
+    "bigscience-104b": _gpt2(32, 16384, 32, positions=2048),
+    "bigscience-176b": ModelShape("bloom", 70, 14336, 112, BLOOM_VOCAB, 2048),
+}
+
+
+def resolve_shape(
+    preset: str,
+    n_layer: int | None = None,
+    hidden: int | None = None,
+    n_head: int | None = None,
+    ffn: int | None = None,
+    vocab: int | None = None,
+    positions: int | None = None,
+) -> ModelShape:
+    """A preset with explicit overrides applied, validated."""
+    if preset not in PRESETS:
+        raise one_of("model preset", preset, PRESETS)
+    overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions)
+    shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    validate_shape(shape)
+    return shape
+
+
+def validate_shape(shape: ModelShape) -> None:
+    for name in ("n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size"):
+        if getattr(shape, name) <= 0:
+            raise HfscaleError(f"model {name} must be positive, got {getattr(shape, name)}")
+    if shape.hidden % shape.n_head:
+        raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden})")
+    if shape.family == "bloom" and shape.ffn is not None and shape.ffn != 4 * shape.hidden:
+        raise HfscaleError(f"BLOOM's MLP is fixed at 4 x hidden ({4 * shape.hidden}); --ffn_hidden_size is GPT-2 only")
+
+
+def hf_config(shape: ModelShape, **extra):
+    """The transformers config of a shape (imports transformers lazily: this module stays cheap to import)."""
+    from transformers import BloomConfig, GPT2Config
+
+    if shape.family == "gpt2":
+        extra.setdefault("bos_token_id", shape.vocab - 1)  # GPT-2's <|endoftext|> is the last id
+        extra.setdefault("eos_token_id", shape.vocab - 1)
+        return GPT2Config(
+            n_layer=shape.n_layer, n_embd=shape.hidden, n_head=shape.n_head, n_inner=shape.ffn,
+            vocab_size=shape.vocab, n_positions=shape.positions, **extra,
+        )
+    return BloomConfig(n_layer=shape.n_layer, hidden_size=shape.hidden, n_head=shape.n_head,
+                       vocab_size=shape.vocab, **extra)
+
+
+def shape_from_config(config) -> ModelShape:
+    """The shape of a pretrained model's config (gpt2 and bloom only: the formulas know these two)."""
+    if config.model_type == "gpt2":
+        return ModelShape("gpt2", config.n_layer, config.n_embd, config.n_head, config.vocab_size,
+                          config.n_positions, config.n_inner)
+    if config.model_type == "bloom":
+        return ModelShape("bloom", config.n_layer, config.hidden_size, config.n_head, config.vocab_size, 2048)
+    raise HfscaleError(f"model type {config.model_type!r} is not supported; hfscale knows: gpt2, bloom")
+
+
+def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = None, dtype=None):
+    """A freshly initialised causal LM. Seeded here so every strategy and world size starts from the same weights.
+
+    Built directly (not through from_config) so DeepSpeed ZeRO-3's zero.Init does not partition it while
+    initialising, which would draw different random numbers than the other strategies do.
+    """
+    import torch
+    from transformers import BloomForCausalLM, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = hf_config(shape)
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
+    model = model_cls(config)
+    return model.to(dtype) if dtype is not None else model
+
+
+def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
+    """A pretrained checkpoint (local directory or Hub name) and its shape."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
+    shape = shape_from_config(config)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+    return model, shape

@@ -1,0 +1,67 @@
+"""The per-run results file (results.json): written atomically, so a crash never leaves half a file.
+
+Schema (version 1) — documented in docs/results.md:
+  schema_version, status ("running" | "ok" | "fail" | "refused"), error, run_name, strategy, optim,
+  started_at, finished_at, model{...}, config{...}, environment{...}, strategy_check{...},
+  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr}]
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(output_dir: Path, results: dict) -> Path:
+    path = Path(output_dir) / RESULTS_FILE
+    atomic_write_text(path, json.dumps({"schema_version": SCHEMA_VERSION, **results}, indent=2, default=str) + "\n")
+    return path
+
+
+def read_results(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    return json.loads(path.read_text())
+
+
+class RunRecord:
+    """The results of one run, kept in memory and flushed atomically (main process only) at each milestone."""
+
+    def __init__(self, output_dir: Path, base: dict, is_main: bool):
+        self.output_dir, self.is_main = Path(output_dir), is_main
+        self.data = {"status": "running", "error": None, "loss_history": [], "checkpoints": [], **base}
+
+    def add_loss(self, step: int, logs: dict) -> None:
+        self.data["loss_history"].append(
+            {"step": step, "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "lr": logs.get("learning_rate")}
+        )
+
+    def note_checkpoint(self, step: int) -> None:
+        self.data["checkpoints"].append({"step": step})
+
+    def update(self, **fields) -> None:
+        self.data.update(fields)
+
+    def flush(self) -> None:
+        if self.is_main:
+            write_results(self.output_dir, self.data)

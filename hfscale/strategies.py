@@ -1,0 +1,157 @@
+"""Strategies (declarative files in strategies/) and the optimizer axis, with the one table of what pairs work.
+
+A strategy file names its engine (ddp | fsdp | deepspeed), the accelerate and DeepSpeed configs it points at,
+and what it shards and offloads. Code exists only for what no library does; see parallel.py and verify.py.
+"""
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .configs import config_dir, load_json, load_yaml
+from .errors import HfscaleError, one_of
+
+ENGINES = ("ddp", "fsdp", "deepspeed")
+STATE_KINDS = ("parameters", "gradients", "optimizer_states")
+
+# The optimizer axis: hfscale name -> (TrainingArguments.optim on a GPU, on CPU, one line).
+# Fused AdamW needs its parameters on an accelerator; on CPU the foreach implementation is the fast one.
+OPTIMIZERS = {
+    "adamw": ("adamw_torch_fused", "adamw_torch", "torch AdamW (fused kernel on GPU); 8 bytes of state per parameter"),
+    "adafactor": ("adafactor", "adafactor", "Adafactor (transformers); factored second moment, ~4 bytes/row+col"),
+    "adamw_8bit": ("adamw_bnb_8bit", "adamw_bnb_8bit", "bitsandbytes 8-bit AdamW; 2 bytes of state per parameter"),
+}
+
+_OFFLOAD_NEEDS_CPU_ADAM = (
+    "DeepSpeed ZeRO-Offload runs the optimizer step on the CPU with its own CPU Adam kernel "
+    "(the `optimizer` block of ds_configs/{s}.json); {o} would have to step on the device, which offload forbids. "
+    "Use --optim adamw, or strategy {base} to keep {o}"
+)
+_FSDP2 = {
+    "adafactor": "transformers' Adafactor mixes plain tensors into the math on FSDP2's DTensor parameters "
+                 "(aten.add_ got mixed torch.Tensor and DTensor); use ddp or a zero* strategy for Adafactor",
+    "adamw_8bit": "bitsandbytes' optimizer kernels have no DTensor sharding rule, so 8-bit Adam cannot step FSDP2's "
+                  "sharded parameters; use a zero* strategy (DeepSpeed steps flat local partitions) or ddp",
+}
+# Every strategy x optimizer pair not listed here works; each listed one is refused before anything starts.
+# Each entry was seen failing (tests/test_multiprocess.py runs every pair not listed).
+INCOMPATIBLE = {
+    **{(s, o): _OFFLOAD_NEEDS_CPU_ADAM.format(s=s, o=o, base=s.replace("_offload", ""))
+       for s in ("zero2_offload", "zero3_offload") for o in ("adafactor", "adamw_8bit")},
+    **{(s, o): reason for s in ("fsdp", "fsdp_offload") for o, reason in _FSDP2.items()},
+}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    summary: str
+    engine: str
+    accelerate_config: str
+    deepspeed_config: str | None = None
+    zero_stage: int | None = None
+    fsdp: str | None = None
+    comm_hook: str | None = None
+    powersgd: dict = field(default_factory=dict)
+    shards: tuple = ()
+    offload: tuple = ()
+
+    @property
+    def deepspeed_config_path(self) -> Path | None:
+        return config_dir("ds_configs") / self.deepspeed_config if self.deepspeed_config else None
+
+    @property
+    def accelerate_config_path(self) -> Path:
+        return config_dir("accelerate_configs") / self.accelerate_config
+
+    def shards_state(self, kind: str) -> bool:
+        return kind in self.shards
+
+    def offloads_state(self, kind: str) -> bool:
+        return kind in self.offload
+
+
+def _parse_strategy(path: Path) -> Strategy:
+    raw = load_yaml(path)
+    known = set(Strategy.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise HfscaleError(f"{path}: unknown keys {unknown}; valid keys: {sorted(known)}")
+    if raw.get("name") != path.stem:
+        raise HfscaleError(f"{path}: `name: {raw.get('name')}` must equal the file name {path.stem!r}")
+    if raw.get("engine") not in ENGINES:
+        raise HfscaleError(f"{path}: engine {raw.get('engine')!r}; choose one of: {', '.join(ENGINES)}")
+    for key in ("shards", "offload"):
+        bad = [k for k in raw.get(key) or [] if k not in STATE_KINDS]
+        if bad:
+            raise HfscaleError(f"{path}: {key} {bad}; choose from: {', '.join(STATE_KINDS)}")
+        raw[key] = tuple(raw.get(key) or ())
+    return Strategy(**raw)
+
+
+@lru_cache(maxsize=None)
+def all_strategies() -> dict[str, Strategy]:
+    files = sorted(config_dir("strategies").glob("*.yaml"))
+    return {path.stem: _parse_strategy(path) for path in files}
+
+
+def get_strategy(name: str) -> Strategy:
+    strategies = all_strategies()
+    if name not in strategies:
+        raise one_of("strategy", name, strategies)
+    return strategies[name]
+
+
+def check_optimizer(name: str) -> None:
+    if name not in OPTIMIZERS:
+        raise one_of("optimizer", name, OPTIMIZERS)
+
+
+def incompatibility(strategy: str, optim: str) -> str | None:
+    """Why this pair is refused, or None when it works."""
+    get_strategy(strategy)
+    check_optimizer(optim)
+    return INCOMPATIBLE.get((strategy, optim))
+
+
+def check_pair(strategy: str, optim: str) -> None:
+    reason = incompatibility(strategy, optim)
+    if reason:
+        raise HfscaleError(f"strategy {strategy!r} cannot use optimizer {optim!r}: {reason}")
+
+
+def hf_optim_name(optim: str, on_gpu: bool) -> str:
+    check_optimizer(optim)
+    gpu_name, cpu_name, _ = OPTIMIZERS[optim]
+    return gpu_name if on_gpu else cpu_name
+
+
+def load_deepspeed_config(path: Path, strategy: Strategy) -> dict:
+    """Parse a DeepSpeed JSON and check that it is the ZeRO stage and offload the strategy claims."""
+    cfg = load_json(path, "DeepSpeed JSON")
+    zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict) or zero.get("stage") != strategy.zero_stage:
+        raise HfscaleError(
+            f"{path}: zero_optimization.stage is {zero.get('stage') if isinstance(zero, dict) else zero!r}, "
+            f"but strategy {strategy.name!r} is ZeRO-{strategy.zero_stage}"
+        )
+    for kind, key in (("optimizer_states", "offload_optimizer"), ("parameters", "offload_param")):
+        offloaded = (zero.get(key) or {}).get("device", "none") != "none"
+        if offloaded != strategy.offloads_state(kind):
+            raise HfscaleError(
+                f"{path}: zero_optimization.{key} is {'set' if offloaded else 'not set'}, "
+                f"but strategy {strategy.name!r} {'offloads' if strategy.offloads_state(kind) else 'keeps'} {kind} "
+                f"{'to CPU' if strategy.offloads_state(kind) else 'on the device'}"
+            )
+    return cfg
+
+
+def matrix_markdown() -> str:
+    """The strategy x optimizer table, generated from INCOMPATIBLE (docs and `hfscale strategies --matrix`)."""
+    optims = list(OPTIMIZERS)
+    lines = ["| strategy | " + " | ".join(optims) + " |", "|---" * (len(optims) + 1) + "|"]
+    for name in all_strategies():
+        cells = ["refused" if (name, o) in INCOMPATIBLE else "ok" for o in optims]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    reasons = sorted({r for r in INCOMPATIBLE.values()})
+    return "\n".join(lines + [""] + [f"- refused: {r}" for r in reasons])

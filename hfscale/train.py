@@ -1,0 +1,279 @@
+"""hfscale's one training script: `accelerate launch hfscale/train.py --strategy zero1`.
+
+Reads top to bottom like transformers' run_clm.py: args -> logging -> seed -> data -> model -> Trainer ->
+train -> results. Every TrainingArguments flag works; `--strategy` and `--optim` choose the two axes.
+"""
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.py): make the package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "hfscale"
+
+import logging  # noqa: E402
+import platform  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
+
+logger = logging.getLogger("hfscale")
+
+
+def setup_logging(args) -> None:
+    import datasets
+    import transformers
+
+    level = logging.INFO if args.process_index == 0 else logging.WARNING
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, stream=sys.stdout)
+    transformers.utils.logging.set_verbosity(level if args.process_index == 0 else logging.ERROR)
+    datasets.utils.logging.set_verbosity(logging.WARNING)
+    datasets.disable_progress_bars()
+
+
+def resolve_seq_len(shape, requested: int | None) -> int:
+    seq_len = requested or min(shape.positions, 1024)
+    if seq_len > shape.positions:
+        raise HfscaleError(f"--seq_len {seq_len} is longer than the model's {shape.positions} positions")
+    return seq_len
+
+
+def precision(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
+
+
+def run_name(model_args, args, seq_len: int) -> str:
+    ckpt = "-ac" if checkpointing(args) else ""
+    return (f"{args.strategy}-{args.hfscale_optim}-{model_args.name}-dp{args.world_size}-"
+            f"mbs{args.per_device_train_batch_size}-gas{args.gradient_accumulation_steps}-seq{seq_len}{ckpt}-{precision(args)}")
+
+
+def checkpointing(args) -> bool:
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+
+
+def prepare_output_dir(args, name: str) -> None:
+    """Default run directory runs/<run name>; a finished run's results are not overwritten unless asked."""
+    from hfscale.results import RESULTS_FILE, read_results
+
+    if args.hfscale_auto_output_dir:
+        args.output_dir = str(Path("runs") / name)
+    if args.run_name is None:
+        args.run_name = name
+    existing = Path(args.output_dir) / RESULTS_FILE
+    if existing.is_file() and read_results(existing).get("status") == "ok" and not args.overwrite_output_dir:
+        raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
+                           "choose another --output_dir or pass --overwrite_output_dir")
+    parent = Path(args.output_dir).resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise HfscaleError(f"--output_dir {args.output_dir} is not writable")
+
+
+def environment(args) -> dict:
+    import accelerate
+    import datasets
+    import torch
+    import transformers
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+                "datasets": datasets.__version__}
+    for optional in ("deepspeed", "bitsandbytes"):
+        try:
+            versions[optional] = __import__(optional).__version__
+        except Exception:  # an absent or broken optional library is reported, not fatal
+            versions[optional] = None
+    on_cuda = torch.cuda.is_available()
+    return {
+        "versions": versions,
+        "hostname": socket.gethostname(),
+        "device_type": "cuda" if on_cuda else "cpu",
+        "device_name": torch.cuda.get_device_name() if on_cuda else f"CPU ({platform.machine()}, {torch.get_num_threads()} threads/process)",
+        "device_count": torch.cuda.device_count() if on_cuda else os.cpu_count(),
+        "world_size": args.world_size,
+    }
+
+
+def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
+    """(peak used for MFU, where it came from, measured peak or None). Never a GPU peak on a CPU."""
+    from hfscale.peaks import measure_peak_tflops, table_peak
+
+    on_cuda = env["device_type"] == "cuda"
+    measured = None
+    if args.measure_peak or not on_cuda:
+        device = f"cuda:{args.local_process_index}" if on_cuda else "cpu"
+        measured = measure_peak_tflops(device, precision(args), seconds=0.5)
+    if args.peak_tflops:
+        return args.peak_tflops, "--peak_tflops", measured
+    table = table_peak(env["device_name"], precision(args)) if on_cuda else None
+    if table:
+        return table, f"datasheet {env['device_name']} {precision(args)}", measured
+    return measured, "measured matmul peak on this device", measured
+
+
+def load_data(model_args, data_args, args, vocab_size: int, seq_len: int):
+    from hfscale import data
+
+    with args.main_process_first(local=True, desc="tokenize and pack"):
+        raw = data.load_raw_text(data_args)
+        tokenizer = data.load_tokenizer(data_args, model_args.model_name_or_path, vocab_size, raw,
+                                        model_args.trust_remote_code)
+        if len(tokenizer) > vocab_size:
+            raise HfscaleError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary is {vocab_size}; "
+                               "pass --vocab_size or another --tokenizer_name")
+        blocks = data.packed_dataset(data_args, tokenizer, raw, seq_len)
+    return tokenizer, blocks
+
+
+def build(model_args, args, shape, tokenizer):
+    from hfscale.models import build_model, load_pretrained
+
+    if model_args.model_name_or_path:
+        model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
+                                   model_args.attn_implementation)
+        return model
+    model = build_model(shape, args.seed, model_args.attn_implementation)
+    model.config.eos_token_id = model.config.bos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def model_shape(model_args):
+    if model_args.shape is not None:
+        return model_args.shape
+    from transformers import AutoConfig
+
+    from hfscale.models import shape_from_config
+
+    try:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
+    except OSError as err:
+        raise HfscaleError(f"cannot load model {model_args.model_name_or_path!r}: {str(err).splitlines()[0]}") from None
+    return shape_from_config(config)
+
+
+def base_record(model_args, data_args, args, shape, model, seq_len: int, env: dict) -> dict:
+    from hfscale.metrics import param_count, param_count_bigscience
+
+    return {
+        "run_name": args.run_name, "output_dir": args.output_dir, "strategy": args.strategy, "optim": args.hfscale_optim,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"name": model_args.name, **shape.__dict__, "ffn_size": shape.ffn_size,
+                  "params_formula": param_count(shape),
+                  "params_bigscience": param_count_bigscience(shape.n_layer, shape.hidden, shape.positions, shape.vocab),
+                  "params_model": sum(p.numel() for p in model.parameters()),
+                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+        "config": {"world_size": args.world_size, "micro_batch_size": args.per_device_train_batch_size,
+                   "grad_accum": args.gradient_accumulation_steps,
+                   "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+                   "seq_len": seq_len, "checkpointing": checkpointing(args), "precision": precision(args),
+                   "max_steps": args.max_steps, "seed": args.seed, "learning_rate": args.learning_rate,
+                   "token_budget": args.token_budget, "dataset": data_args.train_files or data_args.dataset,
+                   "powersgd_rank": args.powersgd_rank, "powersgd_warmup_steps": args.powersgd_warmup_steps},
+        "environment": env,
+    }
+
+
+def make_trainer(model_args, args, shape, model, blocks, seq_len, env, record):
+    from transformers import default_data_collator
+
+    from hfscale.measure import Meter, MeasureCallback, TensorBoardWriter
+    from hfscale.parallel import PowerSGDConfig
+    from hfscale.strategies import get_strategy
+    from hfscale.trainer import HfscaleTrainer, StrategyCallback
+
+    strategy = get_strategy(args.strategy)
+    peak, peak_source, measured = peak_tflops(args, env)
+    record.update(perf={"peak_tflops": peak, "peak_source": peak_source, "measured_peak_tflops": measured})
+    meter = Meter(shape, micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
+                  gpus=args.world_size, seq=seq_len, checkpointing=checkpointing(args), token_budget=args.token_budget,
+                  peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda")
+    is_main = args.process_index == 0
+    tensorboard = None
+    if args.hfscale_tensorboard and is_main:
+        tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": args.strategy,
+                                                          "optim": args.hfscale_optim, "model": model_args.name})
+    trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
+                             strategy=strategy, meter=meter)
+    powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
+    trainer.add_callback(StrategyCallback(trainer, optim=args.hfscale_optim, total_params=record.data["model"]["params_model"],
+                                          powersgd=powersgd, launcher_world_size=int(os.environ["WORLD_SIZE"]),
+                                          on_accelerator=env["device_type"] == "cuda", record=record))
+    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main))
+    return trainer, meter
+
+
+def finish(trainer, meter, record, args, env) -> None:
+    """Whole-run figures, peak memory over all ranks, final weights fingerprint; then the results file."""
+    import torch
+
+    from hfscale.measure import figures_dict, memory_now
+    from hfscale.metrics import tokens_per_step
+    from hfscale.verify import weights_fingerprint
+
+    figures, steps = meter.whole_run()
+    memory = memory_now(env["device_type"] == "cuda")
+    if torch.distributed.is_initialized():
+        names = sorted(memory)
+        peak = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=args.device)
+        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        memory = {n: v for n, v in zip(names, peak.tolist())}
+    cfg = record.data["config"]
+    record.update(perf={**record.data["perf"], **figures_dict(figures), "measured_steps": steps,
+                        "warmup_steps": args.perf_warmup_steps,
+                        "tokens_per_step": tokens_per_step(cfg["micro_batch_size"], cfg["grad_accum"], cfg["world_size"], cfg["seq_len"])},
+                  memory=memory, steps=trainer.state.global_step,
+                  epoch=trainer.state.epoch, samples_seen=trainer.state.global_step * cfg["global_batch_size"])
+    if args.fingerprint_weights:
+        record.update(final_weights=weights_fingerprint(trainer.model, trainer.strategy.engine))
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    from hfscale.distributed import has_accelerator
+
+    if not has_accelerator():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
+    from hfscale.args import parse_args
+
+    model_args, data_args, args = parse_args(argv)
+    setup_logging(args)
+    shape = model_shape(model_args)
+    seq_len = resolve_seq_len(shape, data_args.seq_len)
+    name = run_name(model_args, args, seq_len)
+    prepare_output_dir(args, name)
+
+    from transformers import set_seed
+
+    from hfscale.measure import print_summary
+    from hfscale.results import RunRecord
+
+    set_seed(args.seed)
+    tokenizer, blocks = load_data(model_args, data_args, args, shape.vocab, seq_len)
+    model = build(model_args, args, shape, tokenizer)
+    env = environment(args)
+    record = RunRecord(args.output_dir, base_record(model_args, data_args, args, shape, model, seq_len, env),
+                       args.process_index == 0)
+    trainer, meter = make_trainer(model_args, args, shape, model, blocks, seq_len, env, record)
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    except HfscaleError as err:
+        record.update(status="refused", error=str(err))
+        record.flush()
+        raise
+    except BaseException as err:
+        record.update(status="fail", error=f"{type(err).__name__}: {err}")
+        record.flush()
+        raise
+    finish(trainer, meter, record, args, env)
+    record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    record.flush()
+    if args.process_index == 0:
+        print_summary(record.data)
+
+
+if __name__ == "__main__":
+    main()

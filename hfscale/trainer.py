@@ -1,0 +1,111 @@
+"""HfscaleTrainer: the HF Trainer plus the few things no library does for our strategies.
+
+In order: (1) on a CPU-only machine, FSDP is forced onto accelerate's state when the accelerator is created
+(accelerate would silently use DDP); (2) at train begin, after the model is wrapped, the StrategyCallback
+registers PowerSGD and proves the wrapper, world size and sharding; (3) after the first optimizer step it
+proves where optimizer states live and how many each rank holds; (4) every log adds the perf/* figures.
+"""
+
+import logging
+
+from transformers import Trainer, TrainerCallback
+
+from . import verify
+from .parallel import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts
+
+logger = logging.getLogger("hfscale")
+
+# Optimizer state elements per parameter element when unsharded (exp_avg + exp_avg_sq); Adafactor's factored
+# states are not proportional to the parameters, so its sharding is reported, not checked.
+STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
+
+
+class HfscaleTrainer(Trainer):
+    def __init__(self, *args, strategy, meter=None, **kwargs):
+        self.strategy, self.meter = strategy, meter
+        super().__init__(*args, **kwargs)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        from accelerate.utils import DistributedType
+
+        if self.strategy.engine == "fsdp" and self.accelerator.state.distributed_type == DistributedType.MULTI_CPU:
+            force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args)
+            self.is_fsdp_enabled = True
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        if self.meter is not None and "loss" in logs:
+            figures = self.meter.interval(self.state.global_step)
+            if figures is not None:
+                from .measure import perf_scalars
+
+                logs.update(perf_scalars(figures))
+        super().log(logs, *args, **kwargs)
+
+
+class StrategyCallback(TrainerCallback):
+    """Registers PowerSGD and proves at start-up that the strategy running is the one asked for."""
+
+    def __init__(self, trainer: HfscaleTrainer, *, optim: str, total_params: int, powersgd: PowerSGDConfig | None,
+                 launcher_world_size: int, on_accelerator: bool, record):
+        self.trainer, self.optim, self.total_params = trainer, optim, total_params
+        self.powersgd, self.powersgd_state = powersgd, None
+        self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
+        self.facts: dict = {}
+
+    @property
+    def strategy(self):
+        return self.trainer.strategy
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        trainer, strategy = self.trainer, self.strategy
+        world = trainer.accelerator.num_processes
+        self.facts = {
+            "strategy": strategy.name,
+            "world_size_launcher": self.launcher_world_size,
+            "world_size_accelerate": world,
+            "world_size_torch": dist.get_world_size() if dist.is_initialized() else 1,
+            "distributed_type": str(trainer.accelerator.state.distributed_type).split(".")[-1],
+            **verify.inspect_wrapper(trainer.model_wrapped),
+            "parameters": {**verify.inspect_parameters(trainer.model_wrapped), "elements_total": self.total_params},
+        }
+        verify.check_world(self.facts, strategy)
+        verify.check_wrapper(self.facts, strategy, world)
+        params = self.facts["parameters"]
+        verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
+        verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
+        if self.powersgd is not None:
+            self.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
+        self._publish()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            self._check_optimizer_states()
+        if self.powersgd_state is not None:
+            self.facts["powersgd"] = powersgd_facts(self.powersgd_state)
+            if state.global_step == self.powersgd_state.start_powerSGD_iter + 1:
+                verify.require(self.facts["powersgd"]["compressing"],
+                                f"PowerSGD is not compressing after {state.global_step - 1} steps", self.strategy)
+                self._publish()
+
+    def _check_optimizer_states(self) -> None:
+        world, strategy = self.trainer.accelerator.num_processes, self.strategy
+        states = verify.inspect_optimizer_states(self.trainer.optimizer)
+        per_param = STATE_ELEMENTS_PER_PARAM.get(self.optim)
+        states["elements_unsharded"] = per_param * self.total_params if per_param else None
+        self.facts["optimizer_states"] = states
+        if per_param:
+            verify.check_sharded("optimizer_states", states["elements_local"], states["elements_unsharded"],
+                                 world, strategy)
+        verify.check_placement("optimizer_states", states["devices"], strategy, self.on_accelerator)
+        if self.optim == "adamw_8bit":
+            verify.require("uint8" in states["dtypes"], f"8-bit Adam states are {states['dtypes']}", strategy)
+        if self.optim == "adafactor" and strategy.engine != "deepspeed":
+            verify.require(states["factored"], "Adafactor states are not factored", strategy)
+        self._publish()
+
+    def _publish(self) -> None:
+        self.record.update(strategy_check=self.facts)
+        self.record.flush()

@@ -1,0 +1,144 @@
+"""Prove that the strategy running is the one asked for: ranks, wrapper, what is sharded, where it lives.
+
+`inspect_*` read facts off the live objects; `check_*` compare them with the strategy file and raise
+StrategyMismatch (a one-line error) when the run is not what the user asked for.
+"""
+
+from .errors import HfscaleError
+from .strategies import Strategy
+
+# A shard may be a little larger than total/N (padding, uneven splits); anything near a full copy is not sharded.
+SHARD_TOLERANCE = 0.1
+
+
+class StrategyMismatch(HfscaleError):
+    pass
+
+
+def _local(t):
+    """The part of a tensor this rank stores: DTensor shards and DeepSpeed ZeRO-3 partitions included."""
+    if hasattr(t, "ds_tensor"):  # ZeRO-3 parameter: t is an empty placeholder, ds_tensor the partition
+        return t.ds_tensor
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _base_optimizer(optimizer):
+    """The torch optimizer holding the states, under accelerate's and DeepSpeed's wrappers."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def inspect_parameters(model) -> dict:
+    tensors = [_local(p) for p in model.parameters()]
+    return {
+        "elements_local": sum(t.numel() for t in tensors),
+        "devices": sorted({str(t.device) for t in tensors}),
+        "dtensor": any(hasattr(p, "to_local") for p in model.parameters()),
+    }
+
+
+def inspect_optimizer_states(optimizer) -> dict:
+    """Elements, bytes, dtypes and devices of every state tensor this rank keeps (scalar step counters aside)."""
+    base = _base_optimizer(optimizer)
+    elements = nbytes = 0
+    dtypes, devices, keys = set(), set(), set()
+    for state in base.state.values():
+        for key, value in state.items():
+            if not hasattr(value, "numel") or value.numel() <= 1:
+                continue
+            value = _local(value)
+            elements += value.numel()
+            nbytes += value.numel() * value.element_size()
+            dtypes.add(str(value.dtype).replace("torch.", ""))
+            devices.add(str(value.device))
+            keys.add(key)
+    return {
+        "optimizer": type(base).__name__,
+        "elements_local": elements,
+        "bytes_local": nbytes,
+        "dtypes": sorted(dtypes),
+        "devices": sorted(devices),
+        "keys": sorted(keys),
+        "factored": any(k.endswith("_row") for k in keys),
+    }
+
+
+def inspect_wrapper(model_wrapped) -> dict:
+    facts = {"wrapper": type(model_wrapped).__name__}
+    if hasattr(model_wrapped, "zero_optimization_stage"):  # DeepSpeedEngine
+        facts["zero_stage"] = model_wrapped.zero_optimization_stage()
+        facts["offload_optimizer"] = bool(model_wrapped.zero_offload_optimizer())
+        facts["offload_param"] = bool(model_wrapped.zero_offload_param())
+    return facts
+
+
+def require(ok: bool, what: str, strategy: Strategy) -> None:
+    if not ok:
+        raise StrategyMismatch(f"strategy {strategy.name!r} is not what is running: {what}")
+
+
+def check_world(facts: dict, strategy: Strategy) -> None:
+    sizes = {facts["world_size_launcher"], facts["world_size_accelerate"], facts["world_size_torch"]}
+    require(len(sizes) == 1, f"world sizes disagree (launcher {facts['world_size_launcher']}, accelerate "
+             f"{facts['world_size_accelerate']}, torch.distributed {facts['world_size_torch']})", strategy)
+
+
+def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
+    wrapper = facts["wrapper"]
+    if strategy.engine == "deepspeed":
+        require(wrapper == "DeepSpeedEngine", f"model is wrapped in {wrapper}, not DeepSpeedEngine", strategy)
+        require(facts["zero_stage"] == strategy.zero_stage, f"ZeRO stage is {facts['zero_stage']}", strategy)
+        require(facts["offload_optimizer"] == strategy.offloads_state("optimizer_states"),
+                 f"optimizer offload is {facts['offload_optimizer']}", strategy)
+        require(facts["offload_param"] == strategy.offloads_state("parameters"),
+                 f"parameter offload is {facts['offload_param']}", strategy)
+    elif strategy.engine == "fsdp":
+        require(facts["parameters"]["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
+    elif world_size > 1:
+        require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
+
+
+def check_sharded(kind: str, local: int, total: int, world_size: int, strategy: Strategy) -> None:
+    """Per-rank elements must be ~total/N where the strategy shards `kind`, and ~total where it does not."""
+    if world_size == 1 or total == 0:
+        return
+    fraction = local / total
+    if strategy.shards_state(kind):
+        ok = fraction <= 1 / world_size + SHARD_TOLERANCE
+        what = f"{kind} are not sharded: this rank holds {fraction:.0%} of them ({local:,} of {total:,})"
+    else:
+        ok = fraction >= 1 - SHARD_TOLERANCE
+        what = f"{kind} are unexpectedly sharded: this rank holds {fraction:.0%} ({local:,} of {total:,})"
+    require(ok, what, strategy)
+
+
+def check_placement(kind: str, devices: list[str], strategy: Strategy, on_accelerator: bool) -> None:
+    """Offloaded states must live on the CPU (on a CPU-only machine everything does, so that proves nothing more)."""
+    if strategy.offloads_state(kind):
+        require(devices == ["cpu"], f"{kind} should be offloaded to CPU but live on {devices}", strategy)
+    elif on_accelerator and devices:
+        require("cpu" not in devices, f"{kind} should be on the device but live on {devices}", strategy)
+
+
+def weights_fingerprint(model, engine: str) -> dict:
+    """{parameter name: [sum, L2 norm]} of the full (gathered) weights, identical on every rank.
+
+    Collective: every rank must call it. Used to prove that strategies end with the same weights.
+    """
+    import contextlib
+
+    import torch
+
+    params = list(model.named_parameters())
+    gather = contextlib.nullcontext()
+    if engine == "deepspeed" and any(hasattr(p, "ds_tensor") for _, p in params):
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for _, p in params])
+    out = {}
+    with gather, torch.no_grad():
+        for name, p in params:
+            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).double()
+            out[name] = [full.sum().item(), full.norm().item()]
+    return out
