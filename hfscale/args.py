@@ -5,6 +5,7 @@ Every transformers TrainingArguments flag works; hfscale adds --strategy and giv
 """
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class ModelArguments:
     ffn_hidden_size: int | None = field(default=None, metadata={"help": "Override the MLP inner size (GPT-2 only; default 4 x hidden)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
+    dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
 
     def __post_init__(self):
@@ -160,7 +162,8 @@ class HfscaleArgumentParser(HfArgumentParser):
 def parse_args(argv: list[str] | None = None):
     parser = HfscaleArgumentParser((ModelArguments, DataArguments, HfscaleTrainingArguments))
     parser.prog = "hfscale train"
-    if argv and len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv[0])
         if not path.is_file():
             raise HfscaleError(f"{path}: file not found")

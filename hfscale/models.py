@@ -72,8 +72,12 @@ def validate_shape(shape: ModelShape) -> None:
         raise HfscaleError(f"BLOOM's MLP is fixed at 4 x hidden ({4 * shape.hidden}); --ffn_hidden_size is GPT-2 only")
 
 
-def hf_config(shape: ModelShape, **extra):
-    """The transformers config of a shape (imports transformers lazily: this module stays cheap to import)."""
+def hf_config(shape: ModelShape, dropout: float = 0.0, **extra):
+    """The transformers config of a shape (imports transformers lazily: this module stays cheap to import).
+
+    Dropout defaults to 0, as in BLOOM's pretraining: it also keeps runs with different numbers of processes
+    comparable (each rank would draw its own dropout masks).
+    """
     from transformers import BloomConfig, GPT2Config
 
     if shape.family == "gpt2":
@@ -81,10 +85,11 @@ def hf_config(shape: ModelShape, **extra):
         extra.setdefault("eos_token_id", shape.vocab - 1)
         return GPT2Config(
             n_layer=shape.n_layer, n_embd=shape.hidden, n_head=shape.n_head, n_inner=shape.ffn,
-            vocab_size=shape.vocab, n_positions=shape.positions, **extra,
+            vocab_size=shape.vocab, n_positions=shape.positions,
+            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **extra,
         )
-    return BloomConfig(n_layer=shape.n_layer, hidden_size=shape.hidden, n_head=shape.n_head,
-                       vocab_size=shape.vocab, **extra)
+    return BloomConfig(n_layer=shape.n_layer, hidden_size=shape.hidden, n_head=shape.n_head, vocab_size=shape.vocab,
+                       hidden_dropout=dropout, attention_dropout=dropout, **extra)
 
 
 def shape_from_config(config) -> ModelShape:
@@ -97,7 +102,7 @@ def shape_from_config(config) -> ModelShape:
     raise HfscaleError(f"model type {config.model_type!r} is not supported; hfscale knows: gpt2, bloom")
 
 
-def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = None, dtype=None):
+def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = None, dropout: float = 0.0):
     """A freshly initialised causal LM. Seeded here so every strategy and world size starts from the same weights.
 
     Built directly (not through from_config) so DeepSpeed ZeRO-3's zero.Init does not partition it while
@@ -107,12 +112,11 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     from transformers import BloomForCausalLM, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = hf_config(shape)
+    config = hf_config(shape, dropout)
     if attn_implementation:
         config._attn_implementation = attn_implementation
     model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
-    model = model_cls(config)
-    return model.to(dtype) if dtype is not None else model
+    return model_cls(config)
 
 
 def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):

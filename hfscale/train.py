@@ -136,7 +136,7 @@ def build(model_args, args, shape, tokenizer):
         model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
                                    model_args.attn_implementation)
         return model
-    model = build_model(shape, args.seed, model_args.attn_implementation)
+    model = build_model(shape, args.seed, model_args.attn_implementation, model_args.dropout)
     model.config.eos_token_id = model.config.bos_token_id = tokenizer.eos_token_id
     return model
 

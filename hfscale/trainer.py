@@ -23,7 +23,14 @@ STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
 class HfscaleTrainer(Trainer):
     def __init__(self, *args, strategy, meter=None, **kwargs):
         self.strategy, self.meter = strategy, meter
+        self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
         super().__init__(*args, **kwargs)
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        if self.first_batch_digest is None:
+            ids = inputs["input_ids"]
+            self.first_batch_digest = [int(ids.sum()), ids.shape[0]]  # one sync, on the first micro-batch only
+        return super().training_step(model, inputs, *args, **kwargs)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -90,7 +97,20 @@ class StrategyCallback(TrainerCallback):
                                 f"PowerSGD is not compressing after {state.global_step - 1} steps", self.strategy)
                 self._publish()
 
+    def _check_data_sharded(self) -> None:
+        """Every rank must have trained on different samples (the DeepSpeed-on-CPU trap gives them the same)."""
+        import torch.distributed as dist
+
+        digests = [self.trainer.first_batch_digest]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            digests = [None] * dist.get_world_size()
+            dist.all_gather_object(digests, self.trainer.first_batch_digest)
+        self.facts["first_batch_per_rank"] = digests
+        verify.require(len({tuple(d) for d in digests}) == len(digests),
+                       f"every rank trained on the same first batch {digests[0]}: the data is not sharded", self.strategy)
+
     def _check_optimizer_states(self) -> None:
+        self._check_data_sharded()
         world, strategy = self.trainer.accelerator.num_processes, self.strategy
         states = verify.inspect_optimizer_states(self.trainer.optimizer)
         per_param = STATE_ELEMENTS_PER_PARAM.get(self.optim)

@@ -54,7 +54,7 @@ def inspect_optimizer_states(optimizer) -> dict:
             devices.add(str(value.device))
             keys.add(key)
     return {
-        "optimizer": type(base).__name__,
+        "optimizer": f"{type(base).__module__}.{type(base).__qualname__}",
         "elements_local": elements,
         "bytes_local": nbytes,
         "dtypes": sorted(dtypes),
@@ -122,7 +122,7 @@ def check_placement(kind: str, devices: list[str], strategy: Strategy, on_accele
 
 
 def weights_fingerprint(model, engine: str) -> dict:
-    """{parameter name: [sum, L2 norm]} of the full (gathered) weights, identical on every rank.
+    """{parameter name: [sum, L1 norm, L2 norm]} of the full (gathered) weights, identical on every rank.
 
     Collective: every rank must call it. Used to prove that strategies end with the same weights.
     """
@@ -140,5 +140,5 @@ def weights_fingerprint(model, engine: str) -> dict:
     with gather, torch.no_grad():
         for name, p in params:
             full = (p.full_tensor() if hasattr(p, "full_tensor") else p).double()
-            out[name] = [full.sum().item(), full.norm().item()]
+            out[name] = [full.sum().item(), full.abs().sum().item(), full.norm().item()]
     return out

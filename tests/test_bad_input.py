@@ -1,0 +1,66 @@
+"""Bad input: one line naming the problem, exit code 2, no traceback, nothing written to the output directory."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import REPO, run
+
+CASES = {
+    "unknown strategy": (["--strategy", "zero4"], "unknown strategy 'zero4'; choose one of: ddp"),
+    "unknown optimizer": (["--optim", "sgd"], "unknown optimizer 'sgd'; choose one of: adamw, adafactor, adamw_8bit"),
+    "unknown preset": (["--model", "gpt5"], "unknown model preset 'gpt5'; choose one of: tiny"),
+    "incompatible pair": (["--strategy", "zero2_offload", "--optim", "adamw_8bit"], "cannot use optimizer 'adamw_8bit'"),
+    "fsdp with 8-bit adam": (["--strategy", "fsdp", "--optim", "adamw_8bit"], "no DTensor sharding rule"),
+    "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
+    "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
+    "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),
+    "negative seq_len": (["--seq_len", "-3"], "--seq_len must be positive"),
+    "missing data file": (["--train_files", "/nonexistent/corpus.txt"], "data file not found: /nonexistent/corpus.txt"),
+    "batch not dividing": (["--per_device_train_batch_size", "4", "--global_batch_size", "6"], "not a positive multiple of MBS x GPUs = 4 x 1"),
+    "zero batch": (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
+    "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
+    "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
+    "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),
+}
+
+
+def _check_refused(proc, expected: str, out_dir):
+    err_lines = [l for l in proc.stderr.splitlines() if l.startswith("hfscale: error:")]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert len(err_lines) == 1 and expected in err_lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not out_dir.exists(), "a refused run must write nothing"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line(case, tmp_path):
+    flags, expected = CASES[case]
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "train", *flags, "--max_steps", "1", "--output_dir", str(out)])
+    _check_refused(proc, expected, out)
+
+
+def test_malformed_deepspeed_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"zero_optimization": {"stage": 1,,}')
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale.train", "--strategy", "zero1", "--deepspeed", str(bad), "--output_dir", str(out)])
+    _check_refused(proc, f"{bad}: malformed DeepSpeed JSON", out)
+
+
+def test_missing_text_column(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"body": "some text " * 50}) for _ in range(20)))
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale.train", "--train_files", str(data), "--output_dir", str(out),
+                "--cache_dir", str(tmp_path / "cache")])
+    _check_refused(proc, "dataset has no text column 'text'; its columns: ['body']", out)
+
+
+def test_malformed_run_file(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("strategy: [zero1\n")
+    proc = run([sys.executable, "-m", "hfscale.train", str(bad)])
+    assert proc.returncode == 2 and f"{bad}: malformed YAML" in proc.stderr and "Traceback" not in proc.stderr

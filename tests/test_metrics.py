@@ -1,0 +1,91 @@
+"""Formulas against independent sources: the model's own parameters, torch's FLOP counter, the BigScience notes."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from hfscale import metrics
+from hfscale.metrics import ModelShape
+from hfscale.models import PRESETS, hf_config
+
+
+def _model(shape, attn="eager", device=None):
+    from transformers import BloomForCausalLM, GPT2LMHeadModel
+
+    config = hf_config(shape)
+    config._attn_implementation = attn
+    cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
+    with torch.device(device or "cpu"):
+        return cls(config)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_param_formula_equals_model_numel(name):
+    shape = PRESETS[name]
+    model = _model(shape, device="meta")
+    assert metrics.param_count(shape) == sum(p.numel() for p in model.parameters())
+
+
+def test_bigscience_size_formula_matches_gpt2_with_4h_ffn():
+    shape = PRESETS["gpt2-350m"]
+    assert metrics.param_count_bigscience(24, 1024, 1024, 50257) == metrics.param_count(shape)
+
+
+SHAPES = [
+    ModelShape("gpt2", 2, 64, 4, 512, 256),  # short
+    ModelShape("gpt2", 2, 64, 4, 512, 512),
+    ModelShape("gpt2", 3, 96, 6, 1000, 256, ffn=1000),  # lopsided FFN
+    ModelShape("bloom", 2, 64, 4, 512, 256),
+]
+
+
+@pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32), (SHAPES[3], 256)])
+def test_exact_flops_match_torch_flop_counter(shape, seq):
+    model = _model(shape)
+    ids = torch.randint(0, shape.vocab, (2, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    model_flops, _ = metrics.training_flops_per_sequence(shape, seq, recompute=False)
+    assert counter.get_total_flops() == pytest.approx(2 * model_flops, rel=0.01)
+
+
+def test_recompute_adds_one_forward_of_the_blocks():
+    shape, seq = SHAPES[0], 64
+    fwd = metrics.forward_flops_per_sequence(shape, seq)
+    model, hardware = metrics.training_flops_per_sequence(shape, seq, recompute=True)
+    assert model == 3 * sum(fwd.values())
+    assert hardware - model == sum(fwd.values()) - fwd["lm_head"]
+
+
+def test_bigscience_worked_example():
+    # ../shared/PRODUCT.md: 64 GPUs, 52B params, seq 1024, GBS 1024, 125 s/iteration, checkpointing -> 54.5 TFLOPs
+    tflops = metrics.bigscience_tflops_per_gpu(52e9, 1024, 1024, 125, 64, checkpointing=True)
+    assert round(tflops, 1) == 54.5
+    assert metrics.bigscience_tflops_per_gpu(52e9, 1024, 1024, 125, 64, checkpointing=False) == pytest.approx(tflops * 3 / 4)
+
+
+def test_days_and_tokens_per_step():
+    assert metrics.tokens_per_step(2, 64, 8, 2048) == 2 * 64 * 8 * 2048
+    days, gpu_days = metrics.days_to_train(1e11, 250_000.0, 8)
+    assert days == 1e11 / 250_000.0 / 86_400
+    assert gpu_days == days * 8
+
+
+def test_step_figures_are_consistent():
+    shape = PRESETS["gpt2-124m"]
+    fig = metrics.step_figures(shape, s_per_iter=2.0, micro_batch=4, grad_accum=8, gpus=8, seq=1024,
+                               checkpointing=True, token_budget=1e11, peak_tflops=312.0)
+    assert fig.tokens_per_s == 4 * 8 * 8 * 1024 / 2.0
+    assert fig.tokens_per_s_per_gpu * 8 == pytest.approx(fig.tokens_per_s)
+    assert fig.mfu == pytest.approx(fig.tflops_per_gpu_model / 312.0)
+    assert fig.hfu > fig.mfu
+    # With seq << 6h the exact count and the BigScience 8N-per-token (4 x 2N) convention are close.
+    assert fig.tflops_per_gpu_hardware == pytest.approx(fig.tflops_per_gpu_bigscience, rel=0.2)
+
+
+def test_peak_table_never_claims_a_cpu_peak():
+    from hfscale.peaks import table_peak
+
+    assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert table_peak("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert table_peak("Intel(R) Xeon(R) CPU", "fp32") is None

@@ -1,0 +1,158 @@
+"""Every strategy runs for real with 2 processes on CPU, proves it is the strategy asked for, and shards what it claims.
+
+Runs are real `accelerate launch` subprocesses; each is started once per session and reused by the checks below.
+"""
+
+import math
+
+import pytest
+
+from conftest import REPO, accelerate_launch, run, train
+
+pytestmark = pytest.mark.multiprocess
+
+PARITY_STEPS = 20
+SHARDED = ["zero1", "zero2", "zero3", "fsdp"]
+_cache: dict = {}
+
+
+def result(runs_dir, key: str, strategy, *extra, **kw) -> dict:
+    if key not in _cache:
+        _cache[key] = train(runs_dir / key, strategy, *extra, **kw)
+    return _cache[key]
+
+
+def parity_run(runs_dir, strategy, nproc=2, mbs=4):
+    return result(runs_dir, f"parity-{strategy}-np{nproc}", strategy, "--fingerprint_weights",
+                  "--per_device_train_batch_size", str(mbs), nproc=nproc, steps=PARITY_STEPS)
+
+
+def losses(res) -> list[float]:
+    return [h["loss"] for h in res["loss_history"]]
+
+
+def max_rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) > 0
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("strategy", SHARDED)
+def test_parity_with_ddp(runs_dir, strategy):
+    """Same seed, data and fp32: 20 steps end with the same losses and weights as ddp (relative 1e-4)."""
+    ref, res = parity_run(runs_dir, "ddp"), parity_run(runs_dir, strategy)
+    assert len(losses(res)) == PARITY_STEPS
+    assert max_rel(losses(res), losses(ref)) <= 1e-4
+    ref_w, w = ref["final_weights"], res["final_weights"]
+    assert ref_w.keys() == w.keys()
+    for name, (ref_sum, ref_l1, ref_l2) in ref_w.items():
+        total, l1, l2 = w[name]
+        # A sum can be ~0 (biases), so its difference is measured against the tensor's magnitude (L1).
+        assert abs(total - ref_sum) / ref_l1 <= 1e-4, name
+        assert max_rel([l1, l2], [ref_l1, ref_l2]) <= 1e-4, name
+    # The model moved: parity is not two untrained copies agreeing.
+    assert losses(ref)[-1] < losses(ref)[0] - 0.05
+
+
+@pytest.mark.parametrize("strategy", ["ddp", *SHARDED])
+def test_each_rank_trains_on_its_own_samples(runs_dir, strategy):
+    check = parity_run(runs_dir, strategy)["strategy_check"]
+    assert check["world_size_launcher"] == check["world_size_accelerate"] == check["world_size_torch"] == 2
+    first = check["first_batch_per_rank"]
+    assert len(first) == 2 and first[0] != first[1]
+
+
+def test_one_and_two_processes_step_the_same_tokens(runs_dir):
+    """The same global batch (1 x 8 or 2 x 4 samples) gives the same tokens per step and the same losses."""
+    one, two = parity_run(runs_dir, "ddp", nproc=1, mbs=8), parity_run(runs_dir, "ddp")
+    assert one["perf"]["tokens_per_step"] == two["perf"]["tokens_per_step"] == 8 * 64
+    assert one["config"]["global_batch_size"] == two["config"]["global_batch_size"] == 8
+    assert max_rel(losses(one), losses(two)) <= 1e-4
+    for res in (one, two):  # global throughput = tokens per step / seconds per step, per GPU = / GPUs
+        perf = res["perf"]
+        assert perf["tokens_per_s"] == pytest.approx(perf["tokens_per_step"] / perf["s_per_iter"])
+        assert perf["tokens_per_s_per_gpu"] == pytest.approx(perf["tokens_per_s"] / res["config"]["world_size"])
+        assert perf["days_to_budget"] == pytest.approx(1e11 / perf["tokens_per_s"] / 86400)
+
+
+@pytest.mark.parametrize("strategy,wrapper", [("ddp", "DistributedDataParallel"), ("fsdp", "FSDPGPT2LMHeadModel"),
+                                              ("zero1", "DeepSpeedEngine"), ("zero2", "DeepSpeedEngine"),
+                                              ("zero3", "DeepSpeedEngine")])
+def test_sharding_is_real(runs_dir, strategy, wrapper):
+    check = parity_run(runs_dir, strategy)["strategy_check"]
+    assert check["wrapper"] == wrapper
+    params, states = check["parameters"], check["optimizer_states"]
+    param_share = params["elements_local"] / params["elements_total"]
+    state_share = states["elements_local"] / states["elements_unsharded"]
+    sharded_params = strategy in ("fsdp", "zero3")
+    sharded_states = strategy != "ddp"
+    assert math.isclose(param_share, 0.5, abs_tol=0.02) if sharded_params else param_share == 1.0
+    assert math.isclose(state_share, 0.5, abs_tol=0.02) if sharded_states else state_share == 1.0
+    if strategy.startswith("zero"):
+        assert check["zero_stage"] == int(strategy[-1])
+
+
+@pytest.mark.parametrize("strategy", ["zero2_offload", "zero3_offload", "fsdp_offload"])
+def test_offload_strategies(runs_dir, strategy):
+    res = result(runs_dir, strategy, strategy)
+    check = res["strategy_check"]
+    assert check["optimizer_states"]["devices"] == ["cpu"]
+    assert check["parameters"]["devices"] == ["cpu"]
+    if strategy.startswith("zero"):
+        assert check["offload_optimizer"] is True
+        assert check["offload_param"] is (strategy == "zero3_offload")
+        assert check["optimizer_states"]["optimizer"].endswith("DeepSpeedCPUAdam")
+    else:
+        assert check["parameters"]["dtensor"]
+    assert math.isclose(check["optimizer_states"]["elements_local"] / check["optimizer_states"]["elements_unsharded"], 0.5, abs_tol=0.02)
+
+
+def test_powersgd_hook_compresses_after_warmup(runs_dir):
+    res = result(runs_dir, "powersgd", "ddp_powersgd", "--powersgd_warmup_steps", "3", "--powersgd_rank", "2", steps=6)
+    psgd = res["strategy_check"]["powersgd"]
+    assert psgd["rank"] == 2 and psgd["warmup_steps"] == 3
+    assert psgd["compressing"] and psgd["compressed_buckets"] >= 1
+    assert psgd["iterations"] == 6  # one hook iteration per optimizer step
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_adamw_8bit_states_are_uint8(runs_dir, strategy):
+    states = result(runs_dir, f"{strategy}-8bit", strategy, "--optim", "adamw_8bit")["strategy_check"]["optimizer_states"]
+    assert "uint8" in states["dtypes"]
+    assert states["optimizer"].startswith("bitsandbytes.")
+
+
+def test_adafactor_states_are_factored(runs_dir):
+    states = result(runs_dir, "ddp-adafactor", "ddp", "--optim", "adafactor")["strategy_check"]["optimizer_states"]
+    assert states["factored"] and {"exp_avg_sq_row", "exp_avg_sq_col"} <= set(states["keys"])
+    # Factored second moments are far smaller than AdamW's two full copies.
+    assert states["elements_local"] < 0.1 * 2 * result(runs_dir, "ddp-adafactor", "ddp")["model"]["params_model"]
+
+
+def test_launcher_config_file_selects_the_strategy(runs_dir):
+    res = result(runs_dir, "cfg-zero2", None, config_file=str(REPO / "accelerate_configs" / "zero2.yaml"))
+    assert res["strategy"] == "zero2"
+    assert res["strategy_check"]["wrapper"] == "DeepSpeedEngine" and res["strategy_check"]["zero_stage"] == 2
+
+
+def test_launcher_config_contradicting_strategy_is_refused(tmp_path):
+    args = ["--strategy", "zero1", "--max_steps", "1", "--output_dir", str(tmp_path / "out")]
+    proc = run(accelerate_launch(args, 2, str(REPO / "accelerate_configs" / "zero3.yaml")))
+    assert proc.returncode != 0
+    assert "hfscale: error: --strategy zero1 contradicts the launcher's config, which asks for zero3" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_metrics_reach_tensorboard_and_results(runs_dir):
+    res = parity_run(runs_dir, "zero1")
+    out = runs_dir / "parity-zero1-np2"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/grad_norm", "train/lr", "perf/tokens_per_s", "perf/tflops_per_gpu", "perf/mfu"} <= tags
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(losses(res), rel=1e-6)
+    model = res["model"]
+    assert model["params_formula"] == model["params_model"] == model["params_trainable"]
+    assert res["perf"]["peak_source"].startswith("measured")  # a CPU never gets a GPU datasheet peak
+    assert "hfscale run" in res["_stdout"] and "days on 2 GPU(s)" in res["_stdout"]
