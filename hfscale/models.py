@@ -119,15 +119,22 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     return model_cls(config)
 
 
-def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
-    """A pretrained checkpoint (local directory or Hub name) and its shape."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> ModelShape:
+    """The shape of a pretrained checkpoint, read from its config alone."""
+    from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
-    shape = shape_from_config(config)
+    return shape_from_config(config)
+
+
+def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
+    """A pretrained checkpoint (local directory or Hub name) and its shape."""
+    from transformers import AutoModelForCausalLM
+
+    shape = pretrained_shape(name_or_path, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
     return model, shape

@@ -144,15 +144,9 @@ def build(model_args, args, shape, tokenizer):
 def model_shape(model_args):
     if model_args.shape is not None:
         return model_args.shape
-    from transformers import AutoConfig
+    from hfscale.models import pretrained_shape
 
-    from hfscale.models import shape_from_config
-
-    try:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
-    except OSError as err:
-        raise HfscaleError(f"cannot load model {model_args.model_name_or_path!r}: {str(err).splitlines()[0]}") from None
-    return shape_from_config(config)
+    return pretrained_shape(model_args.model_name_or_path, model_args.trust_remote_code)
 
 
 def base_record(model_args, data_args, args, shape, model, seq_len: int, env: dict) -> dict:
