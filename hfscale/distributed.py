@@ -98,3 +98,18 @@ def prepare_processes(strategy: Strategy) -> dict:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         return {"accelerator_config": configure_state_for_cpu_deepspeed(), "use_cpu": False}
     return {"use_cpu": True}
+
+
+def shutdown(wait_for_all: bool = True) -> None:
+    """Tear the process group down before interpreter exit (after a barrier when the run succeeded).
+
+    Left to interpreter exit, gloo's worker threads can be destroyed mid-flight, which aborts a rank with
+    "terminate called without an active exception" (exit -6) after its results are written (pytorch#190489).
+    A failing rank skips the barrier: the others may never reach it.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if wait_for_all:
+            dist.barrier()
+        dist.destroy_process_group()

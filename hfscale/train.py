@@ -227,6 +227,18 @@ def finish(trainer, meter, record, args, env) -> None:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
+    from hfscale.distributed import shutdown
+
+    try:
+        run(argv)
+    except BaseException:
+        shutdown(wait_for_all=False)
+        raise
+    shutdown()
+
+
+def run(argv: list[str] | None) -> None:
+    """One training run, start to results file."""
     from hfscale.distributed import has_accelerator
 
     if not has_accelerator():
