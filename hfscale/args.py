@@ -79,11 +79,14 @@ class HfscaleTrainingArguments(TrainingArguments):
     token_budget: float = field(default=1e11, metadata={"help": "Tokens to price in days (default 100B)."})
     peak_tflops: float | None = field(default=None, metadata={"help": "Peak TFLOPs per device for MFU (default: the known-device table; on CPU a measured peak)."})
     measure_peak: bool = field(default=False, metadata={"help": "Also measure the device's matmul peak at start-up and report MFU against it."})
+    measure: bool = field(default=True, metadata={"help": "Live perf/* figures (one clock read per logging step); false only to benchmark that overhead (benchmarks/measure_overhead.py)."})
     perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Logging backends; tensorboard is written by hfscale into the run directory."})
     logging_steps: float = field(default=10, metadata={"help": "Log (and time) every N optimizer steps."})
-    ddp_find_unused_parameters: bool | None = field(default=False, metadata={"help": "GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step."})
+    ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
+    record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
 
     def __post_init__(self):
@@ -115,9 +118,12 @@ class HfscaleTrainingArguments(TrainingArguments):
             raise HfscaleError(f"--deepspeed is for the zero* strategies; {strategy.name!r} is {strategy.engine}")
         if strategy.engine == "fsdp":
             self.fsdp = strategy.fsdp
-            self.fsdp_config = {"version": 2, "reshard_after_forward": True, **(self.fsdp_config or {})}
+            self.fsdp_config = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
+                                **(self.fsdp_config or {})}
         elif self.fsdp:
             raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
+        if self.ddp_find_unused_parameters is None:
+            self.ddp_find_unused_parameters = strategy.comm_hook == "powersgd"
         if strategy.comm_hook == "powersgd":
             self.powersgd_rank = self.powersgd_rank or strategy.powersgd["rank"]
             if self.powersgd_warmup_steps is None:

@@ -1,13 +1,12 @@
-"""`hfscale` console script: train | strategies | peak."""
+"""`hfscale` console script: train | sweep | report | parity | import-logs | export | strategies | peak."""
 
-import argparse
 import sys
 
-from .errors import exit_on_user_error
+from .errors import ArgumentParser, exit_on_user_error
 
 
 def cmd_strategies(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="hfscale strategies", description="List strategies (and the optimizer matrix).")
+    parser = ArgumentParser(prog="hfscale strategies", description="List strategies (and the optimizer matrix).")
     parser.add_argument("--matrix", action="store_true", help="print which strategy x optimizer pairs work")
     opts = parser.parse_args(argv)
     from .strategies import OPTIMIZERS, all_strategies, matrix_markdown
@@ -21,7 +20,7 @@ def cmd_strategies(argv: list[str]) -> None:
 
 
 def cmd_peak(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="hfscale peak", description="Measure the best matmul TFLOPs this device reaches.")
+    parser = ArgumentParser(prog="hfscale peak", description="Measure the best matmul TFLOPs this device reaches.")
     parser.add_argument("--dtype", default=None, choices=["bf16", "fp16", "tf32", "fp32"])
     parser.add_argument("--size", type=int, default=None, help="matrix size (default 8192 on GPU, 1024 on CPU)")
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -42,6 +41,11 @@ def cmd_peak(argv: list[str]) -> None:
 
 COMMANDS = {
     "train": "train with a strategy and optimizer (every TrainingArguments flag works)",
+    "sweep": "run strategies x optimizers x processes x MBS x GAS x checkpointing; failures are rows",
+    "report": "markdown/CSV table in the BigScience format, plots, optional HTML",
+    "parity": "compare strategies' loss curves and final weights with ddp",
+    "import-logs": "turn Megatron-LM/Megatron-DeepSpeed logs into report rows",
+    "export": "consolidate a checkpoint (any strategy) into a HuggingFace safetensors model",
     "strategies": "list strategies; --matrix for the strategy x optimizer table",
     "peak": "measure this device's matmul peak TFLOPs",
 }
@@ -60,4 +64,10 @@ def main(argv: list[str] | None = None) -> None:
         from .train import main as train_main
 
         return train_main(rest)
+    if command in ("sweep", "report", "parity", "import-logs", "export"):
+        import importlib
+
+        module = {"sweep": "sweep", "report": "report", "parity": "parity", "import-logs": "megatron",
+                  "export": "export"}[command]
+        sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

@@ -33,6 +33,9 @@ def check_local_files(files: list[str]) -> str:
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise HfscaleError(f"data file not found: {missing[0]}")
+    empty = [f for f in files if Path(f).stat().st_size == 0]
+    if empty:
+        raise HfscaleError(f"data file is empty: {empty[0]}")
     kinds = {LOCAL_FORMATS.get(Path(f).suffix.lower()) for f in files}
     if None in kinds or len(kinds) != 1:
         raise HfscaleError(

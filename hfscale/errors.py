@@ -1,5 +1,6 @@
 """Errors a user can cause: reported as one line naming the problem, exit code 2, no traceback."""
 
+import argparse
 import sys
 from functools import wraps
 
@@ -27,3 +28,10 @@ def exit_on_user_error(fn):
             sys.exit(EXIT_USAGE)
 
     return wrapper
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for hfscale's subcommands: a usage error is one line and exit 2, like every other bad input."""
+
+    def error(self, message):
+        raise HfscaleError(message)

@@ -49,12 +49,21 @@ class Meter:
         self.end_step = self.end_time = None  # the last optimizer step: where the whole-run average ends
         self._step_end_time = None
         self._paused = False
+        self.first_step = 0  # a resumed run starts at its checkpoint's step
+
+    def begin(self, step: int) -> None:
+        self.first_step = step
+        if self.warmup_steps == 0:  # time from the very first step
+            _sync(self.on_cuda)
+            self.start_step = self.mark_step = step
+            self.start_time = self.mark_time = time.perf_counter()
 
     def step_end(self, step: int, last: bool = False) -> None:
-        if step == self.warmup_steps or last:
+        warm = step == self.first_step + self.warmup_steps
+        if warm or last:
             _sync(self.on_cuda)
         now = time.perf_counter()
-        if step == self.warmup_steps:
+        if warm:
             self.start_step = self.mark_step = step
             self.start_time = self.mark_time = now
         if last:
@@ -141,21 +150,31 @@ TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning
 class MeasureCallback(TrainerCallback):
     """Feeds the Meter from the Trainer's events and sends figures to TensorBoard and the run record."""
 
-    def __init__(self, meter: Meter, record, tensorboard: TensorBoardWriter | None, is_main: bool):
+    def __init__(self, meter: Meter | None, record, tensorboard: TensorBoardWriter | None, is_main: bool):
         self.meter, self.record, self.tb, self.is_main = meter, record, tensorboard, is_main
-        
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.meter:
+            self.meter.begin(state.global_step)
+        for logs in state.log_history:  # resumed: the losses logged before the checkpoint
+            if "loss" in logs and "step" in logs:
+                self.record.add_loss(logs["step"], logs)
+
     def on_step_begin(self, args, state, control, **kwargs):
-        self.meter.step_begin()
+        if self.meter:
+            self.meter.step_begin()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps)
+        if self.meter:
+            self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps)
 
     def on_save(self, args, state, control, **kwargs):
-        self.meter.mark_paused()
-        self.record.note_checkpoint(state.global_step)
+        if self.meter:
+            self.meter.mark_paused()
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self.meter.mark_paused()
+        if self.meter:
+            self.meter.mark_paused()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}

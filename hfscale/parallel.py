@@ -28,6 +28,50 @@ def apply_powersgd(ddp_model, config: PowerSGDConfig):
     return state
 
 
+POWERSGD_FILE = "powersgd_rank{rank}.pt"
+
+
+def powersgd_state_dict(state) -> dict:
+    """PowerSGD's per-rank state (iteration, error feedback, warm-start factors, RNG) as plain tensors and numbers,
+    so a checkpoint reloads with torch.load(weights_only=True). Without it a resumed run restarts the warm-up and
+    loses the error feedback, and its losses differ from an uninterrupted run's."""
+    import torch
+
+    name, keys, pos, has_gauss, cached = state.rng.get_state()
+    return {"iter": state.iter, "error_dict": dict(state.error_dict), "p_memory_dict": dict(state.p_memory_dict),
+            "q_memory_dict": dict(state.q_memory_dict), "rng": [name, torch.from_numpy(keys.copy()), pos, has_gauss, cached],
+            "numel": [state.total_numel_before_compression, state.total_numel_after_compression]}
+
+
+def load_powersgd_state(state, saved: dict) -> None:
+    state.iter = saved["iter"]
+    for attr in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        getattr(state, attr).clear()
+        getattr(state, attr).update(saved[attr])
+    name, keys, pos, has_gauss, cached = saved["rng"]
+    state.rng.set_state((name, keys.numpy(), pos, has_gauss, cached))
+    state.total_numel_before_compression, state.total_numel_after_compression = saved["numel"]
+
+
+def save_powersgd(state, folder, rank: int) -> None:
+    import torch
+
+    torch.save(powersgd_state_dict(state), f"{folder}/{POWERSGD_FILE.format(rank=rank)}")
+
+
+def restore_powersgd(state, folder, rank: int) -> bool:
+    """Reload this rank's PowerSGD state from a checkpoint; False when the checkpoint has none."""
+    from pathlib import Path
+
+    import torch
+
+    path = Path(folder) / POWERSGD_FILE.format(rank=rank)
+    if not path.is_file():
+        return False
+    load_powersgd_state(state, torch.load(path, weights_only=True))
+    return True
+
+
 def powersgd_facts(state) -> dict:
     """What the hook has done so far: compression has started once low-rank factors (P, Q) exist."""
     return {

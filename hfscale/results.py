@@ -56,8 +56,9 @@ class RunRecord:
             {"step": step, "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "lr": logs.get("learning_rate")}
         )
 
-    def note_checkpoint(self, step: int) -> None:
-        self.data["checkpoints"].append({"step": step})
+    def note_checkpoint(self, step: int, save_s: float | None = None, size_gb: float | None = None) -> None:
+        self.data["checkpoints"].append({"step": step, "save_s": save_s, "size_gb": size_gb})
+        self.flush()
 
     def update(self, **fields) -> None:
         self.data.update(fields)

@@ -14,6 +14,7 @@ if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.
 import logging  # noqa: E402
 import platform  # noqa: E402
 import socket  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -66,11 +67,26 @@ def prepare_output_dir(args, name: str) -> None:
     if existing.is_file() and read_results(existing).get("status") == "ok" and not args.overwrite_output_dir:
         raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
                            "choose another --output_dir or pass --overwrite_output_dir")
-    parent = Path(args.output_dir).resolve().parent
+    target = Path(args.output_dir).resolve()
+    parent = target if target.is_dir() else target.parent
     while not parent.exists():
         parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise HfscaleError(f"--output_dir {args.output_dir} is not writable")
+    try:  # os.access says yes to root everywhere; only creating something proves it (removed at once)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".hfscale-write-check-"))
+    except OSError as err:
+        raise HfscaleError(f"--output_dir {args.output_dir} is not writable ({err.strerror})") from None
+
+
+def resume_checkpoint(args, shape) -> str | None:
+    """The complete checkpoint to resume from (or None); interrupted saves are set aside by rank 0 first."""
+    from hfscale.checkpoints import identity, resolve_resume, set_aside_incomplete
+
+    args.hfscale_checkpoint_identity = identity(args.strategy, args.hfscale_optim, args.world_size, shape)
+    resume = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), args.hfscale_checkpoint_identity)
+    args.hfscale_resume_from = resume
+    if args.process_index == 0 and Path(args.output_dir).is_dir():
+        set_aside_incomplete(Path(args.output_dir))
+    return resume
 
 
 def environment(args) -> dict:
@@ -184,31 +200,33 @@ def make_trainer(model_args, args, shape, model, blocks, seq_len, env, record):
     record.update(perf={"peak_tflops": peak, "peak_source": peak_source, "measured_peak_tflops": measured})
     meter = Meter(shape, micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
                   gpus=args.world_size, seq=seq_len, checkpointing=checkpointing(args), token_budget=args.token_budget,
-                  peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda")
+                  peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda") \
+        if args.measure else None
     is_main = args.process_index == 0
     tensorboard = None
     if args.hfscale_tensorboard and is_main:
         tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": args.strategy,
                                                           "optim": args.hfscale_optim, "model": model_args.name})
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
-                             strategy=strategy, meter=meter)
+                             strategy=strategy, meter=meter, checkpoint_identity=args.hfscale_checkpoint_identity)
     powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
     trainer.add_callback(StrategyCallback(trainer, optim=args.hfscale_optim, total_params=record.data["model"]["params_model"],
                                           powersgd=powersgd, launcher_world_size=int(os.environ["WORLD_SIZE"]),
-                                          on_accelerator=env["device_type"] == "cuda", record=record))
+                                          on_accelerator=env["device_type"] == "cuda", record=record,
+                                          resume_from=args.hfscale_resume_from))
     trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main))
     return trainer, meter
 
 
-def finish(trainer, meter, record, args, env) -> None:
+def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
     """Whole-run figures, peak memory over all ranks, final weights fingerprint; then the results file."""
     import torch
 
     from hfscale.measure import figures_dict, memory_now
     from hfscale.metrics import tokens_per_step
-    from hfscale.verify import weights_fingerprint
+    from hfscale.verify import probe_logits, weights_fingerprint
 
-    figures, steps = meter.whole_run()
+    figures, steps = meter.whole_run() if meter else (None, 0)
     memory = memory_now(env["device_type"] == "cuda")
     if torch.distributed.is_initialized():
         names = sorted(memory)
@@ -219,10 +237,17 @@ def finish(trainer, meter, record, args, env) -> None:
     record.update(perf={**record.data["perf"], **figures_dict(figures), "measured_steps": steps,
                         "warmup_steps": args.perf_warmup_steps,
                         "tokens_per_step": tokens_per_step(cfg["micro_batch_size"], cfg["grad_accum"], cfg["world_size"], cfg["seq_len"])},
-                  memory=memory, steps=trainer.state.global_step,
+                  memory=memory, steps=trainer.state.global_step, trainer_metrics=trainer_metrics,
                   epoch=trainer.state.epoch, samples_seen=trainer.state.global_step * cfg["global_batch_size"])
     if args.fingerprint_weights:
-        record.update(final_weights=weights_fingerprint(trainer.model, trainer.strategy.engine))
+        record.update(final_weights=weights_fingerprint(trainer.model, trainer.strategy.engine),
+                      probe_logits=probe_logits(trainer.model, record.data["model"]["vocab"], args.device))
+    if args.record_batches:
+        digests = [trainer.batch_digests]
+        if torch.distributed.is_initialized():
+            digests = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(digests, trainer.batch_digests)
+        record.update(batch_digests=digests)
 
 
 @exit_on_user_error
@@ -257,6 +282,7 @@ def run(argv: list[str] | None) -> None:
     from hfscale.measure import print_summary
     from hfscale.results import RunRecord
 
+    resume = resume_checkpoint(args, shape)
     set_seed(args.seed)
     tokenizer, blocks = load_data(model_args, data_args, args, shape.vocab, seq_len)
     model = build(model_args, args, shape, tokenizer)
@@ -264,8 +290,10 @@ def run(argv: list[str] | None) -> None:
     record = RunRecord(args.output_dir, base_record(model_args, data_args, args, shape, model, seq_len, env),
                        args.process_index == 0)
     trainer, meter = make_trainer(model_args, args, shape, model, blocks, seq_len, env, record)
+    trainer.on_checkpoint = lambda info: record.note_checkpoint(**info)
+    record.update(resumed_from=resume)
     try:
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        output = trainer.train(resume_from_checkpoint=resume)
     except HfscaleError as err:
         record.update(status="refused", error=str(err))
         record.flush()
@@ -274,7 +302,7 @@ def run(argv: list[str] | None) -> None:
         record.update(status="fail", error=f"{type(err).__name__}: {err}")
         record.flush()
         raise
-    finish(trainer, meter, record, args, env)
+    finish(trainer, meter, record, args, env, output.metrics)
     record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()
     if args.process_index == 0:

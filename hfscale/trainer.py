@@ -7,11 +7,13 @@ proves where optimizer states live and how many each rank holds; (4) every log a
 """
 
 import logging
+import time
+from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 
 from . import verify
-from .parallel import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts
+from .parallel import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd, save_powersgd
 
 logger = logging.getLogger("hfscale")
 
@@ -21,16 +23,51 @@ STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
 
 
 class HfscaleTrainer(Trainer):
-    def __init__(self, *args, strategy, meter=None, **kwargs):
+    def __init__(self, *args, strategy, meter=None, checkpoint_identity=None, on_checkpoint=None, **kwargs):
         self.strategy, self.meter = strategy, meter
+        self.checkpoint_identity, self.on_checkpoint = checkpoint_identity or {}, on_checkpoint
+        self.powersgd_state = None  # set by StrategyCallback; saved with every checkpoint
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
+        self.batch_digests: list[list[int]] = []  # [step, sum of input ids] per micro-batch, with --record_batches
         super().__init__(*args, **kwargs)
 
     def training_step(self, model, inputs, *args, **kwargs):
-        if self.first_batch_digest is None:
+        if self.first_batch_digest is None or self.args.record_batches:
             ids = inputs["input_ids"]
-            self.first_batch_digest = [int(ids.sum()), ids.shape[0]]  # one sync, on the first micro-batch only
+            digest = int(ids.sum())  # a sync: on the first micro-batch only, unless --record_batches
+            if self.first_batch_digest is None:
+                self.first_batch_digest = [digest, ids.shape[0]]
+            if self.args.record_batches:
+                self.batch_digests.append([self.state.global_step + 1, digest])
         return super().training_step(model, inputs, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's save, then: every rank done -> rank 0 marks the checkpoint complete (hfscale.checkpoints)."""
+        import torch.distributed as dist
+
+        from .checkpoints import dir_size_bytes, write_marker
+
+        start = time.perf_counter()
+        super()._save_checkpoint(model, trial)
+        step = self.state.global_step
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
+        if self.powersgd_state is not None:
+            save_powersgd(self.powersgd_state, folder, self.args.process_index)
+        if dist.is_initialized():
+            dist.barrier()
+        seconds = time.perf_counter() - start
+        info = {"step": step, "save_s": round(seconds, 4), "size_gb": None}
+        if self.args.process_index == 0 and folder.is_dir():
+            if not (folder / "config.json").is_file():  # sharded saves keep no config; export needs one
+                self.accelerator.unwrap_model(self.model).config.save_pretrained(folder)
+            size = dir_size_bytes(folder)
+            info["size_gb"] = size / 1e9
+            write_marker(folder, {**self.checkpoint_identity, **info, "size_bytes": size,
+                                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        if dist.is_initialized():
+            dist.barrier()  # nobody goes on (or gets killed mid-step) believing in a checkpoint not yet marked
+        if self.on_checkpoint:
+            self.on_checkpoint(info)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -54,10 +91,11 @@ class StrategyCallback(TrainerCallback):
     """Registers PowerSGD and proves at start-up that the strategy running is the one asked for."""
 
     def __init__(self, trainer: HfscaleTrainer, *, optim: str, total_params: int, powersgd: PowerSGDConfig | None,
-                 launcher_world_size: int, on_accelerator: bool, record):
+                 launcher_world_size: int, on_accelerator: bool, record, resume_from: str | None = None):
         self.trainer, self.optim, self.total_params = trainer, optim, total_params
         self.powersgd, self.powersgd_state = powersgd, None
         self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
+        self.resume_from = resume_from
         self.facts: dict = {}
 
     @property
@@ -84,7 +122,9 @@ class StrategyCallback(TrainerCallback):
         verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
         if self.powersgd is not None:
-            self.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
+            self.powersgd_state = trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
+            if self.resume_from:
+                self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
         self._publish()
 
     def on_step_end(self, args, state, control, **kwargs):

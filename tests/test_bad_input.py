@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,13 @@ CASES = {
     "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
     "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),
+    "deepspeed json of another stage": (["--strategy", "zero1", "--deepspeed", "ds_configs/zero3.json"],
+                                        "zero_optimization.stage is 3, but strategy 'zero1' is ZeRO-1"),
+    "fsdp with adafactor": (["--strategy", "fsdp", "--optim", "adafactor"], "strategy 'fsdp' cannot use optimizer 'adafactor'"),
+    "zero vocabulary": (["--vocab_size", "0"], "model vocab must be positive"),
+    "zero accumulation": (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
+    "negative token budget": (["--token_budget", "-1"], "--token_budget must be positive"),
+    "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
 }
 
 
@@ -40,6 +48,72 @@ def test_bad_input_is_one_line(case, tmp_path):
     out = tmp_path / "out"
     proc = run([sys.executable, "-m", "hfscale", "train", *flags, "--max_steps", "1", "--output_dir", str(out)])
     _check_refused(proc, expected, out)
+
+
+def test_empty_data_file(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "train", "--train_files", str(empty), "--output_dir", str(out)])
+    _check_refused(proc, f"data file is empty: {empty}", out)
+
+
+def test_unwritable_output_dir(tmp_path):
+    proc = run([sys.executable, "-m", "hfscale", "train", "--max_steps", "1", "--output_dir", "/proc/hfscale-run"])
+    _check_refused(proc, "--output_dir /proc/hfscale-run is not writable", tmp_path / "never")
+
+
+def _checkpoint(tmp_path, **changes) -> Path:
+    """A complete checkpoint's marker as a 1-process ddp run of `tiny` writes it, with some fields changed."""
+    from hfscale.checkpoints import MARKER, identity
+    from hfscale.models import resolve_shape
+
+    marker = {**identity("ddp", "adamw", 1, resolve_shape("tiny")), "step": 4}
+    for key, value in changes.items():
+        if key in marker["model"]:
+            marker["model"][key] = value
+        else:
+            marker[key] = value
+    path = tmp_path / "elsewhere" / "checkpoint-4"
+    path.mkdir(parents=True)
+    if changes.get("complete", True):
+        (path / MARKER).write_text(json.dumps(marker))
+    return path
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"strategy": "zero3"}, "was saved with strategy 'zero3' but this run has 'ddp'"),
+    ({"n_layer": 4}, "was saved with model"),
+    ({"world_size": 8}, "was saved with world_size 8 but this run has 1"),
+    ({"optim": "adafactor"}, "was saved with optim 'adafactor' but this run has 'adamw'"),
+    ({"complete": False}, "incomplete checkpoint (no hfscale_checkpoint.json"),
+])
+def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected):
+    ckpt = _checkpoint(tmp_path, **changes)
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "train", "--resume_from_checkpoint", str(ckpt), "--output_dir", str(out)])
+    _check_refused(proc, expected, out)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["sweep", "--strategies", "ddp,zero9"], "unknown strategy 'zero9'"),
+    (["sweep", "--nprocs", "two"], "expected comma-separated integers"),
+    (["parity", "--strategies", "zero7"], "unknown strategy 'zero7'"),
+    (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
+    (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
+    (["report", "/nonexistent/runs"], "no such run or sweep directory"),
+])
+def test_other_commands_refuse_bad_input(tmp_path, argv, expected):
+    proc = run([sys.executable, "-m", "hfscale", *argv], cwd=tmp_path)
+    _check_refused(proc, expected, tmp_path / "runs")
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_malformed_sweep_spec(tmp_path):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("strategies: [ddp]\nbatch: 4\n")
+    proc = run([sys.executable, "-m", "hfscale", "sweep", "--spec", str(spec), "--out", str(tmp_path / "sw")])
+    _check_refused(proc, "unknown key(s) batch", tmp_path / "sw")
 
 
 def test_malformed_deepspeed_json(tmp_path):

@@ -3,11 +3,14 @@
 Runs are real `accelerate launch` subprocesses; each is started once per session and reused by the checks below.
 """
 
+import json
 import math
+import sys
 
 import pytest
 
-from conftest import REPO, accelerate_launch, run, train
+from conftest import REPO, TINY, accelerate_launch, run, train
+from hfscale.results import read_results
 
 pytestmark = pytest.mark.multiprocess
 
@@ -22,7 +25,21 @@ def result(runs_dir, key: str, strategy, *extra, **kw) -> dict:
     return _cache[key]
 
 
+@pytest.fixture(scope="module")
+def parity(runs_dir):
+    """One `hfscale parity` over the sharded strategies (it runs ddp as the reference): the CI parity check."""
+    out = runs_dir / "parity"
+    fixed = [a for i, a in enumerate(TINY) if "--logging_steps" not in (a, TINY[i - 1])]
+    proc = run([sys.executable, "-m", "hfscale", "parity", "--strategies", ",".join(SHARDED), "--steps", str(PARITY_STEPS),
+                "--nproc", "2", "--out", str(out), "--", *fixed], timeout=1500)
+    assert (out / "parity.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out / "parity.json").read_text()), out
+
+
 def parity_run(runs_dir, strategy, nproc=2, mbs=4):
+    if nproc == 2 and mbs == 4:  # the runs `hfscale parity` made
+        out = runs_dir / "parity" / strategy
+        return {**read_results(out), "_stdout": (out / "launch.log").read_text()}
     return result(runs_dir, f"parity-{strategy}-np{nproc}", strategy, "--fingerprint_weights",
                   "--per_device_train_batch_size", str(mbs), nproc=nproc, steps=PARITY_STEPS)
 
@@ -36,9 +53,22 @@ def max_rel(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def test_hfscale_parity_passes_for_every_sharded_strategy(parity):
+    """`hfscale parity`: same seed, data and fp32, 20 steps -> losses, grad norms and weights within 1e-4 of ddp."""
+    proc, report, _ = parity
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert report["tolerance"] == 1e-4
+    verdicts = {c["strategy"]: c for c in report["comparisons"]}
+    assert set(verdicts) == set(SHARDED)
+    for strategy, c in verdicts.items():
+        assert c["verdict"] == "pass" and c["steps"] == PARITY_STEPS, c
+        assert c["loss_max_rel"] <= 1e-4 and c["grad_norm_max_rel"] <= 1e-4 and c["weights_max_rel"] <= 1e-4
+    assert "all judged strategies match ddp" in proc.stdout
+
+
 @pytest.mark.parametrize("strategy", SHARDED)
-def test_parity_with_ddp(runs_dir, strategy):
-    """Same seed, data and fp32: 20 steps end with the same losses and weights as ddp (relative 1e-4)."""
+def test_parity_with_ddp(parity, runs_dir, strategy):
+    """The same check by hand on the parity runs' results files (independent of hfscale.parity's arithmetic)."""
     ref, res = parity_run(runs_dir, "ddp"), parity_run(runs_dir, strategy)
     assert len(losses(res)) == PARITY_STEPS
     assert max_rel(losses(res), losses(ref)) <= 1e-4
@@ -54,14 +84,14 @@ def test_parity_with_ddp(runs_dir, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", *SHARDED])
-def test_each_rank_trains_on_its_own_samples(runs_dir, strategy):
+def test_each_rank_trains_on_its_own_samples(parity, runs_dir, strategy):
     check = parity_run(runs_dir, strategy)["strategy_check"]
     assert check["world_size_launcher"] == check["world_size_accelerate"] == check["world_size_torch"] == 2
     first = check["first_batch_per_rank"]
     assert len(first) == 2 and first[0] != first[1]
 
 
-def test_one_and_two_processes_step_the_same_tokens(runs_dir):
+def test_one_and_two_processes_step_the_same_tokens(parity, runs_dir):
     """The same global batch (1 x 8 or 2 x 4 samples) gives the same tokens per step and the same losses."""
     one, two = parity_run(runs_dir, "ddp", nproc=1, mbs=8), parity_run(runs_dir, "ddp")
     assert one["perf"]["tokens_per_step"] == two["perf"]["tokens_per_step"] == 8 * 64
@@ -77,7 +107,7 @@ def test_one_and_two_processes_step_the_same_tokens(runs_dir):
 @pytest.mark.parametrize("strategy,wrapper", [("ddp", "DistributedDataParallel"), ("fsdp", "FSDPGPT2LMHeadModel"),
                                               ("zero1", "DeepSpeedEngine"), ("zero2", "DeepSpeedEngine"),
                                               ("zero3", "DeepSpeedEngine")])
-def test_sharding_is_real(runs_dir, strategy, wrapper):
+def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
     check = parity_run(runs_dir, strategy)["strategy_check"]
     assert check["wrapper"] == wrapper
     params, states = check["parameters"], check["optimizer_states"]
@@ -142,9 +172,9 @@ def test_launcher_config_contradicting_strategy_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_metrics_reach_tensorboard_and_results(runs_dir):
+def test_metrics_reach_tensorboard_and_results(parity, runs_dir):
     res = parity_run(runs_dir, "zero1")
-    out = runs_dir / "parity-zero1-np2"
+    out = runs_dir / "parity" / "zero1"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(out))

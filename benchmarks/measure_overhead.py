@@ -1,0 +1,75 @@
+"""Does hfscale's live measurement slow training? Prints the ratio side by side, measured in one run.
+
+Three variants of the same training (same model, data, seed, TrainingArguments), interleaved REPEATS times so
+that machine noise hits them alike, compared by the Trainer's own `train_runtime` (the whole training loop):
+
+  hfscale            hfscale/train.py (measurement on: the default)
+  hfscale-nomeasure  hfscale/train.py --measure false
+  plain-trainer      benchmarks/plain_trainer.py: HF's plain Trainer, no hfscale code in the loop
+
+    python benchmarks/measure_overhead.py                 # tiny GPT-2, 300 steps, 5 repeats, 1 process
+    python benchmarks/measure_overhead.py --steps 100 --repeats 3 --model gpt2-124m --seq_len 256 --mbs 2
+
+Target: hfscale / hfscale-nomeasure <= 1.01 (median over repeats).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "hfscale": [str(REPO / "hfscale" / "train.py"), "--optim", "adamw"],
+    "hfscale-nomeasure": [str(REPO / "hfscale" / "train.py"), "--optim", "adamw", "--measure", "false"],
+    "plain-trainer": [str(REPO / "benchmarks" / "plain_trainer.py"), "--optim", "adamw_torch", "--report_to", "tensorboard"],
+}
+
+
+def runtime(variant: str, out: Path) -> float:
+    if variant == "plain-trainer":
+        return json.loads((out / "plain.json").read_text())["train_runtime"]
+    return json.loads((out / "results.json").read_text())["trainer_metrics"]["train_runtime"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--seq_len", type=int, default=128)
+    parser.add_argument("--mbs", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--logging_steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    opts = parser.parse_args()
+    common = ["--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size", str(opts.mbs),
+              "--max_steps", str(opts.steps), "--logging_steps", str(opts.logging_steps), "--save_strategy", "no",
+              "--seed", "42", "--disable_tqdm", "true"]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    names = list(VARIANTS)
+    with tempfile.TemporaryDirectory(prefix="hfscale-overhead-") as tmp:
+        for r in range(opts.repeats):
+            for variant in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each repeat
+                out = Path(tmp) / f"{variant}-{r}"
+                cmd = [sys.executable, *VARIANTS[variant][:1], *common, *VARIANTS[variant][1:], "--output_dir", str(out)]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode:
+                    sys.exit(f"{variant} failed:\n{proc.stderr[-3000:]}")
+                times[variant].append(runtime(variant, out))
+                print(f"  repeat {r + 1}/{opts.repeats} {variant:18s} train_runtime {times[variant][-1]:.3f} s", flush=True)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    print(f"\n{opts.model}, seq {opts.seq_len}, MBS {opts.mbs}, {opts.steps} steps, logging every "
+          f"{opts.logging_steps}, 1 process; median of {opts.repeats}:")
+    print(f"{'variant':18s} {'median s':>9s} {'min s':>8s} {'s/step':>8s}")
+    for v in names:
+        print(f"{v:18s} {med[v]:9.3f} {min(times[v]):8.3f} {med[v] / opts.steps:8.4f}")
+    print(f"\nmeasurement overhead  hfscale / hfscale-nomeasure = {med['hfscale'] / med['hfscale-nomeasure']:.4f}  (target <= 1.01)")
+    print(f"hfscale vs plain      hfscale / plain-trainer     = {med['hfscale'] / med['plain-trainer']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Baseline for measure_overhead.py: the same model, data and TrainingArguments through HF's plain `Trainer`.
+
+No hfscale Trainer subclass, no start-up proofs, no measurement; writes `{"train_runtime": s}` to
+<output_dir>/plain.json. Run it as `python benchmarks/plain_trainer.py --model tiny --max_steps 100 ...`.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformers import HfArgumentParser, Trainer, TrainingArguments, default_data_collator, set_seed  # noqa: E402
+
+from hfscale.args import DataArguments, ModelArguments  # noqa: E402
+from hfscale.results import atomic_write_text  # noqa: E402
+from hfscale.train import build, load_data, resolve_seq_len  # noqa: E402
+
+
+def main() -> None:
+    model_args, data_args, args = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).parse_args_into_dataclasses()
+    shape = model_args.shape
+    seq_len = resolve_seq_len(shape, data_args.seq_len)
+    set_seed(args.seed)
+    tokenizer, blocks = load_data(model_args, data_args, args, shape.vocab, seq_len)
+    model = build(model_args, args, shape, tokenizer)
+    trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator)
+    metrics = trainer.train().metrics
+    atomic_write_text(os.path.join(args.output_dir, "plain.json"), json.dumps(metrics))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""`hfscale export CHECKPOINT OUT`: a consolidated HuggingFace model (safetensors) from any strategy's checkpoint.
+
+Only the weights — no optimizer state — in fp32, bf16 or fp16, loadable with `AutoModelForCausalLM.from_pretrained`.
+Where the weights come from, by engine:
+  ddp     the Trainer's `model.safetensors` (or its sharded index)
+  zero*   DeepSpeed's partitioned fp32 master weights, consolidated with `deepspeed.utils.zero_to_fp32`
+  fsdp*   the sharded `pytorch_model_fsdp_0/` (torch.distributed.checkpoint), read without a process group
+The checkpoint must be complete (hfscale_checkpoint.json written after every rank finished saving).
+"""
+
+from pathlib import Path
+
+from .checkpoints import MARKER, is_complete, read_marker
+from .errors import ArgumentParser, HfscaleError, one_of
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _empty_model(checkpoint: Path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(checkpoint)  # local directory: no code is run from it
+    with torch.device("cpu"):
+        return AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+
+
+def _ddp_state_dict(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    single = checkpoint / "model.safetensors"
+    if single.is_file():
+        return load_file(single)
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for f in files for k, v in load_file(checkpoint / f).items()}
+    raise HfscaleError(f"{checkpoint}: no model.safetensors in this ddp checkpoint")
+
+
+def _deepspeed_state_dict(checkpoint: Path) -> dict:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # DeepSpeed's own reader (it unpickles the checkpoint's *_optim_states.pt files, which this user's run wrote).
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+
+
+def _fsdp_state_dict(checkpoint: Path, model) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    shards = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
+    if not shards or not shards[0].is_dir():
+        raise HfscaleError(f"{checkpoint}: no pytorch_model_fsdp_0/ (sharded FSDP state dict) in this fsdp checkpoint")
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(shards[0]), no_dist=True)  # fills the tensors in place; no pickle
+    return state["model"]
+
+
+def consolidated_state_dict(checkpoint: Path, model) -> dict:
+    from .strategies import get_strategy
+
+    engine = get_strategy(read_marker(checkpoint)["strategy"]).engine
+    if engine == "deepspeed":
+        return _deepspeed_state_dict(checkpoint)
+    if engine == "fsdp":
+        return _fsdp_state_dict(checkpoint, model)
+    return _ddp_state_dict(checkpoint)
+
+
+def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
+    """Write `out` (config.json + model.safetensors); returns it. Nothing is left at `out` if this fails."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if dtype not in DTYPES:
+        raise one_of("dtype", dtype, DTYPES)
+    if not checkpoint.is_dir():
+        raise HfscaleError(f"{checkpoint}: no such checkpoint directory")
+    if not is_complete(checkpoint):
+        raise HfscaleError(f"{checkpoint}: not a complete hfscale checkpoint (no {MARKER}; the save was interrupted "
+                           "or it was not written by hfscale)")
+    if out.exists() and any(out.iterdir()):
+        raise HfscaleError(f"{out} exists and is not empty; choose a new directory")
+    model = _empty_model(checkpoint)
+    state = consolidated_state_dict(checkpoint, model)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise HfscaleError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]})")
+    model.tie_weights()
+    model.to(getattr(torch, DTYPES[dtype]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+            if (checkpoint / name).is_file():
+                shutil.copy2(checkpoint / name, staging / name)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="hfscale export", description="Consolidate a checkpoint (any strategy) into a "
+                            "HuggingFace model directory: safetensors weights only, no optimizer state.")
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint-N directory")
+    parser.add_argument("out", type=Path, help="new directory for the model")
+    parser.add_argument("--dtype", default="fp32", help="fp32 (default), bf16 or fp16")
+    opts = parser.parse_args(argv)
+    out = export(opts.checkpoint, opts.out, opts.dtype)
+    print(f"exported {opts.checkpoint} -> {out} ({opts.dtype}); load with AutoModelForCausalLM.from_pretrained('{out}')")

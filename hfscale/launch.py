@@ -1,0 +1,127 @@
+"""Run one training as its own process tree through the real launcher (`accelerate launch`), and say how it ended.
+
+Used by `hfscale sweep` and `hfscale parity`: a run that runs out of memory, crashes, hangs or is refused becomes
+an outcome with a status and the tail of its log; the caller goes on.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .results import RESULTS_FILE, read_results
+
+TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
+STATUSES = ("ok", "OOM", "fail", "timeout", "refused")
+LOG_FILE = "launch.log"
+# What an out-of-memory looks like in a log: CUDA allocator, torch's CPU allocator, the C++ runtime.
+OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
+               "std::bad_alloc", "Cannot allocate memory")
+OOM_KILLED = "Signal 9 (SIGKILL)"  # torchrun's words for a child the kernel's OOM killer (or a user) killed
+
+
+@dataclass
+class Outcome:
+    status: str
+    returncode: int | None
+    seconds: float
+    error: str | None  # one line
+    log_tail: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(train_args: list[str], nproc: int, config_file: str | None = None) -> list[str]:
+    """`accelerate launch` for nproc processes on this machine (with --multi_gpu: without it a CPU machine
+    starts one process whatever --num_processes says)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file:
+        cmd += ["--config_file", config_file]
+    elif nproc > 1:
+        cmd += ["--multi_gpu"]
+    return cmd + ["--num_processes", str(nproc), "--main_process_port", str(free_port()), TRAIN_SCRIPT, *train_args]
+
+
+def kill_tree(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the process and all its descendants, then SIGKILL what is left after grace_s (0: SIGKILL at once).
+
+    The whole tree, found before anything is signalled: torchrun starts each rank in a session of its own, so
+    signalling the launcher's process group would leave the ranks running as orphans."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for sig in ((signal.SIGTERM, signal.SIGKILL) if grace_s > 0 else (signal.SIGKILL,)):
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=grace_s if sig == signal.SIGTERM else 10)
+        if not procs:
+            return
+
+
+def classify(returncode: int | None, log: str, results_status: str | None, timed_out: bool) -> tuple[str, str | None]:
+    """(status, one-line error) from how the process ended, its log and what its results file says."""
+    if timed_out:
+        return "timeout", "killed after the sweep's timeout"
+    if returncode == 0 and results_status == "ok":
+        return "ok", None
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    user_errors = [line for line in lines if line.startswith("hfscale: error:")]
+    if results_status == "refused" or user_errors:
+        return "refused", (user_errors[0][len("hfscale: error:"):].strip() if user_errors else _last_error(lines))
+    oom = [line for line in lines if any(m in line for m in OOM_MARKERS)]
+    if oom:
+        return "OOM", oom[-1][:300]
+    if any(OOM_KILLED in line for line in lines):
+        return "OOM", "a rank was killed by SIGKILL (the kernel's OOM killer, unless someone else killed it)"
+    return "fail", _last_error(lines) or f"exit code {returncode}"
+
+
+def _last_error(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or "Exception" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else None
+
+
+def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s: float | None,
+                 env: dict | None = None) -> Outcome:
+    """Launch, wait (killing the whole process tree after timeout_s), classify. The log goes to output_dir/launch.log."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_path = output_dir / LOG_FILE
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
+    env.pop("WORLD_SIZE", None)  # a sweep started inside a launched job must not inherit its world
+    start, timed_out = time.perf_counter(), False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(launch_command([*train_args, "--output_dir", str(output_dir)], nproc),
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc.pid)
+        except BaseException:  # Ctrl-C on the sweep: take the run down with it
+            kill_tree(proc.pid)
+            raise
+        proc.wait()
+    seconds = time.perf_counter() - start
+    text = log_path.read_text(errors="replace")
+    results_path = output_dir / RESULTS_FILE
+    results_status = read_results(results_path).get("status") if results_path.is_file() else None
+    status, error = classify(proc.returncode, text, results_status, timed_out)
+    return Outcome(status, proc.returncode, seconds, error, text[-2000:])

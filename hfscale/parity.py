@@ -1,0 +1,180 @@
+"""`hfscale parity`: do the strategies train the same model? Each strategy's loss and grad-norm curves (and final
+weights) against the `ddp` reference, same data, seed and precision, for N steps.
+
+    hfscale parity --strategies zero1,zero2,zero3,fsdp --steps 20 --nproc 2 -- --model tiny --seq_len 64
+
+Fairness: every run builds the model in fp32 from the same seed (so FSDP, which keeps parameters in the load
+dtype, and DeepSpeed, which keeps fp32 master weights, start from the same fp32 weights), uses dropout 0 (masks
+would differ per rank layout), logs every step and gathers the full final weights. Exact strategies are judged
+against the tolerance; lossy ones (PowerSGD, 8-bit Adam) are reported with why they differ and judged only
+against --lossy_tolerance when given. A failing exact strategy is a bug, not a tolerance to widen.
+"""
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import ArgumentParser, HfscaleError, one_of
+from .launch import run_training
+from .results import atomic_write_text, read_results
+
+REFERENCE = "ddp"
+EXPECTED = {
+    "ddp": "the reference: gradients all-reduced (averaged) across ranks every step",
+    "ddp_powersgd": "lossy by design: after warm-up, gradients are all-reduced as rank-r PowerSGD factors with error feedback",
+    "fsdp": "exact: gradients reduce-scattered, parameters sharded in the load dtype (fp32 here); only the summation order differs",
+    "fsdp_offload": "exact: as fsdp, with parameters and the optimizer step on the CPU",
+    "zero1": "exact: DeepSpeed keeps fp32 master weights and shards optimizer states; only bucketing/summation order differs",
+    "zero2": "exact: as zero1, gradients reduce-scattered too",
+    "zero2_offload": "exact up to DeepSpeed's CPU Adam (its own fused kernel; same maths, different rounding)",
+    "zero3": "exact: parameters sharded and gathered per layer; only summation order differs",
+    "zero3_offload": "exact up to DeepSpeed's CPU Adam (its own fused kernel; same maths, different rounding)",
+}
+LOSSY_OPTIMIZERS = {"adamw_8bit": "8-bit Adam quantizes its states blockwise; block boundaries follow each strategy's shards"}
+LOSSY_STRATEGIES = {"ddp_powersgd"}
+
+
+@dataclass
+class Comparison:
+    strategy: str
+    status: str  # the run's status
+    steps: int
+    loss_max_rel: float | None
+    grad_norm_max_rel: float | None
+    weights_max_rel: float | None
+    lossy: bool
+    verdict: str  # pass | FAIL | info | error
+    explanation: str
+
+
+def max_rel(a: list[float], b: list[float]) -> float:
+    """max |a - b| / max(|b|, tiny): the relative deviation from the reference b, elementwise."""
+    if len(a) != len(b):
+        raise ValueError(f"curves of different lengths ({len(a)} vs {len(b)})")
+    return max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=0.0)
+
+
+def weights_deviation(ref: dict | None, other: dict | None) -> float | None:
+    """Worst relative difference of the final-weight fingerprints {name: [sum, L1, L2]}. A sum can be ~0 (biases),
+    so its difference is measured against the tensor's magnitude (L1); a missing or extra tensor is infinite."""
+    if not ref or not other:
+        return None
+    if set(ref) != set(other):
+        return math.inf
+    worst = 0.0
+    for name, (ref_sum, ref_l1, ref_l2) in ref.items():
+        total, l1, l2 = other[name]
+        scale = max(ref_l1, 1e-12)
+        worst = max(worst, abs(total - ref_sum) / scale, abs(l1 - ref_l1) / scale, abs(l2 - ref_l2) / max(ref_l2, 1e-12))
+    return worst
+
+
+def curve(results: dict, key: str) -> list[float]:
+    return [p[key] for p in results.get("loss_history", []) if p.get(key) is not None]
+
+
+def compare(reference: dict, run: dict, strategy: str, optim: str, tolerance: float,
+            lossy_tolerance: float | None) -> Comparison:
+    lossy_reason = LOSSY_OPTIMIZERS.get(optim) if optim in LOSSY_OPTIMIZERS else None
+    lossy = strategy in LOSSY_STRATEGIES or lossy_reason is not None
+    explanation = "; ".join(x for x in (EXPECTED.get(strategy, ""), lossy_reason) if x)
+    if run.get("status") != "ok":
+        return Comparison(strategy, run.get("status", "?"), 0, None, None, None, lossy, "error",
+                          f"run did not finish: {run.get('error')}")
+    ref_loss, loss = curve(reference, "loss"), curve(run, "loss")
+    if not ref_loss or len(loss) != len(ref_loss):
+        return Comparison(strategy, "ok", len(loss), None, None, None, lossy, "error",
+                          f"{len(loss)} logged losses vs {len(ref_loss)} for ddp: log every step (--logging_steps 1)")
+    loss_dev = max_rel(loss, ref_loss)
+    ref_gn, gn = curve(reference, "grad_norm"), curve(run, "grad_norm")
+    gn_dev = max_rel(gn, ref_gn) if gn and len(gn) == len(ref_gn) else None
+    weights_dev = weights_deviation(reference.get("final_weights"), run.get("final_weights"))
+    deviations = [d for d in (loss_dev, gn_dev, weights_dev) if d is not None and not math.isnan(d)]
+    worst = max(deviations) if deviations else float("nan")
+    limit = lossy_tolerance if lossy else tolerance
+    if lossy and lossy_tolerance is None:
+        verdict = "info"
+    else:
+        verdict = "pass" if worst <= limit else "FAIL"
+    return Comparison(strategy, "ok", len(loss), loss_dev, gn_dev, weights_dev, lossy, verdict, explanation)
+
+
+def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str], out: Path, tolerance: float,
+               lossy_tolerance: float | None, timeout: float) -> list[Comparison]:
+    optim = _flag_value(fixed, "--optim") or "adamw"
+    base = ["--max_steps", str(steps), "--logging_steps", "1", "--fingerprint_weights", "--save_strategy", "no",
+            "--overwrite_output_dir", *fixed]
+    results = {}
+    for strategy in [REFERENCE, *[s for s in strategies if s != REFERENCE]]:
+        run_dir = out / strategy
+        outcome = run_training(["--strategy", strategy, *base], run_dir, nproc, timeout)
+        results[strategy] = read_results(run_dir) if (run_dir / "results.json").is_file() else {}
+        results[strategy].setdefault("status", outcome.status)
+        if outcome.status != "ok":
+            results[strategy].update(status=outcome.status, error=outcome.error)
+    reference = results[REFERENCE]
+    if reference.get("status") != "ok":
+        raise HfscaleError(f"the ddp reference run failed ({reference.get('error')}); see {out / REFERENCE}/launch.log")
+    return [compare(reference, results[s], s, optim, tolerance, lossy_tolerance) for s in strategies if s != REFERENCE]
+
+
+def _flag_value(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def table(comparisons: list[Comparison], tolerance: float) -> str:
+    def f(x):
+        return "" if x is None else f"{x:.2e}"
+
+    lines = [f"| strategy | steps | loss max rel. dev. | grad-norm max rel. dev. | weights max rel. dev. | verdict (tol {tolerance:g}) | why it may differ |",
+             "|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        lines.append(f"| {c.strategy} | {c.steps} | {f(c.loss_max_rel)} | {f(c.grad_norm_max_rel)} | "
+                     f"{f(c.weights_max_rel)} | {c.verdict}{' (lossy)' if c.lossy else ''} | {c.explanation} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from .strategies import all_strategies
+
+    fixed: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, fixed = argv[:cut], argv[cut + 1:]
+    parser = ArgumentParser(prog="hfscale parity", description="Compare strategies' loss/grad-norm curves and final "
+                            "weights with ddp on the same data, seed and precision. Trainer flags go after `--`.")
+    parser.add_argument("--strategies", default="zero1,zero2,zero3,fsdp", help="comma-separated (default zero1,zero2,zero3,fsdp)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="max relative deviation for exact strategies (default 1e-4)")
+    parser.add_argument("--lossy_tolerance", type=float, help="also judge lossy runs (PowerSGD, 8-bit Adam) against this")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--out", type=Path, default=Path("runs/parity"))
+    opts = parser.parse_args(argv)
+    strategies = [s.strip() for s in opts.strategies.split(",") if s.strip()]
+    for s in strategies:
+        if s not in all_strategies():
+            raise one_of("strategy", s, all_strategies())
+    if opts.steps <= 0 or opts.nproc <= 0 or opts.tolerance <= 0:
+        raise HfscaleError("--steps, --nproc and --tolerance must be positive")
+    for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
+        if _flag_value(fixed, flag) is not None or flag in fixed:
+            raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
+    comparisons = run_parity(strategies, steps=opts.steps, nproc=opts.nproc, fixed=fixed, out=opts.out,
+                             tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)
+    text = table(comparisons, opts.tolerance)
+    atomic_write_text(opts.out / "parity.md", text)
+    atomic_write_text(opts.out / "parity.json", json.dumps({"tolerance": opts.tolerance, "steps": opts.steps,
+                                                            "nproc": opts.nproc, "train_args": fixed,
+                                                            "comparisons": [asdict(c) for c in comparisons]}, indent=2) + "\n")
+    print(text)
+    failed = [c.strategy for c in comparisons if c.verdict in ("FAIL", "error")]
+    print(f"parity: {'FAILED for ' + ', '.join(failed) if failed else 'all judged strategies match ddp'} "
+          f"(details: {opts.out / 'parity.json'})")
+    return 1 if failed else 0

@@ -1,0 +1,271 @@
+"""`hfscale report RUN_OR_SWEEP_DIR...`: one table in the BigScience format (markdown and CSV), plots, optional HTML.
+
+Every results.json under the given directories is a row — failed runs included (OOM shown as OOM) — whether it
+came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`. Columns and conventions: docs/report.md.
+"""
+
+import base64
+import csv
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ArgumentParser, HfscaleError
+from .metrics import days_to_train
+from .results import RESULTS_FILE, atomic_write_text, read_results
+
+BUDGET = 100e9  # the days/100B column
+COLUMNS = ["GPUs", "Size", "Strategy", "Optim", "DP", "MBS", "GAS", "GBS", "Speed (s/it)", "TFLOPs/GPU", "MFU",
+           "Mem (GB)", "tokens/s", "days/100B", "Notes"]
+
+
+@dataclass
+class Row:
+    run: str
+    status: str
+    gpus: int | None
+    params: int | None
+    strategy: str
+    optim: str
+    dp: int | None
+    mbs: int | None
+    gas: int | None
+    gbs: int | None
+    s_per_iter: float | None
+    tflops: float | None  # BigScience convention: comparable with imported Megatron rows
+    mfu: float | None  # exact model FLOPs against the peak recorded by the run
+    mem_gb: float | None
+    mem_kind: str  # "device" (CUDA allocated) or "RSS" (host process)
+    tokens_per_s: float | None
+    days: float | None
+    notes: str
+    loss_history: list
+    path: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def find_results(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise HfscaleError(f"{path}: no such run or sweep directory")
+        if path.is_file():
+            found.append(path)
+        elif (path / RESULTS_FILE).is_file():
+            found.append(path / RESULTS_FILE)
+        else:
+            found.extend(sorted(path.rglob(RESULTS_FILE)))
+    if not found:
+        raise HfscaleError(f"no {RESULTS_FILE} under {', '.join(map(str, paths))}; run `hfscale train` or `hfscale sweep` first")
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def size_label(params: int | None) -> str:
+    if not params:
+        return "?"
+    return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+
+
+def _notes(results: dict, status: str) -> str:
+    if status != "ok":
+        error = (results.get("error") or "").replace("|", "/")
+        return f"{status}: {error}"[:160] if error else status
+    cfg, env = results.get("config", {}), results.get("environment", {})
+    notes = []
+    if results.get("source") == "megatron-log":
+        notes.append(f"Megatron log, TP {cfg.get('tp', 1)} PP {cfg.get('pp', 1)}, "
+                     f"{results['perf'].get('iterations_averaged')} iterations")
+    if cfg.get("checkpointing"):
+        notes.append("act. ckpt")
+    if cfg.get("precision"):
+        notes.append(cfg["precision"])
+    if env.get("device_type") == "cpu":
+        notes.append("CPU")
+    saves = [c for c in results.get("checkpoints", []) if c.get("save_s") is not None]
+    if saves:
+        notes.append(f"ckpt save {max(c['save_s'] for c in saves):.1f} s, {saves[-1].get('size_gb', 0):.2g} GB")
+    return ", ".join(notes)
+
+
+def to_row(path: Path) -> Row:
+    try:
+        results = read_results(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HfscaleError(f"{path}: not a results file ({err})") from None
+    if not isinstance(results, dict) or "status" not in results:
+        raise HfscaleError(f"{path}: not a results file (no status)")
+    perf, cfg, mem, model = (results.get(k) or {} for k in ("perf", "config", "memory", "model"))
+    status = results["status"]
+    ok = status == "ok"
+    tokens_per_s = perf.get("tokens_per_s") if ok else None
+    mem_kind = "device" if "peak_allocated_gb" in mem else "RSS"
+    return Row(
+        run=results.get("run_name") or path.parent.name, status=status, gpus=cfg.get("world_size"),
+        params=model.get("params_model"), strategy=results.get("strategy") or "?", optim=results.get("optim") or "?",
+        dp=cfg.get("dp", cfg.get("world_size")), mbs=cfg.get("micro_batch_size"), gas=cfg.get("grad_accum"),
+        gbs=cfg.get("global_batch_size"), s_per_iter=perf.get("s_per_iter") if ok else None,
+        tflops=perf.get("tflops_per_gpu_bigscience") if ok else None, mfu=perf.get("mfu") if ok else None,
+        mem_gb=mem.get("peak_allocated_gb", mem.get("peak_rss_gb")), mem_kind=mem_kind, tokens_per_s=tokens_per_s,
+        days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None, notes=_notes(results, status),
+        loss_history=results.get("loss_history") or [], path=str(path.parent))
+
+
+def collect(paths: list[Path]) -> list[Row]:
+    rows = [to_row(p) for p in find_results(paths)]
+    return sorted(rows, key=lambda r: (r.params or 0, r.gpus or 0, r.strategy, r.optim, r.mbs or 0, r.gas or 0, r.run))
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def cells(row: Row) -> list[str]:
+    speed = _fmt(row.s_per_iter, ".4g") if row.ok else row.status if row.status != "running" else "running"
+    return [_fmt(row.gpus, "d"), size_label(row.params), row.strategy, row.optim, _fmt(row.dp, "d"), _fmt(row.mbs, "d"),
+            _fmt(row.gas, "d"), _fmt(row.gbs, "d"), speed, _fmt(row.tflops, ".3g"),
+            _fmt(row.mfu, ".1%") if row.mfu is not None else "", _fmt(row.mem_gb, ".2f"), _fmt(row.tokens_per_s, ",.0f"),
+            _fmt(row.days, ",.1f"), row.notes]
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["run", "status", "gpus", "params", "strategy", "optim", "dp", "mbs", "gas", "gbs", "s_per_iter",
+                     "tflops_per_gpu_bigscience", "mfu", "mem_gb", "mem_kind", "tokens_per_s", "days_to_100B", "notes", "path"])
+    for r in rows:
+        writer.writerow([r.run, r.status, r.gpus, r.params, r.strategy, r.optim, r.dp, r.mbs, r.gas, r.gbs, r.s_per_iter,
+                         r.tflops, r.mfu, r.mem_gb, r.mem_kind, r.tokens_per_s, r.days, r.notes, r.path])
+    return buf.getvalue()
+
+
+# ---- plots ---------------------------------------------------------------------------------------------------
+
+def _label(row: Row) -> str:
+    return f"{row.strategy}/{row.optim}"
+
+
+def _save(fig, path: Path) -> None:
+    """savefig to a temporary file in the same folder, then rename: a reader never sees half a PNG."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def plots(rows: list[Row], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.ok and r.tokens_per_s]
+    written = []
+
+    def finish(fig, name):
+        path = out / name
+        _save(fig, path)
+        plt.close(fig)
+        written.append(path)
+
+    if ok:  # best (fewest days) configuration per strategy/optimizer at each GPU count
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        best: dict[str, dict[int, float]] = {}
+        for r in ok:
+            by_gpus = best.setdefault(_label(r), {})
+            by_gpus[r.gpus] = min(by_gpus.get(r.gpus, float("inf")), r.days)
+        for label, by_gpus in sorted(best.items()):
+            xs = sorted(by_gpus)
+            ax.plot(xs, [by_gpus[x] for x in xs], marker="o", label=label)
+        ax.set(xlabel="GPUs (processes)", ylabel="days (wall clock)", yscale="log",
+               title="Days to train 100B tokens vs GPU count (best configuration per strategy)")
+        ax.set_xticks(sorted({r.gpus for r in ok}))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(title="strategy/optimizer", fontsize=8)
+        finish(fig, "days_vs_gpus.png")
+
+    curves = [r for r in rows if r.loss_history]
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in curves:
+            points = [(p["step"], p["loss"]) for p in r.loss_history if p.get("loss") is not None]
+            ax.plot([s for s, _ in points], [v for _, v in points], label=r.run, linewidth=1)
+        ax.set(xlabel="optimizer step", ylabel="training loss", title="Training loss, all runs overlaid")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, ncol=1 if len(curves) < 12 else 2)
+        finish(fig, "loss_curves.png")
+
+    for name, attr, xlabel, title in (
+        ("memory.png", "mem_gb", "peak memory per device (GB)", "Peak memory per device by run"),
+        ("throughput.png", "tokens_per_s", "tokens/s per GPU", "Throughput per GPU by run"),
+    ):
+        bars = [r for r in rows if r.ok and getattr(r, attr) is not None]
+        if not bars:
+            continue
+        values = [getattr(r, attr) / (r.gpus if attr == "tokens_per_s" and r.gpus else 1) for r in bars]
+        fig, ax = plt.subplots(figsize=(7, 0.35 * len(bars) + 1.5))
+        ax.barh([r.run for r in bars], values, color="tab:blue")
+        kinds = {r.mem_kind for r in bars}
+        ax.set(xlabel=xlabel + (" (host RSS)" if attr == "mem_gb" and kinds == {"RSS"} else ""), title=title)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, axis="x", alpha=0.3)
+        finish(fig, name)
+    return written
+
+
+def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
+    from html import escape
+
+    head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells(r)) + "</tr>" for r in rows)
+    figures = "".join(
+        f'<figure><img alt="{escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>'
+        for p in images)
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>hfscale report</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+            "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:last-child{text-align:left}"
+            "img{max-width:900px}</style></head><body><h1>hfscale report</h1>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{figures}</body></html>\n")
+
+
+def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bool = False) -> tuple[list[Row], list[Path]]:
+    rows = collect(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(rows)
+    atomic_write_text(out / "report.md", table)
+    atomic_write_text(out / "report.csv", csv_text(rows))
+    written = [out / "report.md", out / "report.csv"]
+    images = plots(rows, out) if with_plots else []
+    written += images
+    if html:
+        atomic_write_text(out / "report.html", html_page(table, rows, images))
+        written.append(out / "report.html")
+    return rows, written
+
+
+def main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="hfscale report", description="Table (markdown, CSV), plots and optional HTML from "
+                            "run, sweep and imported-log directories.")
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories (searched for results.json)")
+    parser.add_argument("--out", type=Path, help="where report.md/.csv/.html and the PNGs go (default: <first path>/report)")
+    parser.add_argument("--html", action="store_true", help="also write a self-contained report.html")
+    parser.add_argument("--no_plots", action="store_true", help="tables only")
+    opts = parser.parse_args(argv)
+    out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
+    rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html)
+    print(markdown_table(rows))
+    print("wrote " + ", ".join(str(p) for p in written))

@@ -1,0 +1,173 @@
+"""Sweep/report/parity/import-logs logic that needs no training: log import against the BigScience formula by hand,
+outcome classification, parity judgement, report table and plots."""
+
+import csv
+import io
+import statistics
+import sys
+
+import pytest
+
+from conftest import REPO, run
+from hfscale.launch import classify
+from hfscale.megatron import import_log, parse_log, parse_name
+from hfscale.parity import compare, weights_deviation
+from hfscale.report import COLUMNS, write_report
+from hfscale.results import write_results
+from hfscale.sweep import RunSpec, SweepSpec, expand
+
+DATA = REPO / "tests" / "data"
+GOOD_LOG = DATA / "61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out"
+OOM_LOG = DATA / "61B-megatron-mbs-4-pp16-dp-1-gas-256-200978.out"
+FAIL_LOG = DATA / "61B-megatron-mbs-1-pp16-dp-1-gas-512-200979.out"
+
+
+def hfscale(*args):
+    return run([sys.executable, "-m", "hfscale", *map(str, args)], timeout=120)
+
+
+# ---- import-logs -----------------------------------------------------------------------------------------------
+
+def test_log_names_in_the_bigscience_style():
+    assert parse_name(GOOD_LOG.name) == {"mbs": 2, "gas": 512, "pp": 16, "dp": 1, "params": 61_000_000_000, "size": "61B"}
+    assert parse_name("1B3-tp-2-pp2-dp-8-mbs-4-gas-16.out")["params"] == 1_300_000_000  # BigScience's 1B3 = 1.3B
+    assert parse_name("1B3-tp-2-pp2-dp-8-mbs-4-gas-16.out")["tp"] == 2
+    assert parse_name("350M-dp-8.out") == {"dp": 8, "params": 350_000_000, "size": "350M"}
+
+
+def test_imported_log_matches_the_bigscience_formula_by_hand():
+    times_ms = [float(line.split("elapsed time per iteration (ms):")[1].split("|")[0])
+                for line in GOOD_LOG.read_text().splitlines() if "elapsed time per iteration" in line]
+    s_per_iter = statistics.mean(times_ms[1:]) / 1000  # the first interval includes start-up: skipped
+    record = import_log(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    assert record["status"] == "ok"
+    assert record["config"]["world_size"] == 16 and record["config"]["global_batch_size"] == 512
+    assert record["perf"]["s_per_iter"] == pytest.approx(s_per_iter)
+    # params x 4 x 2 x seq x GBS / (s/it x GPUs x 1e12), F = 4 with activation checkpointing
+    assert record["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(61e9 * 4 * 2 * 2048 * 512 / (s_per_iter * 16 * 1e12))
+    assert record["perf"]["tokens_per_s"] == pytest.approx(512 * 2048 / s_per_iter)
+    assert [p["loss"] for p in record["loss_history"]] == [10.91, 9.84, 8.97, 8.42, 8.05]
+    no_ckpt = import_log(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=False, skip_first=1)
+    assert no_ckpt["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(record["perf"]["tflops_per_gpu_bigscience"] * 3 / 4)
+
+
+def test_log_without_iterations_is_a_failed_row():
+    fail = import_log(FAIL_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    oom = import_log(OOM_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    assert (fail["status"], oom["status"]) == ("fail", "OOM")
+    assert "out of memory" in oom["error"]
+    assert parse_log("nothing here")["iteration_s"] == []
+
+
+def test_import_logs_cli_and_bad_log_name(tmp_path):
+    proc = hfscale("import-logs", GOOD_LOG, OOM_LOG, "--out", tmp_path / "meg")
+    assert proc.returncode == 0, proc.stderr
+    assert "| OOM |" in proc.stdout and "megatron-tp1-pp16" in proc.stdout
+    bad = tmp_path / "mystery.out"
+    bad.write_text("elapsed time per iteration (ms): 100.0\n")
+    proc = hfscale("import-logs", GOOD_LOG, bad, "--out", tmp_path / "meg2")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--params" in proc.stderr
+    assert not (tmp_path / "meg2").exists()  # every log is parsed before anything is written
+
+
+# ---- outcomes of launched runs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rc,log,results,timed_out,expected", [
+    (0, "", "ok", False, "ok"),
+    (None, "", None, True, "timeout"),
+    (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB", "fail", False, "OOM"),
+    (1, "RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory", None, False, "OOM"),
+    (1, "exitcode  : -9 (pid: 12)\nSignal 9 (SIGKILL) received by PID 12", None, False, "OOM"),
+    (1, "hfscale: error: unknown strategy 'zero4'; choose one of: ddp", None, False, "refused"),
+    (1, "ValueError: something broke", "fail", False, "fail"),
+    (0, "", "running", False, "fail"),  # exit 0 without finishing is not a success
+])
+def test_outcome_classification(rc, log, results, timed_out, expected):
+    status, error = classify(rc, log, results, timed_out)
+    assert status == expected
+    assert (error is None) == (expected == "ok")
+
+
+def test_sweep_expands_the_cross_product_and_checks_names():
+    spec = SweepSpec(strategies=["ddp", "zero3"], optims=["adamw", "adafactor"], nprocs=[1, 2], checkpointing=[False, True])
+    runs = expand(spec)
+    assert len(runs) == 2 * 2 * 2 * 2 and len({r.name for r in runs}) == len(runs)
+    assert RunSpec("zero3", "adamw", 2, 4, 8, True).name == "zero3-adamw-np2-mbs4-gas8-ac"
+    with pytest.raises(Exception, match="unknown strategy 'zero4'"):
+        SweepSpec(strategies=["zero4"])
+    with pytest.raises(Exception, match="positive integers"):
+        SweepSpec(nprocs=[0])
+    with pytest.raises(Exception, match="sweep axis"):
+        SweepSpec(train_args=["--strategy", "ddp"])
+
+
+# ---- parity judgement ------------------------------------------------------------------------------------------
+
+def _run(losses, weights=None, status="ok"):
+    return {"status": status, "loss_history": [{"loss": v, "grad_norm": 1.0 + v / 10} for v in losses],
+            "final_weights": weights or {"w": [0.0, 10.0, 1.0]}}
+
+
+def test_parity_judges_exact_and_lossy_strategies():
+    ref = _run([7.0, 6.5, 6.0])
+    same = compare(ref, _run([7.0, 6.5, 6.0]), "zero2", "adamw", 1e-4, None)
+    assert same.verdict == "pass" and same.loss_max_rel == 0.0 and same.weights_max_rel == 0.0
+    off = compare(ref, _run([7.0, 6.5, 6.001]), "zero2", "adamw", 1e-4, None)
+    assert off.verdict == "FAIL" and off.loss_max_rel == pytest.approx(0.001 / 6.0)
+    moved = compare(ref, _run([7.0, 6.5, 6.0], {"w": [0.01, 10.0, 1.0]}), "fsdp", "adamw", 1e-4, None)
+    assert moved.verdict == "FAIL" and moved.weights_max_rel == pytest.approx(0.001)  # sum error / L1
+    lossy = compare(ref, _run([7.0, 6.6, 6.2]), "ddp_powersgd", "adamw", 1e-4, None)
+    assert lossy.verdict == "info" and lossy.lossy and "PowerSGD" in lossy.explanation
+    assert compare(ref, _run([7.0, 6.6, 6.2]), "ddp_powersgd", "adamw", 1e-4, 0.1).verdict == "pass"
+    assert compare(ref, _run([7.0]), "zero1", "adamw", 1e-4, None).verdict == "error"  # curves must line up
+    assert compare(ref, _run([], status="OOM"), "zero3", "adamw", 1e-4, None).verdict == "error"
+    assert weights_deviation({"a": [0, 1, 1]}, {"b": [0, 1, 1]}) == float("inf")
+
+
+# ---- report ----------------------------------------------------------------------------------------------------
+
+def _hfscale_row(out, strategy, gpus, tokens_per_s, status="ok"):
+    write_results(out, {
+        "status": status, "error": None if status == "ok" else "Tried to allocate 20 GiB", "run_name": out.name,
+        "strategy": strategy, "optim": "adamw", "model": {"name": "gpt2-124m", "params_model": 124_439_808},
+        "config": {"world_size": gpus, "micro_batch_size": 4, "grad_accum": 2, "global_batch_size": 8 * gpus,
+                   "seq_len": 1024, "checkpointing": True, "precision": "bf16"},
+        "environment": {"device_type": "cuda"},
+        "perf": {"s_per_iter": 8 * gpus * 1024 / tokens_per_s, "tokens_per_s": tokens_per_s,
+                 "tflops_per_gpu_bigscience": 100.0, "mfu": 0.4} if status == "ok" else {},
+        "memory": {"peak_allocated_gb": 30.5, "peak_rss_gb": 4.0}, "loss_history": [{"step": 1, "loss": 7.0}, {"step": 2, "loss": 6.0}]})
+
+
+def test_report_table_csv_plots_and_html(tmp_path):
+    runs = tmp_path / "runs"
+    _hfscale_row(runs / "ddp-8", "ddp", 8, 400_000.0)
+    _hfscale_row(runs / "zero3-8", "zero3", 8, 300_000.0)
+    _hfscale_row(runs / "zero3-16", "zero3", 16, 550_000.0)
+    _hfscale_row(runs / "ddp-16", "ddp", 16, 0, status="OOM")
+    write_results(runs / "megatron" / GOOD_LOG.stem,
+                  import_log(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1))
+    rows, written = write_report([runs], tmp_path / "report", html=True)
+    assert len(rows) == 5
+    table = (tmp_path / "report" / "report.md").read_text().splitlines()
+    assert table[0] == "| " + " | ".join(COLUMNS) + " |"
+    oom = next(line for line in table if "| OOM |" in line)
+    assert "| ddp |" in oom and "OOM: Tried to allocate" in oom
+    ddp8 = next(r for r in rows if r.run == "ddp-8")
+    assert ddp8.days == pytest.approx(100e9 / 400_000 / 86400)  # days/100B column
+    parsed = list(csv.DictReader(io.StringIO((tmp_path / "report" / "report.csv").read_text())))
+    assert {r["status"] for r in parsed} == {"ok", "OOM"} and len(parsed) == 5
+    for name in ("days_vs_gpus.png", "loss_curves.png", "memory.png", "throughput.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4 and "<td>OOM</td>" in html
+    assert not list((tmp_path / "report").glob(".*"))  # no temporary files left behind
+
+
+def test_report_refuses_what_is_not_a_results_file(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{not json")
+    proc = hfscale("report", tmp_path / "bad")
+    assert proc.returncode == 2 and "not a results file" in proc.stderr and "Traceback" not in proc.stderr
+    proc = hfscale("report", tmp_path / "empty-nothing-here")
+    assert proc.returncode == 2 and "no such run or sweep directory" in proc.stderr
+    assert not (tmp_path / "bad" / "report").exists()

@@ -1,0 +1,72 @@
+"""`hfscale sweep` for real (2-process runs through accelerate launch): failures become rows, an interrupted sweep
+resumes, and `hfscale report` turns the directory into a table with the failed rows kept."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY, run
+
+pytestmark = pytest.mark.multiprocess
+
+FIXED = [*TINY, "--max_steps", "3"]
+
+
+def sweep(out, *args, fixed=FIXED, timeout=900):
+    return run([sys.executable, "-m", "hfscale", "sweep", "--out", str(out), *args, "--", *fixed], timeout=timeout)
+
+
+def statuses(out) -> dict:
+    return {row["run"]: row["status"] for row in json.loads((out / "sweep.json").read_text())["runs"]}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    main = sweep(out, "--strategies", "ddp,zero2_offload", "--optims", "adamw,adafactor", "--nprocs", "2")
+    hung = sweep(out, "--strategies", "zero1", "--nprocs", "2", "--timeout", "4")  # start-up alone takes longer
+    refused = sweep(out, "--strategies", "ddp", "--nprocs", "1", "--mbs", "3", fixed=[*FIXED, "--seq_len", "100000"])
+    return out, main, hung, refused
+
+
+def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
+    out, main, hung, refused = swept
+    assert main.returncode == hung.returncode == refused.returncode == 0, main.stderr[-3000:]
+    assert statuses(out) == {"ddp-adamw-np1-mbs3-gas1": "refused"}  # sweep.json describes the latest sweep
+    results = {d.name: json.loads((d / "results.json").read_text()) for d in out.iterdir() if (d / "results.json").is_file()}
+    assert {name: r["status"] for name, r in results.items()} == {
+        "ddp-adamw-np2-mbs4-gas1": "ok", "ddp-adafactor-np2-mbs4-gas1": "ok", "zero2_offload-adamw-np2-mbs4-gas1": "ok",
+        "zero2_offload-adafactor-np2-mbs4-gas1": "refused",  # the strategy table refuses it before launching
+        "zero1-adamw-np2-mbs4-gas1": "timeout", "ddp-adamw-np1-mbs3-gas1": "refused"}
+    ok = results["zero2_offload-adamw-np2-mbs4-gas1"]
+    assert ok["config"]["world_size"] == 2 and ok["perf"]["tokens_per_s"] > 0 and ok["optim"] == "adamw"
+    assert "DeepSpeedCPUAdam" in ok["strategy_check"]["optimizer_states"]["optimizer"]
+    assert "CPU Adam" in results["zero2_offload-adafactor-np2-mbs4-gas1"]["error"]
+    assert "longer than the model's 256 positions" in results["ddp-adamw-np1-mbs3-gas1"]["error"]
+    assert not (out / "zero2_offload-adafactor-np2-mbs4-gas1" / "launch.log").exists()  # nothing was launched
+    # the timed-out run's whole process tree is gone
+    left = subprocess.run(["pgrep", "-f", str(out / "zero1-adamw")], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_interrupted_sweep_skips_what_finished(swept):
+    out = swept[0]
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")}
+    again = sweep(out, "--strategies", "ddp,zero2_offload", "--optims", "adamw,adafactor", "--nprocs", "2", timeout=120)
+    assert again.returncode == 0
+    assert again.stdout.count("(already done)") == 4
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before
+
+
+def test_report_of_a_sweep_keeps_failed_rows(swept):
+    out = swept[0]
+    proc = run([sys.executable, "-m", "hfscale", "report", str(out), "--html"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    table = (out / "report" / "report.md").read_text().splitlines()
+    assert len(table) == 2 + 6
+    assert sum("| timeout |" in line for line in table) == 1 and sum("| refused |" in line for line in table) == 2
+    assert all(p.stat().st_size > 1000 for p in (out / "report").glob("*.png"))
+    assert {p.name for p in (out / "report").glob("*.png")} == {"days_vs_gpus.png", "loss_curves.png", "memory.png",
+                                                                 "throughput.png"}
