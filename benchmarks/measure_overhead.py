@@ -36,6 +36,33 @@ def runtime(variant: str, out: Path) -> float:
     return json.loads((out / "results.json").read_text())["trainer_metrics"]["train_runtime"]
 
 
+def direct_cost(steps: int = 20000, logging_steps: int = 10) -> float:
+    """Seconds per optimizer step spent in hfscale's measurement code itself (Meter calls on every step, figures and
+    TensorBoard scalars on logging steps), timed in-process: the bound the end-to-end ratio cannot resolve."""
+    import time
+
+    sys.path.insert(0, str(REPO))
+    from hfscale.measure import Meter, TensorBoardWriter, perf_scalars
+    from hfscale.models import resolve_shape
+
+    meter = Meter(resolve_shape("tiny"), micro_batch=8, grad_accum=1, gpus=1, seq=128, checkpointing=False,
+                  token_budget=1e11, peak_tflops=1.0, warmup_steps=2, on_cuda=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        tb = TensorBoardWriter(tmp, {"strategy": "ddp"})
+        meter.begin(0)
+        start = time.perf_counter()
+        for step in range(1, steps + 1):
+            meter.step_begin()
+            meter.step_end(step, last=step == steps)
+            if step % logging_steps == 0:
+                figures = meter.interval(step)
+                if figures is not None:
+                    tb.scalars(perf_scalars(figures), step)
+        elapsed = time.perf_counter() - start
+        tb.close()
+    return elapsed / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -69,6 +96,10 @@ def main() -> None:
         print(f"{v:18s} {med[v]:9.3f} {min(times[v]):8.3f} {med[v] / opts.steps:8.4f}")
     print(f"\nmeasurement overhead  hfscale / hfscale-nomeasure = {med['hfscale'] / med['hfscale-nomeasure']:.4f}  (target <= 1.01)")
     print(f"hfscale vs plain      hfscale / plain-trainer     = {med['hfscale'] / med['plain-trainer']:.4f}")
+    per_step = direct_cost(logging_steps=opts.logging_steps)
+    step_s = med["hfscale-nomeasure"] / opts.steps
+    print(f"measurement code itself: {per_step * 1e6:.1f} us per step = {per_step / step_s:.5f} of a {step_s * 1e3:.1f} ms step "
+          f"(ratio {1 + per_step / step_s:.5f})")
 
 
 if __name__ == "__main__":

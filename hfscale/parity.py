@@ -18,6 +18,7 @@ from pathlib import Path
 from .errors import ArgumentParser, HfscaleError, one_of
 from .launch import run_training
 from .results import atomic_write_text, read_results
+from .sweep import flag_value
 
 REFERENCE = "ddp"
 EXPECTED = {
@@ -102,7 +103,7 @@ def compare(reference: dict, run: dict, strategy: str, optim: str, tolerance: fl
 
 def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str], out: Path, tolerance: float,
                lossy_tolerance: float | None, timeout: float) -> list[Comparison]:
-    optim = _flag_value(fixed, "--optim") or "adamw"
+    optim = flag_value(fixed, "--optim") or "adamw"
     base = ["--max_steps", str(steps), "--logging_steps", "1", "--fingerprint_weights", "--save_strategy", "no",
             "--overwrite_output_dir", *fixed]
     results = {}
@@ -117,15 +118,6 @@ def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str
     if reference.get("status") != "ok":
         raise HfscaleError(f"the ddp reference run failed ({reference.get('error')}); see {out / REFERENCE}/launch.log")
     return [compare(reference, results[s], s, optim, tolerance, lossy_tolerance) for s in strategies if s != REFERENCE]
-
-
-def _flag_value(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def table(comparisons: list[Comparison], tolerance: float) -> str:
@@ -164,7 +156,7 @@ def main(argv: list[str]) -> int:
     if opts.steps <= 0 or opts.nproc <= 0 or opts.tolerance <= 0:
         raise HfscaleError("--steps, --nproc and --tolerance must be positive")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
-        if _flag_value(fixed, flag) is not None or flag in fixed:
+        if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
     comparisons = run_parity(strategies, steps=opts.steps, nproc=opts.nproc, fixed=fixed, out=opts.out,
                              tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)

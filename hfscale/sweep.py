@@ -108,14 +108,15 @@ def load_spec(path: Path) -> dict:
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> dict:
     """The row of a run that never wrote a results file (refused up front, or died before training)."""
     return {"status": status, "error": error, "run_name": run.name, "strategy": run.strategy, "optim": run.optim,
-            "model": {"name": _flag(fixed, "--model") or "tiny"},
+            "model": {"name": flag_value(fixed, "--model") or "tiny"},
             "config": {"world_size": run.nproc, "micro_batch_size": run.micro_batch, "grad_accum": run.grad_accum,
                        "global_batch_size": run.nproc * run.micro_batch * run.grad_accum,
                        "checkpointing": run.checkpointing},
             "perf": {}, "memory": {}, "loss_history": []}
 
 
-def _flag(args: list[str], name: str) -> str | None:
+def flag_value(args: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` in an argument list (None when absent)."""
     for i, arg in enumerate(args):
         if arg == name and i + 1 < len(args):
             return args[i + 1]

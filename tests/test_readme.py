@@ -4,7 +4,8 @@ import json
 import re
 import shlex
 
-from conftest import REPO, free_port, run
+from conftest import REPO, run
+from hfscale.launch import free_port
 
 
 def readme_command(marker: str) -> list[str]:
