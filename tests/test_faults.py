@@ -10,6 +10,7 @@ import json
 import random
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -29,7 +30,7 @@ TOLERANCE = {"zero2_offload": 1e-6, "zero3_offload": 1e-6}
 
 def args_for(strategy, out, *extra):
     return ["--strategy", strategy, *TINY, "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps",
-            str(SAVE_EVERY), "--record_batches", "--output_dir", str(out),
+            str(SAVE_EVERY), "--record_batches", "--fingerprint_weights", "--output_dir", str(out),
             *(["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []), *extra]
 
 
@@ -92,3 +93,20 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
         assert [b for b in ref_batches if b[0] > start] == res_batches, (strategy, rank)
     # Every checkpoint's save time and size are measured.
     assert all(c["save_s"] > 0 and c["size_gb"] > 0 for c in resumed["checkpoints"])
+
+    # The final checkpoint exports to a plain HF model with the training model's logits (and no optimizer state).
+    exported = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "hfscale", "export", str(faulty_dir / f"checkpoint-{STEPS}"), str(exported)],
+                          env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name for p in exported.iterdir()} >= {"config.json", "model.safetensors"}
+    assert not [p for p in exported.iterdir() if "optim" in p.name or p.suffix in (".pt", ".bin", ".pth")]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hfscale.verify import probe_ids
+
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    with torch.no_grad():
+        logits = model(input_ids=probe_ids(resumed["model"]["vocab"])).logits[0, :4, :8].flatten()
+    assert torch.allclose(logits, torch.tensor(resumed["probe_logits"]), rtol=0, atol=1e-5), strategy
