@@ -208,7 +208,8 @@ def make_trainer(model_args, args, shape, model, blocks, seq_len, env, record):
         tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": args.strategy,
                                                           "optim": args.hfscale_optim, "model": model_args.name})
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
-                             strategy=strategy, meter=meter, checkpoint_identity=args.hfscale_checkpoint_identity)
+                             strategy=strategy, meter=meter, checkpoint_identity=args.hfscale_checkpoint_identity,
+                             on_checkpoint=lambda info: record.note_checkpoint(**info))
     powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
     trainer.add_callback(StrategyCallback(trainer, optim=args.hfscale_optim, total_params=record.data["model"]["params_model"],
                                           powersgd=powersgd, launcher_world_size=int(os.environ["WORLD_SIZE"]),
@@ -290,7 +291,6 @@ def run(argv: list[str] | None) -> None:
     record = RunRecord(args.output_dir, base_record(model_args, data_args, args, shape, model, seq_len, env),
                        args.process_index == 0)
     trainer, meter = make_trainer(model_args, args, shape, model, blocks, seq_len, env, record)
-    trainer.on_checkpoint = lambda info: record.note_checkpoint(**info)
     record.update(resumed_from=resume)
     try:
         output = trainer.train(resume_from_checkpoint=resume)

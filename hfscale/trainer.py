@@ -93,7 +93,7 @@ class StrategyCallback(TrainerCallback):
     def __init__(self, trainer: HfscaleTrainer, *, optim: str, total_params: int, powersgd: PowerSGDConfig | None,
                  launcher_world_size: int, on_accelerator: bool, record, resume_from: str | None = None):
         self.trainer, self.optim, self.total_params = trainer, optim, total_params
-        self.powersgd, self.powersgd_state = powersgd, None
+        self.powersgd = powersgd
         self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
         self.resume_from = resume_from
         self.facts: dict = {}
@@ -101,6 +101,10 @@ class StrategyCallback(TrainerCallback):
     @property
     def strategy(self):
         return self.trainer.strategy
+
+    @property
+    def powersgd_state(self):
+        return self.trainer.powersgd_state  # the trainer saves it with every checkpoint
 
     def on_train_begin(self, args, state, control, **kwargs):
         import torch.distributed as dist
@@ -122,7 +126,7 @@ class StrategyCallback(TrainerCallback):
         verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
         if self.powersgd is not None:
-            self.powersgd_state = trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
+            trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
             if self.resume_from:
                 self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
         self._publish()

@@ -44,14 +44,15 @@ def run_and_kill(args, kill_at_step: int) -> None:
     """Start the run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses."""
     proc = subprocess.Popen(accelerate_launch(args, 2), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    logged, deadline = 0, time.time() + 300
+    logged, deadline, seen = 0, time.time() + 300, []
     for line in proc.stdout:
+        seen.append(line)
         logged += "{'loss'" in line  # a progress bar can share the line
         if logged >= kill_at_step or time.time() > deadline:
             break
     kill_tree(proc.pid, grace_s=0)  # SIGKILL the launcher and every rank, as a node failure would
     proc.wait(timeout=60)
-    assert logged >= kill_at_step, f"the run ended before step {kill_at_step}"
+    assert logged >= kill_at_step, f"the run ended before step {kill_at_step}:\n{''.join(seen[-30:])}"
 
 
 def losses(results) -> dict[int, float]:
