@@ -19,13 +19,38 @@ def apply_powersgd(ddp_model, config: PowerSGDConfig):
 
     # Error feedback and warm start are on (torch's defaults), and with them torch requires at least 2
     # uncompressed iterations before compressing.
+    import torch.distributed as dist
+
     state = powerSGD_hook.PowerSGDState(
         process_group=None,
         matrix_approximation_rank=config.rank,
         start_powerSGD_iter=max(config.warmup_steps, 2),
     )
-    ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    hook = powerSGD_hook.powerSGD_hook
+    if dist.get_backend() != "nccl":
+        hook = in_launch_order(hook)
+    ddp_model.register_comm_hook(state, hook)
     return state
+
+
+def in_launch_order(hook):
+    """Run a chained comm hook to completion before DDP goes on, so every rank launches collectives in one order.
+
+    powerSGD_hook launches its P and Q all-reduces from future callbacks. NCCL futures complete as soon as the work
+    is queued on the stream, so the callbacks run at once, in the launching thread; gloo futures complete later on a
+    gloo worker thread, so those launches race with what DDP launches next from the autograd thread (the next
+    bucket, or find_unused_parameters' used-parameter map). Two ranks that lose the race differently pair unrelated
+    collectives, and gloo aborts ("Received data size doesn't match expected size"). Waiting here gives up overlap
+    of communication with the backward pass - on CPU runs only, which are about correctness, not speed.
+    """
+    import torch
+
+    def hook_in_order(state, bucket):
+        done = torch.futures.Future()
+        done.set_result(hook(state, bucket).wait())
+        return done
+
+    return hook_in_order
 
 
 POWERSGD_FILE = "powersgd_rank{rank}.pt"

@@ -64,3 +64,42 @@ def test_deepspeed_config_that_contradicts_strategy_is_refused(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(HfscaleError, match="malformed DeepSpeed JSON"):
         load_deepspeed_config(bad, get_strategy("zero3"))
+
+
+def test_chained_comm_hook_finishes_before_ddp_goes_on():
+    """On gloo, PowerSGD launches its P and Q all-reduces from future callbacks on a gloo thread; unless the hook
+    has finished when DDP launches its next collective, two ranks can launch them in different orders (seen in CI:
+    gloo 'Received data size doesn't match expected size'). The wrapped hook returns an already-finished future."""
+    import threading
+
+    import torch
+
+    from hfscale.parallel import in_launch_order
+
+    def slow_chain(state, bucket):  # a future completed later, from another thread, as gloo's are
+        fut = torch.futures.Future()
+        threading.Timer(0.05, fut.set_result, args=(torch.full((3,), float(bucket)),)).start()
+        return fut
+
+    assert not slow_chain(None, 1).done()
+    fut = in_launch_order(slow_chain)(None, 7)
+    assert fut.done() and fut.value().tolist() == [7.0, 7.0, 7.0]
+
+
+def test_powersgd_on_gloo_registers_the_ordered_hook(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from hfscale.parallel import PowerSGDConfig, apply_powersgd
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+        state = apply_powersgd(model, PowerSGDConfig(rank=1, warmup_steps=2))
+        hook, registered_state = model._comm_hooks[0]
+        assert hook.__name__ == "hook_in_order" and registered_state is state
+        for _ in range(4):  # past the warm-up: compressing, through the wrapper
+            model(torch.randn(4, 8)).sum().backward()
+        assert state.iter == 4 and state.p_memory_dict
+    finally:
+        dist.destroy_process_group()
