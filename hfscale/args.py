@@ -100,6 +100,9 @@ class HfscaleTrainingArguments(TrainingArguments):
         self._apply_batch_sizes()
         self.hfscale_tensorboard, self.report_to = _split_tensorboard(self.report_to)
         self.hfscale_auto_output_dir = self.output_dir is None
+        if self.fp16 and not has_accelerator():
+            raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
+                               "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
         for key, value in prepare_processes(strategy).items():
             setattr(self, key, value)
         try:

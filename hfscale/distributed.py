@@ -2,11 +2,12 @@
 
 Traps this module exists for (each seen with transformers 5 / accelerate 1.x on a CPU-only machine):
 - Launched with 2 processes, the Trainer on CPU runs with accelerate's distributed_type NO unless `use_cpu=True`:
-  no DDP wrapper, every rank trains on the same batches. hfscale sets `use_cpu` for ddp/fsdp on CPU.
-- With DeepSpeed on CPU, `use_cpu=True` would drop DeepSpeed, and without it accelerate believes the world size is
-  1 (same batches on every rank while DeepSpeed averages their gradients). The route that works: create
-  accelerate's `PartialState(backend="gloo")` with ACCELERATE_USE_DEEPSPEED=true *before* the TrainingArguments,
-  and let the Trainer reuse it (`accelerator_config.use_configured_state`).
+  no DDP wrapper, every rank trains on the same batches. hfscale sets `use_cpu` on CPU.
+- With DeepSpeed on CPU, the Trainer's own state set-up either drops DeepSpeed (`use_cpu=True`) or believes the
+  world size is 1 (same batches on every rank while DeepSpeed averages their gradients). The route that works:
+  create accelerate's `PartialState(backend="gloo")` with ACCELERATE_USE_DEEPSPEED=true *before* the
+  TrainingArguments, and let the Trainer reuse it (`accelerator_config.use_configured_state`); `use_cpu=True` is then
+  harmless and lets --bf16 through (TrainingArguments refuses bf16 without a bf16 GPU unless use_cpu is set).
 - A run started without a launcher gets a one-process group of its own, so FSDP and DeepSpeed run unchanged.
 """
 
@@ -96,7 +97,7 @@ def prepare_processes(strategy: Strategy) -> dict:
         return {}
     if strategy.engine == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        return {"accelerator_config": configure_state_for_cpu_deepspeed(), "use_cpu": False}
+        return {"accelerator_config": configure_state_for_cpu_deepspeed(), "use_cpu": True}
     return {"use_cpu": True}
 
 

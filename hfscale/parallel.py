@@ -128,5 +128,7 @@ def force_fsdp_state(accelerator, fsdp_plugin_args: dict) -> None:
     if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
         plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)  # pinned memory needs an accelerator
     state = accelerator.state
+    if state.mixed_precision != "no":  # what accelerate does for FSDP on the GPU route: FSDP2 has no autocast
+        plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP

@@ -55,7 +55,7 @@ class SweepSpec:
         if self.timeout <= 0:
             raise HfscaleError(f"sweep timeout must be positive seconds, got {self.timeout}")
         for flag in ("--strategy", "--optim", "--output_dir", "--per_device_train_batch_size",
-                     "--gradient_accumulation_steps", "--gradient_checkpointing"):
+                     "--gradient_accumulation_steps", "--activation_checkpointing", "--gradient_checkpointing"):
             if flag in self.train_args:
                 raise HfscaleError(f"{flag} is a sweep axis; set it in the sweep spec, not in the fixed train args")
 
@@ -77,7 +77,7 @@ class RunSpec:
     def train_args(self, fixed: list[str]) -> list[str]:
         return ["--strategy", self.strategy, "--optim", self.optim, "--per_device_train_batch_size", str(self.micro_batch),
                 "--gradient_accumulation_steps", str(self.grad_accum),
-                *(["--gradient_checkpointing", "true"] if self.checkpointing else []), *fixed]
+                *(["--activation_checkpointing", "true"] if self.checkpointing else []), *fixed]
 
 
 def expand(spec: SweepSpec) -> list[RunSpec]:

@@ -122,6 +122,7 @@ class StrategyCallback(TrainerCallback):
         }
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)
+        verify.check_precision(self.facts, strategy, args.bf16, args.fp16)
         params = self.facts["parameters"]
         verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)

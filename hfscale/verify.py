@@ -34,6 +34,7 @@ def inspect_parameters(model) -> dict:
     return {
         "elements_local": sum(t.numel() for t in tensors),
         "devices": sorted({str(t.device) for t in tensors}),
+        "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in tensors}),
         "dtensor": any(hasattr(p, "to_local") for p in model.parameters()),
     }
 
@@ -70,6 +71,9 @@ def inspect_wrapper(model_wrapped) -> dict:
         facts["zero_stage"] = model_wrapped.zero_optimization_stage()
         facts["offload_optimizer"] = bool(model_wrapped.zero_offload_optimizer())
         facts["offload_param"] = bool(model_wrapped.zero_offload_param())
+    if hasattr(model_wrapped, "_get_fsdp_state"):  # FSDP2 root module
+        dtype = model_wrapped._get_fsdp_state()._mp_policy.param_dtype
+        facts["fsdp_param_dtype"] = str(dtype).replace("torch.", "") if dtype is not None else "float32"
     return facts
 
 
@@ -97,6 +101,18 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
         require(facts["parameters"]["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
     elif world_size > 1:
         require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
+
+
+def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> None:
+    """--bf16/--fp16 must reach the engine: DeepSpeed trains a copy of the weights in that dtype (fp32 masters live in
+    its optimizer); FSDP2 has no autocast and computes in its mixed-precision policy's param_dtype."""
+    want = "bfloat16" if bf16 else "float16" if fp16 else "float32"
+    if strategy.engine == "deepspeed":
+        dtypes = facts["parameters"]["dtypes"]
+        require(dtypes == [want], f"DeepSpeed trains {dtypes} weights, not {want}", strategy)
+    elif strategy.engine == "fsdp":
+        got = facts.get("fsdp_param_dtype")
+        require(got == want, f"FSDP computes in {got}, not {want}", strategy)
 
 
 def check_sharded(kind: str, local: int, total: int, world_size: int, strategy: Strategy) -> None:

@@ -30,6 +30,7 @@ CASES = {
     "zero vocabulary": (["--vocab_size", "0"], "model vocab must be positive"),
     "zero accumulation": (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     "negative token budget": (["--token_budget", "-1"], "--token_budget must be positive"),
+    "fp16 on a CPU machine": (["--fp16"], "--fp16 needs a GPU"),
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
 }
 

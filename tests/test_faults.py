@@ -29,8 +29,11 @@ TOLERANCE = {"zero2_offload": 1e-6, "zero3_offload": 1e-6}
 
 
 def args_for(strategy, out, *extra):
+    # Gradient accumulation and activation checkpointing on: resume must also land between accumulated micro-batches
+    # right, and every strategy gets a CI run with both.
     return ["--strategy", strategy, *TINY, "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps",
-            str(SAVE_EVERY), "--record_batches", "--fingerprint_weights", "--output_dir", str(out),
+            str(SAVE_EVERY), "--gradient_accumulation_steps", "2", "--activation_checkpointing",
+            "--record_batches", "--fingerprint_weights", "--output_dir", str(out),
             *(["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []), *extra]
 
 

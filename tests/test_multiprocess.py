@@ -121,9 +121,43 @@ def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
         assert check["zero_stage"] == int(strategy[-1])
 
 
+# bf16 for every strategy. The offload, PowerSGD and launcher-config runs below train in bf16 too (one run each
+# serves both checks); ddp, fsdp, zero1 and zero3 get a run of their own.
+BF16_RUNS = {"ddp": ("ddp-bf16", "ddp", []), "fsdp": ("fsdp-bf16", "fsdp", []), "zero1": ("zero1-bf16", "zero1", []),
+             "zero3": ("zero3-bf16", "zero3", []),
+             "zero2_offload": ("zero2_offload", "zero2_offload", []), "zero3_offload": ("zero3_offload", "zero3_offload", []),
+             "fsdp_offload": ("fsdp_offload", "fsdp_offload", []),
+             "ddp_powersgd": ("powersgd", "ddp_powersgd", ["--powersgd_warmup_steps", "3", "--powersgd_rank", "2"]),
+             "zero2": ("cfg-zero2", None, [])}
+
+
+def bf16_result(runs_dir, strategy: str) -> dict:
+    key, name, extra = BF16_RUNS[strategy]
+    config = str(REPO / "accelerate_configs" / "zero2.yaml") if name is None else None
+    if key not in _cache:
+        _cache[key] = train(runs_dir / key, name, "--bf16", *extra, steps=PARITY_STEPS, config_file=config)
+    return _cache[key]
+
+
+@pytest.mark.parametrize("strategy", list(BF16_RUNS))
+def test_bf16_reaches_the_engine_and_trains_the_same_model(parity, runs_dir, strategy):
+    res = bf16_result(runs_dir, strategy)
+    assert res["config"]["precision"] == "bf16" and res["strategy"] == strategy
+    check = res["strategy_check"]
+    if strategy.startswith("zero"):  # DeepSpeed trains a bf16 copy; fp32 masters in the optimizer
+        assert check["parameters"]["dtypes"] == ["bfloat16"] and check["optimizer_states"]["dtypes"] == ["float32"]
+    if strategy.startswith("fsdp"):  # FSDP2 keeps fp32 shards and computes in its policy's dtype
+        assert check["fsdp_param_dtype"] == "bfloat16" and check["parameters"]["dtypes"] == ["float32"]
+    # Same seed, data and batch as the fp32 ddp reference: the same curve up to bf16 rounding (8 mantissa bits)...
+    bf16, fp32 = losses(res), losses(parity_run(runs_dir, "ddp"))
+    assert max_rel(bf16, fp32) < 5e-3
+    if strategy != "ddp_powersgd":  # ...and not the fp32 curve itself: bf16 really ran (PowerSGD is lossy anyway)
+        assert bf16 != fp32
+
+
 @pytest.mark.parametrize("strategy", ["zero2_offload", "zero3_offload", "fsdp_offload"])
 def test_offload_strategies(runs_dir, strategy):
-    res = result(runs_dir, strategy, strategy)
+    res = bf16_result(runs_dir, strategy)
     check = res["strategy_check"]
     assert check["optimizer_states"]["devices"] == ["cpu"]
     assert check["parameters"]["devices"] == ["cpu"]
@@ -137,11 +171,11 @@ def test_offload_strategies(runs_dir, strategy):
 
 
 def test_powersgd_hook_compresses_after_warmup(runs_dir):
-    res = result(runs_dir, "powersgd", "ddp_powersgd", "--powersgd_warmup_steps", "3", "--powersgd_rank", "2", steps=6)
+    res = bf16_result(runs_dir, "ddp_powersgd")
     psgd = res["strategy_check"]["powersgd"]
     assert psgd["rank"] == 2 and psgd["warmup_steps"] == 3
     assert psgd["compressing"] and psgd["compressed_buckets"] >= 1
-    assert psgd["iterations"] == 6  # one hook iteration per optimizer step
+    assert psgd["iterations"] == PARITY_STEPS  # one hook iteration per optimizer step
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2"])
@@ -159,7 +193,7 @@ def test_adafactor_states_are_factored(runs_dir):
 
 
 def test_launcher_config_file_selects_the_strategy(runs_dir):
-    res = result(runs_dir, "cfg-zero2", None, config_file=str(REPO / "accelerate_configs" / "zero2.yaml"))
+    res = bf16_result(runs_dir, "zero2")
     assert res["strategy"] == "zero2"
     assert res["strategy_check"]["wrapper"] == "DeepSpeedEngine" and res["strategy_check"]["zero_stage"] == 2
 
