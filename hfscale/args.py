@@ -13,7 +13,8 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from .configs import load_json, load_yaml
 from .data import EMBEDDED
-from .distributed import has_accelerator, launcher_world_size, prepare_processes, resolve_strategy
+from .distributed import (has_accelerator, launcher_deepspeed_config, launcher_world_size, prepare_processes,
+                          resolve_strategy)
 from .errors import HfscaleError
 from .models import PRESETS, resolve_shape
 from .strategies import (OPTIMIZERS, all_strategies, check_optimizer, check_pair, get_strategy, hf_optim_name,
@@ -109,10 +110,14 @@ class HfscaleTrainingArguments(TrainingArguments):
             super().__post_init__()
         except ValueError as err:  # TrainingArguments' own checks are about what the user passed
             raise HfscaleError(" ".join(str(err).split())) from None
+        mismatches = getattr(getattr(self, "hf_deepspeed_config", None), "mismatches", None)
+        if mismatches:  # transformers collects these now and raises them only once training starts, on every rank
+            raise HfscaleError(f"{self.deepspeed}: values that contradict the Trainer flags: "
+                               + "; ".join(m.lstrip("- ") for m in mismatches) + ' (use "auto" or change the flags)')
 
     def _apply_strategy(self, strategy) -> None:
         if strategy.engine == "deepspeed":
-            path = self.deepspeed or strategy.deepspeed_config_path
+            path = self.deepspeed or launcher_deepspeed_config() or strategy.deepspeed_config_path
             if not isinstance(path, dict):
                 load_deepspeed_config(path, strategy)
                 path = str(path)

@@ -1,4 +1,4 @@
-"""`hfscale` console script: train | sweep | report | parity | import-logs | export | strategies | peak."""
+"""`hfscale` console script: train | launch | sweep | report | parity | import-logs | export | strategies | peak."""
 
 import sys
 
@@ -41,6 +41,7 @@ def cmd_peak(argv: list[str]) -> None:
 
 COMMANDS = {
     "train": "train with a strategy and optimizer (every TrainingArguments flag works)",
+    "launch": "accelerate launch of the training script, launcher config checked first",
     "sweep": "run strategies x optimizers x processes x MBS x GAS x checkpointing; failures are rows",
     "report": "markdown/CSV table in the BigScience format, plots, optional HTML",
     "parity": "compare strategies' loss curves and final weights with ddp",
@@ -64,10 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         from .train import main as train_main
 
         return train_main(rest)
-    if command in ("sweep", "report", "parity", "import-logs", "export"):
+    if command in ("launch", "sweep", "report", "parity", "import-logs", "export"):
         import importlib
 
-        module = {"sweep": "sweep", "report": "report", "parity": "parity", "import-logs": "megatron",
+        module = {"launch": "launch", "sweep": "sweep", "report": "report", "parity": "parity", "import-logs": "megatron",
                   "export": "export"}[command]
         sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

@@ -47,22 +47,70 @@ def _true(var: str) -> bool:
     return os.environ.get(var, "false").lower() == "true"
 
 
+def deepspeed_strategy(config_file: str, zero_stage, offload_optimizer: bool) -> str:
+    """The zero* strategy a DeepSpeed launcher config means: by its JSON file's name, else by ZeRO stage and offload."""
+    name = os.path.basename(config_file or "")
+    for s in all_strategies().values():
+        if s.engine == "deepspeed" and name and s.deepspeed_config == name:
+            return s.name
+    guess = f"zero{zero_stage}" + ("_offload" if offload_optimizer else "")
+    if guess not in all_strategies():
+        raise HfscaleError(f"the launcher's DeepSpeed config ({name or f'stage {zero_stage}'}) matches no strategy")
+    return guess
+
+
 def launcher_strategy() -> str | None:
     """The strategy an `accelerate launch --config_file ...` asked for, read from the environment it sets."""
     if _true("ACCELERATE_USE_DEEPSPEED"):
-        config_file = os.path.basename(os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", ""))
-        for s in all_strategies().values():
-            if s.engine == "deepspeed" and s.deepspeed_config == config_file:
-                return s.name
+        path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")
+        ds = {"deepspeed_config_file": path}
         stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-        offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none") not in ("none", "")
-        name = f"zero{stage}" + ("_offload" if offload else "")
-        if name not in all_strategies():
-            raise HfscaleError(f"the launcher's DeepSpeed config ({config_file or 'stage ' + stage}) matches no strategy")
-        return name
+        if stage.isdigit():  # set from the launcher config's fields; "None" when it names a JSON file instead
+            ds["zero_stage"] = stage
+            ds["offload_optimizer_device"] = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
+        return config_strategy({"distributed_type": "DEEPSPEED", "deepspeed_config": ds}, _json_or_none(path))
     if _true("ACCELERATE_USE_FSDP"):
         return "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
     return None
+
+
+def launcher_deepspeed_config() -> str | None:
+    """The DeepSpeed JSON an `accelerate launch --config_file` named (used unless --deepspeed says otherwise)."""
+    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")
+    return path if _true("ACCELERATE_USE_DEEPSPEED") and path and os.path.isfile(path) else None
+
+
+def _json_or_none(path: str) -> dict | None:
+    import json
+
+    try:
+        return json.loads(open(path).read()) if path and os.path.isfile(path) else None
+    except (OSError, ValueError):
+        return None  # the Trainer reports a malformed file in its own words later
+
+
+def config_strategy(config: dict, deepspeed_json: dict | None = None) -> str | None:
+    """The strategy an accelerate config file asks for (None: plain data parallel, any ddp strategy).
+    A DeepSpeed config is read from the launcher config's fields, or from its DeepSpeed JSON (`deepspeed_json`)."""
+    kind = config.get("distributed_type")
+    if kind == "DEEPSPEED":
+        ds = config.get("deepspeed_config") or {}
+        zero = (deepspeed_json or {}).get("zero_optimization") or {}
+        stage = ds.get("zero_stage", zero.get("stage", ""))
+        device = ds.get("offload_optimizer_device", (zero.get("offload_optimizer") or {}).get("device", "none"))
+        return deepspeed_strategy(ds.get("deepspeed_config_file", ""), stage, str(device) not in ("none", ""))
+    if kind == "FSDP":
+        offload = str((config.get("fsdp_config") or {}).get("fsdp_offload_params", False)).lower() == "true"
+        return "fsdp_offload" if offload else "fsdp"
+    return None
+
+
+def check_agree(asked: str, launched: str | None) -> None:
+    if launched is not None and launched != asked:
+        raise HfscaleError(
+            f"--strategy {asked} contradicts the launcher's config, which asks for {launched}; "
+            f"launch with accelerate_configs/{asked}.yaml or drop --config_file"
+        )
 
 
 def resolve_strategy(asked: str | None) -> str:
@@ -70,11 +118,7 @@ def resolve_strategy(asked: str | None) -> str:
     launched = launcher_strategy()
     if asked is None:
         return launched or "ddp"
-    if launched is not None and launched != asked:
-        raise HfscaleError(
-            f"--strategy {asked} contradicts the launcher's config, which asks for {launched}; "
-            f"launch with accelerate_configs/{asked}.yaml or drop --config_file"
-        )
+    check_agree(asked, launched)
     return asked
 
 

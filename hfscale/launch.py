@@ -125,3 +125,107 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
     results_status = read_results(results_path).get("status") if results_path.is_file() else None
     status, error = classify(proc.returncode, text, results_status, timed_out)
     return Outcome(status, proc.returncode, seconds, error, text[-2000:])
+
+
+def check_accelerate_config(path) -> dict:
+    """What `accelerate launch --config_file` would reject, as one line naming the file: missing, malformed YAML,
+    not a mapping, an unknown distributed_type, keys accelerate does not know, a DeepSpeed JSON that is missing."""
+    from .configs import load_yaml
+    from .errors import HfscaleError, one_of
+
+    config = load_yaml(path)
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    kinds = [k.value for k in DistributedType]
+    if config.get("distributed_type", "NO") not in kinds:
+        raise HfscaleError(f"{path}: {one_of('distributed_type', config['distributed_type'], kinds)}")
+    try:
+        load_config_from_file(str(path))
+    except (ValueError, TypeError, KeyError) as err:
+        raise HfscaleError(f"{path}: {' '.join(str(err).split())}") from None
+    return config
+
+
+def _deepspeed_json(config: dict, config_path: Path) -> str | None:
+    """The DeepSpeed JSON a launcher config names, as a path that exists from here: as written (relative to the
+    working directory, as accelerate reads it), else the copy shipped with hfscale under the same name."""
+    from .configs import config_dir
+    from .errors import HfscaleError
+
+    name = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    if config.get("distributed_type") != "DEEPSPEED" or not name:
+        return None
+    for candidate in (Path(name), config_dir("ds_configs") / Path(name).name):
+        if candidate.is_file():
+            return str(candidate.resolve())
+    raise HfscaleError(f"{config_path}: deepspeed_config_file {name} not found (relative paths are read from the "
+                       f"working directory; hfscale also ships ds_configs/{Path(name).name} only for its own names)")
+
+
+def default_num_processes() -> int:
+    import torch
+
+    return torch.cuda.device_count() or 2  # every GPU on this node; on a CPU machine, 2 processes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
+    from .configs import load_json
+    from .distributed import check_agree, config_strategy
+    from .errors import ArgumentParser, HfscaleError, exit_on_user_error
+    from .strategies import get_strategy
+    from .sweep import flag_value
+
+    @exit_on_user_error
+    def run(argv: list[str]) -> int:
+        parser = ArgumentParser(
+            prog="hfscale launch",
+            description="Start hfscale/train.py through `accelerate launch` after checking the launcher config: "
+                        "--config_file (default: the strategy's shipped accelerate_configs/<strategy>.yaml) must be "
+                        "valid and agree with --strategy. Every other flag goes to the training script.")
+        parser.add_argument("--config_file", help="an accelerate config (YAML)")
+        parser.add_argument("--num_processes", type=int, help="processes on this machine x machines "
+                            "(default: the config's, or every local GPU, or 2 on a CPU machine)")
+        parser.add_argument("--num_machines", type=int, default=None)
+        parser.add_argument("--machine_rank", type=int, default=None)
+        parser.add_argument("--main_process_ip", default=None)
+        parser.add_argument("--main_process_port", type=int, default=None)
+        parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
+        opts, train_args = parser.parse_known_args(argv)
+        asked = flag_value(train_args, "--strategy")
+        if asked is not None:
+            get_strategy(asked)  # an unknown name: the list of valid ones
+        config_path = Path(opts.config_file) if opts.config_file else get_strategy(asked or "ddp").accelerate_config_path
+        config = check_accelerate_config(config_path)
+        deepspeed_json = _deepspeed_json(config, config_path)
+        if opts.config_file:
+            try:
+                launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
+            except HfscaleError as err:
+                raise HfscaleError(f"{config_path}: {err}") from None
+            if asked is not None:
+                check_agree(asked, launched)
+            nproc = opts.num_processes or config.get("num_processes") or default_num_processes()
+        else:
+            nproc = opts.num_processes or default_num_processes()
+        if nproc <= 0:
+            raise HfscaleError(f"--num_processes must be positive, got {nproc}")
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
+               "--num_processes", str(nproc)]
+        if deepspeed_json:
+            cmd += ["--deepspeed_config_file", deepspeed_json]
+        for flag in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+            if getattr(opts, flag) is not None:
+                cmd += [f"--{flag}", str(getattr(opts, flag))]
+        if opts.main_process_port is None and (opts.num_machines or 1) == 1:
+            cmd += ["--main_process_port", str(free_port())]  # two jobs on one node must not collide
+        cmd += [TRAIN_SCRIPT, *train_args]
+        if opts.dry_run:
+            import shlex
+
+            print(shlex.join(cmd))
+            return 0
+        os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
+
+    return run(sys.argv[1:] if argv is None else argv)

@@ -29,12 +29,17 @@ def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO) -> subprocess.Comp
 accelerate_launch = launch_command  # the launcher hfscale sweep/parity use
 
 
-def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: int = 4, config_file=None) -> dict:
-    """One real training run; returns its results.json (asserting it succeeded)."""
+def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: int = 4, config_file=None,
+          hfscale_launch: bool = False) -> dict:
+    """One real training run; returns its results.json (asserting it succeeded). With hfscale_launch, through
+    `hfscale launch` started outside the repository (the shipped configs must be found from anywhere)."""
     args = [*TINY, "--max_steps", str(steps), "--output_dir", str(out), *extra]
     if strategy:
         args = ["--strategy", strategy, *args]
-    proc = run(accelerate_launch(args, nproc, config_file))
+    if hfscale_launch:
+        proc = run([sys.executable, "-m", "hfscale", "launch", "--num_processes", str(nproc), *args], cwd=out.parent)
+    else:
+        proc = run(accelerate_launch(args, nproc, config_file))
     assert proc.returncode == 0, f"run failed ({strategy}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "ok"

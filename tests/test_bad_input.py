@@ -125,6 +125,17 @@ def test_malformed_deepspeed_json(tmp_path):
     _check_refused(proc, f"{bad}: malformed DeepSpeed JSON", out)
 
 
+def test_deepspeed_json_contradicting_trainer_flags(tmp_path):
+    """transformers would raise this only once training starts (and with a traceback): refused up front."""
+    config = json.loads((REPO / "ds_configs" / "zero1.json").read_text())
+    config["gradient_clipping"] = 0.5
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(config))
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale.train", "--strategy", "zero1", "--deepspeed", str(mine), "--output_dir", str(out)])
+    _check_refused(proc, f"{mine}: values that contradict the Trainer flags: ds gradient_clipping=0.5 vs hf max_grad_norm=1.0", out)
+
+
 def test_missing_text_column(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"body": "some text " * 50}) for _ in range(20)))
@@ -139,3 +150,41 @@ def test_malformed_run_file(tmp_path):
     bad.write_text("strategy: [zero1\n")
     proc = run([sys.executable, "-m", "hfscale.train", str(bad)])
     assert proc.returncode == 2 and f"{bad}: malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# Launcher configs: `hfscale launch` checks them before `accelerate launch` starts anything.
+LAUNCH_CASES = {
+    "malformed YAML": ("distributed_type: MULTI_GPU\nnum_processes: [2\n", "malformed YAML"),
+    "not a mapping": ("- DEEPSPEED\n", "expected a mapping at the top level"),
+    "unknown distributed_type": ("distributed_type: MULTI_TPU9\n", "unknown distributed_type 'MULTI_TPU9'; choose one of: NO"),
+    "unknown key": ("distributed_type: MULTI_GPU\nnum_gpus: 2\n", "unknown keys (['num_gpus'])"),
+    "missing DeepSpeed JSON": ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nowhere/z.json\n",
+                               "deepspeed_config_file nowhere/z.json not found"),
+    "contradicts --strategy": ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n",
+                               "--strategy zero1 contradicts the launcher's config, which asks for fsdp"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+def test_bad_launcher_config_is_one_line(case, tmp_path):
+    text, expected = LAUNCH_CASES[case]
+    config = tmp_path / "launcher.yaml"
+    config.write_text(text)
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "launch", "--config_file", str(config), "--strategy", "zero1",
+                "--output_dir", str(out)], cwd=tmp_path)
+    _check_refused(proc, expected, out)
+    if case != "malformed YAML" and case != "not a mapping":
+        assert str(config) in proc.stderr or "contradicts" in expected  # the file is named
+
+
+def test_launch_without_config_uses_the_shipped_one(tmp_path):
+    """From any directory: the strategy's own launcher config and DeepSpeed JSON, by absolute path."""
+    proc = run([sys.executable, "-m", "hfscale", "launch", "--strategy", "zero2", "--num_processes", "3", "--dry_run",
+                "--model", "tiny"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cmd = proc.stdout.split()
+    assert cmd[cmd.index("--config_file") + 1] == str(REPO / "accelerate_configs" / "zero2.yaml")
+    assert cmd[cmd.index("--deepspeed_config_file") + 1] == str(REPO / "ds_configs" / "zero2.json")
+    assert cmd[cmd.index("--num_processes") + 1] == "3"
+    assert cmd[-4:] == [str(REPO / "hfscale" / "train.py"), "--strategy", "zero2", "--model", "tiny"][-4:]

@@ -122,7 +122,7 @@ def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
 
 
 # bf16 for every strategy. The offload, PowerSGD and launcher-config runs below train in bf16 too (one run each
-# serves both checks); ddp, fsdp, zero1 and zero3 get a run of their own.
+# serves both checks); ddp, fsdp, zero1 and zero3 get a run of their own (zero1's through `hfscale launch`).
 BF16_RUNS = {"ddp": ("ddp-bf16", "ddp", []), "fsdp": ("fsdp-bf16", "fsdp", []), "zero1": ("zero1-bf16", "zero1", []),
              "zero3": ("zero3-bf16", "zero3", []),
              "zero2_offload": ("zero2_offload", "zero2_offload", []), "zero3_offload": ("zero3_offload", "zero3_offload", []),
@@ -135,7 +135,8 @@ def bf16_result(runs_dir, strategy: str) -> dict:
     key, name, extra = BF16_RUNS[strategy]
     config = str(REPO / "accelerate_configs" / "zero2.yaml") if name is None else None
     if key not in _cache:
-        _cache[key] = train(runs_dir / key, name, "--bf16", *extra, steps=PARITY_STEPS, config_file=config)
+        _cache[key] = train(runs_dir / key, name, "--bf16", *extra, steps=PARITY_STEPS, config_file=config,
+                            hfscale_launch=strategy == "zero1")
     return _cache[key]
 
 
