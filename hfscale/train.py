@@ -263,18 +263,24 @@ def main(argv: list[str] | None = None) -> None:
     shutdown()
 
 
+def check_args(argv: list[str] | None):
+    """Every check of the command line that needs no data, model weights or output directory: the flags parse, the
+    names exist, the choices fit together, the sizes are possible. Raises HfscaleError (and only that) otherwise."""
+    from hfscale.args import parse_args
+
+    model_args, data_args, args = parse_args(argv)
+    shape = model_shape(model_args)
+    return model_args, data_args, args, shape, resolve_seq_len(shape, data_args.seq_len)
+
+
 def run(argv: list[str] | None) -> None:
     """One training run, start to results file."""
     from hfscale.distributed import has_accelerator
 
     if not has_accelerator():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
-    from hfscale.args import parse_args
-
-    model_args, data_args, args = parse_args(argv)
+    model_args, data_args, args, shape, seq_len = check_args(argv)
     setup_logging(args)
-    shape = model_shape(model_args)
-    seq_len = resolve_seq_len(shape, data_args.seq_len)
     name = run_name(model_args, args, seq_len)
     prepare_output_dir(args, name)
 

@@ -1,0 +1,78 @@
+"""Fuzz the training command line: whatever argv a user types, hfscale either accepts it or refuses it with an
+HfscaleError (one line, exit 2) - never another exception, which would reach the user as a traceback."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO
+from hfscale.errors import HfscaleError
+
+NAMES = {
+    "--strategy": ["ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3",
+                   "zero3_offload"],
+    "--optim": ["adamw", "adafactor", "adamw_8bit", "adamw_torch", "sgd"],
+    "--model": ["tiny", "tiny-bloom", "gpt2-124m", "bloom-560m", "bigscience-104b", "gpt5"],
+    "--lr_scheduler_type": ["linear", "cosine", "constant", "bogus"],
+    "--resume_from_checkpoint": ["latest", "/nonexistent/checkpoint-3"],
+    "--deepspeed": ["ds_configs/zero1.json", "ds_configs/zero3.json", "/nonexistent.json"],
+    "--train_files": ["/nonexistent/a.txt", "README.md"],
+    "--model_name_or_path": ["/nonexistent/model"],
+    "--report_to": ["none", "tensorboard", "tensorboard,none"],
+}
+NUMBERS = ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+           "--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size", "--max_steps",
+           "--powersgd_rank", "--powersgd_warmup_steps", "--logging_steps", "--save_steps", "--perf_warmup_steps",
+           "--token_budget", "--peak_tflops", "--learning_rate", "--dropout", "--default_tokenizer_vocab"]
+SWITCHES = ["--bf16", "--fp16", "--activation_checkpointing", "--measure", "--record_batches", "--overwrite_output_dir"]
+
+# Mostly well-formed values, so that most command lines get past the parser into the checks behind it (sizes,
+# pairs, files); some malformed ones and stray tokens for the parser itself.
+number = st.one_of(st.integers(-2, 8), st.integers(-2, 8), st.integers(-3, 5000),
+                   st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True)).map(str)
+value_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+
+
+def sometimes_junk(values):
+    return st.one_of(*[values] * 5, value_text)
+
+
+@st.composite
+def argv(draw) -> list[str]:
+    out: list[str] = []
+    for _ in range(draw(st.integers(0, 7))):
+        kind = draw(st.sampled_from(["name"] * 3 + ["number"] * 4 + ["switch"] * 2 + ["junk"]))
+        if kind == "name":
+            flag = draw(st.sampled_from(sorted(NAMES)))
+            out += [flag, draw(sometimes_junk(st.sampled_from(NAMES[flag])))]
+        elif kind == "number":
+            out += [draw(st.sampled_from(NUMBERS)), draw(sometimes_junk(number))]
+        elif kind == "switch":
+            out += [draw(st.sampled_from(SWITCHES)), *draw(st.sampled_from([[], [], ["true"], ["false"], ["maybe"]]))]
+        else:
+            out.append(draw(value_text.filter(lambda t: t not in ("-h", "--help"))))
+    return out
+
+
+@pytest.fixture()
+def offline_parser(monkeypatch):
+    """The parser without the process-group set-up that only a launched run needs (it would leave state behind)."""
+    import hfscale.args
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(REPO)  # the relative ds_configs/ paths above
+    monkeypatch.setattr(hfscale.args, "prepare_processes", lambda strategy: {"use_cpu": True})
+    from hfscale.train import check_args
+
+    return check_args
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=argv())
+def test_any_command_line_is_accepted_or_refused_in_one_line(offline_parser, args):
+    try:
+        offline_parser([*args, "--output_dir", "/tmp/hfscale-fuzz-never-written"])
+    except HfscaleError as err:
+        message = str(err)
+        assert message and "\n" not in message and "Traceback" not in message
