@@ -120,6 +120,7 @@ def force_fsdp_state(accelerator, fsdp_plugin_args: dict) -> None:
     FSDP2's fully_shard itself works on gloo; switching the shared state to FSDP before `prepare` makes accelerate
     apply it. Only called when the state is MULTI_CPU, so the GPU route never passes here.
     """
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
     from torch.distributed.fsdp import CPUOffloadPolicy
@@ -132,3 +133,6 @@ def force_fsdp_state(accelerator, fsdp_plugin_args: dict) -> None:
         plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
+    # As accelerate does on its FSDP route: every later AcceleratorState() copies PartialState's values over its own,
+    # which would quietly turn the state back into MULTI_CPU after `prepare`.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP

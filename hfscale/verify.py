@@ -90,6 +90,10 @@ def check_world(facts: dict, strategy: Strategy) -> None:
 
 def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
     wrapper = facts["wrapper"]
+    expected_type = {"deepspeed": "DEEPSPEED", "fsdp": "FSDP"}.get(strategy.engine)
+    if expected_type:  # accelerate's own view, which decides its save, clipping and accumulation paths
+        require(facts["distributed_type"] == expected_type,
+                 f"accelerate runs as {facts['distributed_type']}, not {expected_type}", strategy)
     if strategy.engine == "deepspeed":
         require(wrapper == "DeepSpeedEngine", f"model is wrapped in {wrapper}, not DeepSpeedEngine", strategy)
         require(facts["zero_stage"] == strategy.zero_stage, f"ZeRO stage is {facts['zero_stage']}", strategy)

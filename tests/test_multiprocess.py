@@ -110,6 +110,8 @@ def test_one_and_two_processes_step_the_same_tokens(parity, runs_dir):
 def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
     check = parity_run(runs_dir, strategy)["strategy_check"]
     assert check["wrapper"] == wrapper
+    # accelerate's own view too (it once drifted back to MULTI_CPU after `prepare` under FSDP on CPU)
+    assert check["distributed_type"] == {"ddp": "MULTI_CPU", "fsdp": "FSDP"}.get(strategy, "DEEPSPEED")
     params, states = check["parameters"], check["optimizer_states"]
     param_share = params["elements_local"] / params["elements_total"]
     state_share = states["elements_local"] / states["elements_unsharded"]
