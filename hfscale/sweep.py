@@ -108,11 +108,26 @@ def load_spec(path: Path) -> dict:
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> dict:
     """The row of a run that never wrote a results file (refused up front, or died before training)."""
     return {"status": status, "error": error, "run_name": run.name, "strategy": run.strategy, "optim": run.optim,
-            "model": {"name": flag_value(fixed, "--model") or "tiny"},
+            "model": {"name": flag_value(fixed, "--model") or "tiny", "params_model": planned_params(fixed)},
             "config": {"world_size": run.nproc, "micro_batch_size": run.micro_batch, "grad_accum": run.grad_accum,
                        "global_batch_size": run.nproc * run.micro_batch * run.grad_accum,
                        "checkpointing": run.checkpointing},
             "perf": {}, "memory": {}, "loss_history": []}
+
+
+def planned_params(fixed: list[str]) -> int | None:
+    """The parameter count (formula) of the model the fixed args ask for, so a row that never ran still has a Size;
+    None for a pretrained checkpoint or args that do not describe a model."""
+    from .metrics import param_count
+    from .models import resolve_shape
+
+    if flag_value(fixed, "--model_name_or_path"):
+        return None
+    sizes = [flag_value(fixed, f) for f in ("--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size")]
+    try:
+        return param_count(resolve_shape(flag_value(fixed, "--model") or "tiny", *[int(v) if v else None for v in sizes]))
+    except (HfscaleError, ValueError):
+        return None
 
 
 def flag_value(args: list[str], name: str) -> str | None:

@@ -171,3 +171,18 @@ def test_report_refuses_what_is_not_a_results_file(tmp_path):
     proc = hfscale("report", tmp_path / "empty-nothing-here")
     assert proc.returncode == 2 and "no such run or sweep directory" in proc.stderr
     assert not (tmp_path / "bad" / "report").exists()
+
+
+def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
+    from hfscale.metrics import param_count
+    from hfscale.models import build_model, resolve_shape
+    from hfscale.sweep import stub_results
+
+    spec = RunSpec("zero2_offload", "adamw_8bit", 2, 4, 1, False)
+    fixed = ["--model", "tiny", "--n_layer", "3"]
+    write_results(tmp_path / "runs" / spec.name, stub_results(spec, "refused", "cannot use optimizer", fixed))
+    rows, _ = write_report([tmp_path / "runs"], tmp_path / "report")
+    shape = resolve_shape("tiny", n_layer=3)
+    real = sum(p.numel() for p in build_model(shape, seed=0).parameters())
+    assert rows[0].status == "refused" and rows[0].params == param_count(shape) == real
+    assert stub_results(spec, "refused", None, ["--model_name_or_path", "gpt2"])["model"]["params_model"] is None
