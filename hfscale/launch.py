@@ -169,63 +169,59 @@ def default_num_processes() -> int:
     return torch.cuda.device_count() or 2  # every GPU on this node; on a CPU machine, 2 processes
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
     from .configs import load_json
     from .distributed import check_agree, config_strategy
-    from .errors import ArgumentParser, HfscaleError, exit_on_user_error
+    from .errors import ArgumentParser, HfscaleError
     from .strategies import get_strategy
     from .sweep import flag_value
 
-    @exit_on_user_error
-    def run(argv: list[str]) -> int:
-        parser = ArgumentParser(
-            prog="hfscale launch",
-            description="Start hfscale/train.py through `accelerate launch` after checking the launcher config: "
-                        "--config_file (default: the strategy's shipped accelerate_configs/<strategy>.yaml) must be "
-                        "valid and agree with --strategy. Every other flag goes to the training script.")
-        parser.add_argument("--config_file", help="an accelerate config (YAML)")
-        parser.add_argument("--num_processes", type=int, help="processes on this machine x machines "
-                            "(default: the config's, or every local GPU, or 2 on a CPU machine)")
-        parser.add_argument("--num_machines", type=int, default=None)
-        parser.add_argument("--machine_rank", type=int, default=None)
-        parser.add_argument("--main_process_ip", default=None)
-        parser.add_argument("--main_process_port", type=int, default=None)
-        parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
-        opts, train_args = parser.parse_known_args(argv)
-        asked = flag_value(train_args, "--strategy")
+    parser = ArgumentParser(
+        prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours
+        description="Start hfscale/train.py through `accelerate launch` after checking the launcher config: "
+                    "--config_file (default: the strategy's shipped accelerate_configs/<strategy>.yaml) must be "
+                    "valid and agree with --strategy. Every other flag goes to the training script.")
+    parser.add_argument("--config_file", help="an accelerate config (YAML)")
+    parser.add_argument("--num_processes", type=int, help="processes on this machine x machines "
+                        "(default: the config's, or every local GPU, or 2 on a CPU machine)")
+    parser.add_argument("--num_machines", type=int, default=None)
+    parser.add_argument("--machine_rank", type=int, default=None)
+    parser.add_argument("--main_process_ip", default=None)
+    parser.add_argument("--main_process_port", type=int, default=None)
+    parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
+    opts, train_args = parser.parse_known_args(argv)
+    asked = flag_value(train_args, "--strategy")
+    if asked is not None:
+        get_strategy(asked)  # an unknown name: the list of valid ones
+    config_path = Path(opts.config_file) if opts.config_file else get_strategy(asked or "ddp").accelerate_config_path
+    config = check_accelerate_config(config_path)
+    deepspeed_json = _deepspeed_json(config, config_path)
+    if opts.config_file:
+        try:
+            launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
+        except HfscaleError as err:
+            raise HfscaleError(f"{config_path}: {err}") from None
         if asked is not None:
-            get_strategy(asked)  # an unknown name: the list of valid ones
-        config_path = Path(opts.config_file) if opts.config_file else get_strategy(asked or "ddp").accelerate_config_path
-        config = check_accelerate_config(config_path)
-        deepspeed_json = _deepspeed_json(config, config_path)
-        if opts.config_file:
-            try:
-                launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
-            except HfscaleError as err:
-                raise HfscaleError(f"{config_path}: {err}") from None
-            if asked is not None:
-                check_agree(asked, launched)
-            nproc = opts.num_processes or config.get("num_processes") or default_num_processes()
-        else:
-            nproc = opts.num_processes or default_num_processes()
-        if nproc <= 0:
-            raise HfscaleError(f"--num_processes must be positive, got {nproc}")
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
-               "--num_processes", str(nproc)]
-        if deepspeed_json:
-            cmd += ["--deepspeed_config_file", deepspeed_json]
-        for flag in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
-            if getattr(opts, flag) is not None:
-                cmd += [f"--{flag}", str(getattr(opts, flag))]
-        if opts.main_process_port is None and (opts.num_machines or 1) == 1:
-            cmd += ["--main_process_port", str(free_port())]  # two jobs on one node must not collide
-        cmd += [TRAIN_SCRIPT, *train_args]
-        if opts.dry_run:
-            import shlex
+            check_agree(asked, launched)
+        nproc = opts.num_processes or config.get("num_processes") or default_num_processes()
+    else:
+        nproc = opts.num_processes or default_num_processes()
+    if nproc <= 0:
+        raise HfscaleError(f"--num_processes must be positive, got {nproc}")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
+           "--num_processes", str(nproc)]
+    if deepspeed_json:
+        cmd += ["--deepspeed_config_file", deepspeed_json]
+    for flag in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+        if getattr(opts, flag) is not None:
+            cmd += [f"--{flag}", str(getattr(opts, flag))]
+    if opts.main_process_port is None and (opts.num_machines or 1) == 1:
+        cmd += ["--main_process_port", str(free_port())]  # two jobs on one node must not collide
+    cmd += [TRAIN_SCRIPT, *train_args]
+    if opts.dry_run:
+        import shlex
 
-            print(shlex.join(cmd))
-            return 0
-        os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
-
-    return run(sys.argv[1:] if argv is None else argv)
+        print(shlex.join(cmd))
+        return 0
+    os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
