@@ -52,7 +52,7 @@ class SweepSpec:
                 raise HfscaleError(f"sweep {axis} must be a list of positive integers, got {values!r}")
         if not self.checkpointing or any(not isinstance(v, bool) for v in self.checkpointing):
             raise HfscaleError(f"sweep checkpointing must be a list of true/false, got {self.checkpointing!r}")
-        if self.timeout <= 0:
+        if not 0 < self.timeout < float("inf"):  # NaN fails this too
             raise HfscaleError(f"sweep timeout must be positive seconds, got {self.timeout}")
         for flag in ("--strategy", "--optim", "--output_dir", "--per_device_train_batch_size",
                      "--gradient_accumulation_steps", "--activation_checkpointing", "--gradient_checkpointing"):
@@ -100,8 +100,22 @@ def load_spec(path: Path) -> dict:
     for key in ("strategies", "optims", "nprocs", "micro_batch_sizes", "grad_accum", "checkpointing"):
         if key in data and not isinstance(data[key], list):
             data[key] = [data[key]]
-    if isinstance(data.get("train_args"), str):
-        data["train_args"] = shlex.split(data["train_args"])
+    for key in ("strategies", "optims"):
+        if any(not isinstance(v, str) for v in data.get(key, [])):
+            raise HfscaleError(f"sweep spec {path}: {key} must be a list of names, got {data[key]!r}")
+    args = data.get("train_args", [])
+    if isinstance(args, str):
+        try:
+            args = shlex.split(args)
+        except ValueError as err:
+            raise HfscaleError(f"sweep spec {path}: train_args: {err}") from None
+    if not isinstance(args, list) or any(not isinstance(a, (str, int, float)) or isinstance(a, bool) for a in args):
+        raise HfscaleError(f"sweep spec {path}: train_args must be a string or a list of flags, got {args!r}")
+    data["train_args"] = [str(a) for a in args]
+    if "timeout" in data and (isinstance(data["timeout"], bool) or not isinstance(data["timeout"], (int, float))):
+        raise HfscaleError(f"sweep spec {path}: timeout must be seconds, got {data['timeout']!r}")
+    if "out" in data and not isinstance(data["out"], str):
+        raise HfscaleError(f"sweep spec {path}: out must be a directory path, got {data['out']!r}")
     return data
 
 
@@ -237,7 +251,8 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> None:
+def parse_sweep(argv: list[str]) -> tuple[SweepSpec, argparse.Namespace]:
+    """The command line (and its --spec file) as a checked SweepSpec; HfscaleError for anything wrong."""
     fixed: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -249,9 +264,13 @@ def main(argv: list[str]) -> None:
             values[key] = getattr(opts, key)
     values["train_args"] = [*values.get("train_args", []), *fixed]
     try:
-        spec = SweepSpec(**values)
+        return SweepSpec(**values), opts
     except TypeError as err:
         raise HfscaleError(f"bad sweep spec: {err}") from None
+
+
+def main(argv: list[str]) -> None:
+    spec, opts = parse_sweep(argv)
     rows = run_sweep(spec, retry_failed=opts.retry_failed)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(f"sweep {spec.out}: {len(rows)} runs · " + " · ".join(f"{n} {s}" for s, n in counts.items() if n))

@@ -76,3 +76,25 @@ def test_any_command_line_is_accepted_or_refused_in_one_line(offline_parser, arg
     except HfscaleError as err:
         message = str(err)
         assert message and "\n" not in message and "Traceback" not in message
+
+
+yaml_scalar = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=True), value_text,
+                        st.sampled_from(["ddp", "zero3", "adamw", "adafactor", "--model tiny", "--strategy ddp", "'"]))
+yaml_value = st.one_of(yaml_scalar, st.lists(yaml_scalar, max_size=3), st.dictionaries(value_text, yaml_scalar, max_size=2))
+SWEEP_KEYS = ["strategies", "optims", "nprocs", "micro_batch_sizes", "grad_accum", "checkpointing", "train_args",
+              "timeout", "out", "batch"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=st.dictionaries(st.sampled_from(SWEEP_KEYS), yaml_value, max_size=5))
+def test_any_sweep_spec_is_accepted_or_refused_in_one_line(tmp_path_factory, spec):
+    import yaml
+
+    from hfscale.sweep import parse_sweep
+
+    path = tmp_path_factory.mktemp("spec") / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        parse_sweep(["--spec", str(path)])
+    except HfscaleError as err:
+        assert str(err) and "\n" not in str(err)
