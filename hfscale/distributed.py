@@ -81,12 +81,12 @@ def launcher_deepspeed_config() -> str | None:
 
 
 def _json_or_none(path: str) -> dict | None:
-    import json
+    from .configs import load_json
 
     try:
-        return json.loads(open(path).read()) if path and os.path.isfile(path) else None
-    except (OSError, ValueError):
-        return None  # the Trainer reports a malformed file in its own words later
+        return load_json(path) if path and os.path.isfile(path) else None
+    except HfscaleError:
+        return None  # the strategy is then read from the launcher's fields; the Trainer reports the file later
 
 
 def config_strategy(config: dict, deepspeed_json: dict | None = None) -> str | None:

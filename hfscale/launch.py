@@ -33,6 +33,16 @@ class Outcome:
     log_tail: str
 
 
+def flag_value(args: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` in an argument list (None when absent)."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,7 +185,6 @@ def main(argv: list[str]) -> int:
     from .distributed import check_agree, config_strategy
     from .errors import ArgumentParser, HfscaleError
     from .strategies import get_strategy
-    from .sweep import flag_value
 
     parser = ArgumentParser(
         prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours

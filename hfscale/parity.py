@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ArgumentParser, HfscaleError, one_of
-from .launch import run_training
+from .launch import flag_value, run_training
 from .results import atomic_write_text, read_results
-from .sweep import flag_value
 
 REFERENCE = "ddp"
 EXPECTED = {

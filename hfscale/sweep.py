@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ArgumentParser, HfscaleError, one_of
-from .launch import STATUSES, run_training
+from .launch import STATUSES, flag_value, run_training
 from .results import RESULTS_FILE, atomic_write_text, read_results, write_results
 
 SWEEP_FILE = "sweep.json"
@@ -142,16 +142,6 @@ def planned_params(fixed: list[str]) -> int | None:
         return param_count(resolve_shape(flag_value(fixed, "--model") or "tiny", *[int(v) if v else None for v in sizes]))
     except (HfscaleError, ValueError):
         return None
-
-
-def flag_value(args: list[str], name: str) -> str | None:
-    """The value of `--name V` or `--name=V` in an argument list (None when absent)."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def finished_status(run_dir: Path) -> str | None:

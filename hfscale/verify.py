@@ -22,6 +22,10 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _base_optimizer(optimizer):
     """The torch optimizer holding the states, under accelerate's and DeepSpeed's wrappers."""
     while hasattr(optimizer, "optimizer"):
@@ -34,7 +38,7 @@ def inspect_parameters(model) -> dict:
     return {
         "elements_local": sum(t.numel() for t in tensors),
         "devices": sorted({str(t.device) for t in tensors}),
-        "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in tensors}),
+        "dtypes": sorted({_dtype_name(t.dtype) for t in tensors}),
         "dtensor": any(hasattr(p, "to_local") for p in model.parameters()),
     }
 
@@ -51,7 +55,7 @@ def inspect_optimizer_states(optimizer) -> dict:
             value = _local(value)
             elements += value.numel()
             nbytes += value.numel() * value.element_size()
-            dtypes.add(str(value.dtype).replace("torch.", ""))
+            dtypes.add(_dtype_name(value.dtype))
             devices.add(str(value.device))
             keys.add(key)
     return {
@@ -73,7 +77,7 @@ def inspect_wrapper(model_wrapped) -> dict:
         facts["offload_param"] = bool(model_wrapped.zero_offload_param())
     if hasattr(model_wrapped, "_get_fsdp_state"):  # FSDP2 root module
         dtype = model_wrapped._get_fsdp_state()._mp_policy.param_dtype
-        facts["fsdp_param_dtype"] = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+        facts["fsdp_param_dtype"] = _dtype_name(dtype) if dtype is not None else "float32"
     return facts
 
 
