@@ -4,9 +4,10 @@ Config flows one way: CLI/JSON -> dataclasses -> the strategy file fills default
 Every transformers TrainingArguments flag works; hfscale adds --strategy and gives --optim its own three names.
 """
 
+import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from transformers import HfArgumentParser, TrainingArguments
@@ -21,6 +22,14 @@ from .strategies import (OPTIMIZERS, all_strategies, check_optimizer, check_pair
                          load_deepspeed_config)
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
+
+
+def require_finite(args) -> None:
+    """NaN and infinity are never a size, a rate or a step count (transformers would crash on some: OverflowError)."""
+    for f in fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise HfscaleError(f"--{f.name} must be a finite number, got {value}")
 
 
 @dataclass
@@ -38,6 +47,7 @@ class ModelArguments:
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
 
     def __post_init__(self):
+        require_finite(self)
         if self.model_name_or_path is None:
             self.shape = resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head,
                                        self.ffn_hidden_size, self.vocab_size)
@@ -60,6 +70,7 @@ class DataArguments:
     cache_dir: str = field(default=DEFAULT_CACHE, metadata={"help": "Where tokenizers and packed datasets are cached (once per machine)."})
 
     def __post_init__(self):
+        require_finite(self)
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
         if self.train_files:
@@ -91,6 +102,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
 
     def __post_init__(self):
+        require_finite(self)
         check_optimizer(self.optim)
         self.strategy = resolve_strategy(self.strategy)
         strategy = get_strategy(self.strategy)
