@@ -49,15 +49,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(train_args: list[str], nproc: int, config_file: str | None = None) -> list[str]:
-    """`accelerate launch` for nproc processes on this machine (with --multi_gpu: without it a CPU machine
-    starts one process whatever --num_processes says)."""
+def launch_command(train_args: list[str], nproc: int, config_file: str | None = None,
+                   launcher_args: list[str] = (), free_main_port: bool = True) -> list[str]:
+    """`accelerate launch` for nproc processes (with --multi_gpu when no config file: without it a CPU machine
+    starts one process whatever --num_processes says), on a free port unless the caller sets one."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if config_file:
         cmd += ["--config_file", config_file]
     elif nproc > 1:
         cmd += ["--multi_gpu"]
-    return cmd + ["--num_processes", str(nproc), "--main_process_port", str(free_port()), TRAIN_SCRIPT, *train_args]
+    cmd += ["--num_processes", str(nproc), *launcher_args]
+    if free_main_port:  # two jobs on one node must not collide
+        cmd += ["--main_process_port", str(free_port())]
+    return cmd + [TRAIN_SCRIPT, *train_args]
 
 
 def kill_tree(pid: int, grace_s: float = 10.0) -> None:
@@ -218,16 +222,12 @@ def main(argv: list[str]) -> int:
         nproc = opts.num_processes or default_num_processes()
     if nproc <= 0:
         raise HfscaleError(f"--num_processes must be positive, got {nproc}")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
-           "--num_processes", str(nproc)]
-    if deepspeed_json:
-        cmd += ["--deepspeed_config_file", deepspeed_json]
+    launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
     for flag in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
         if getattr(opts, flag) is not None:
-            cmd += [f"--{flag}", str(getattr(opts, flag))]
-    if opts.main_process_port is None and (opts.num_machines or 1) == 1:
-        cmd += ["--main_process_port", str(free_port())]  # two jobs on one node must not collide
-    cmd += [TRAIN_SCRIPT, *train_args]
+            launcher_args += [f"--{flag}", str(getattr(opts, flag))]
+    cmd = launch_command(train_args, nproc, str(config_path), launcher_args,
+                         free_main_port=opts.main_process_port is None and (opts.num_machines or 1) == 1)
     if opts.dry_run:
         import shlex
 
