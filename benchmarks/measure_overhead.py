@@ -42,8 +42,8 @@ def direct_cost(steps: int = 20000, logging_steps: int = 10) -> float:
     import time
 
     sys.path.insert(0, str(REPO))
-    from hfscale.measure import Meter, TensorBoardWriter, perf_scalars
-    from hfscale.models import resolve_shape
+    from hfscale.run.measure import Meter, TensorBoardWriter, perf_scalars
+    from hfscale.run.models import resolve_shape
 
     meter = Meter(resolve_shape("tiny"), micro_batch=8, grad_accum=1, gpus=1, seq=128, checkpointing=False,
                   token_budget=1e11, peak_tflops=1.0, warmup_steps=2, on_cuda=False)

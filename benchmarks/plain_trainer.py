@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transformers import HfArgumentParser, Trainer, TrainingArguments, default_data_collator, set_seed  # noqa: E402
 
-from hfscale.args import DataArguments, ModelArguments  # noqa: E402
-from hfscale.results import atomic_write_text  # noqa: E402
+from hfscale.run.args import DataArguments, ModelArguments  # noqa: E402
+from hfscale.files import atomic_write_text  # noqa: E402
 from hfscale.train import build, load_data, resolve_seq_len  # noqa: E402
 
 

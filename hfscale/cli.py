@@ -9,7 +9,7 @@ def cmd_strategies(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale strategies", description="List strategies (and the optimizer matrix).")
     parser.add_argument("--matrix", action="store_true", help="print which strategy x optimizer pairs work")
     opts = parser.parse_args(argv)
-    from .strategies import OPTIMIZERS, all_strategies, matrix_markdown
+    from .parallel.strategies import OPTIMIZERS, all_strategies, matrix_markdown
 
     if opts.matrix:
         print(matrix_markdown())
@@ -27,7 +27,7 @@ def cmd_peak(argv: list[str]) -> None:
     opts = parser.parse_args(argv)
     import torch
 
-    from .peaks import measure_peak_tflops, table_peak
+    from .numbers.peaks import measure_peak_tflops, table_peak
 
     on_cuda = torch.cuda.is_available()
     device = "cuda" if on_cuda else "cpu"
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if command in ("launch", "sweep", "report", "parity", "import-logs", "export"):
         import importlib
 
-        module = {"launch": "launch", "sweep": "sweep", "report": "report", "parity": "parity", "import-logs": "megatron",
-                  "export": "export"}[command]
+        module = {"launch": "launch", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
+                  "import-logs": "compare.megatron", "export": "run.export"}[command]
         sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

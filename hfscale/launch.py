@@ -6,14 +6,14 @@ an outcome with a status and the tail of its log; the caller goes on.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .results import RESULTS_FILE, read_results
+from .parallel.distributed import free_port
+from .run.results import RESULTS_FILE, read_results
 
 TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
 STATUSES = ("ok", "OOM", "fail", "timeout", "refused")
@@ -43,10 +43,12 @@ def flag_value(args: list[str], name: str) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own flags, the training flags after `--`), as `hfscale sweep|parity|slurm ... -- TRAIN FLAGS`."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
 
 
 def launch_command(train_args: list[str], nproc: int, config_file: str | None = None,
@@ -144,7 +146,7 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
 def check_accelerate_config(path) -> dict:
     """What `accelerate launch --config_file` would reject, as one line naming the file: missing, malformed YAML,
     not a mapping, an unknown distributed_type, keys accelerate does not know, a DeepSpeed JSON that is missing."""
-    from .configs import load_yaml
+    from .files import load_yaml
     from .errors import HfscaleError, one_of
 
     config = load_yaml(path)
@@ -164,7 +166,7 @@ def check_accelerate_config(path) -> dict:
 def _deepspeed_json(config: dict, config_path: Path) -> str | None:
     """The DeepSpeed JSON a launcher config names, as a path that exists from here: as written (relative to the
     working directory, as accelerate reads it), else the copy shipped with hfscale under the same name."""
-    from .configs import config_dir
+    from .parallel.configs import config_dir
     from .errors import HfscaleError
 
     name = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
@@ -185,10 +187,10 @@ def default_num_processes() -> int:
 
 def main(argv: list[str]) -> int:
     """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
-    from .configs import load_json
-    from .distributed import check_agree, config_strategy
+    from .files import load_json
+    from .parallel.distributed import check_agree, config_strategy
     from .errors import ArgumentParser, HfscaleError
-    from .strategies import get_strategy
+    from .parallel.strategies import get_strategy
 
     parser = ArgumentParser(
         prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours

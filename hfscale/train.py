@@ -57,7 +57,7 @@ def checkpointing(args) -> bool:
 
 def prepare_output_dir(args, name: str) -> None:
     """Default run directory runs/<run name>; a finished run's results are not overwritten unless asked."""
-    from hfscale.results import RESULTS_FILE, read_results
+    from hfscale.run.results import RESULTS_FILE, read_results
 
     if args.hfscale_auto_output_dir:
         args.output_dir = str(Path("runs") / name)
@@ -79,7 +79,7 @@ def prepare_output_dir(args, name: str) -> None:
 
 def resume_checkpoint(args, shape) -> str | None:
     """The complete checkpoint to resume from (or None); interrupted saves are set aside by rank 0 first."""
-    from hfscale.checkpoints import identity, resolve_resume, set_aside_incomplete
+    from hfscale.run.checkpoints import identity, resolve_resume, set_aside_incomplete
 
     args.hfscale_checkpoint_identity = identity(args.strategy, args.hfscale_optim, args.world_size, shape)
     resume = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), args.hfscale_checkpoint_identity)
@@ -116,7 +116,7 @@ def environment(args) -> dict:
 
 def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
     """(peak used for MFU, where it came from, measured peak or None). Never a GPU peak on a CPU."""
-    from hfscale.peaks import measure_peak_tflops, table_peak
+    from hfscale.numbers.peaks import measure_peak_tflops, table_peak
 
     on_cuda = env["device_type"] == "cuda"
     measured = None
@@ -132,7 +132,7 @@ def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
 
 
 def load_data(model_args, data_args, args, vocab_size: int, seq_len: int):
-    from hfscale import data
+    from hfscale.run import data
 
     with args.main_process_first(local=True, desc="tokenize and pack"):
         raw = data.load_raw_text(data_args)
@@ -146,7 +146,7 @@ def load_data(model_args, data_args, args, vocab_size: int, seq_len: int):
 
 
 def build(model_args, args, shape, tokenizer):
-    from hfscale.models import build_model, load_pretrained
+    from hfscale.run.models import build_model, load_pretrained
 
     if model_args.model_name_or_path:
         model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
@@ -160,13 +160,13 @@ def build(model_args, args, shape, tokenizer):
 def model_shape(model_args):
     if model_args.shape is not None:
         return model_args.shape
-    from hfscale.models import pretrained_shape
+    from hfscale.run.models import pretrained_shape
 
     return pretrained_shape(model_args.model_name_or_path, model_args.trust_remote_code)
 
 
 def base_record(model_args, data_args, args, shape, model, seq_len: int, env: dict) -> dict:
-    from hfscale.metrics import param_count, param_count_bigscience
+    from hfscale.numbers.metrics import param_count, param_count_bigscience
 
     return {
         "run_name": args.run_name, "output_dir": args.output_dir, "strategy": args.strategy, "optim": args.hfscale_optim,
@@ -190,10 +190,10 @@ def base_record(model_args, data_args, args, shape, model, seq_len: int, env: di
 def make_trainer(model_args, args, shape, model, blocks, seq_len, env, record):
     from transformers import default_data_collator
 
-    from hfscale.measure import Meter, MeasureCallback, TensorBoardWriter
-    from hfscale.parallel import PowerSGDConfig
-    from hfscale.strategies import get_strategy
-    from hfscale.trainer import HfscaleTrainer, StrategyCallback
+    from hfscale.run.measure import Meter, MeasureCallback, TensorBoardWriter
+    from hfscale.parallel.hooks import PowerSGDConfig
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
 
     strategy = get_strategy(args.strategy)
     peak, peak_source, measured = peak_tflops(args, env)
@@ -223,9 +223,9 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
     """Whole-run figures, peak memory over all ranks, final weights fingerprint; then the results file."""
     import torch
 
-    from hfscale.measure import figures_dict, memory_now
-    from hfscale.metrics import tokens_per_step
-    from hfscale.verify import probe_logits, weights_fingerprint
+    from hfscale.run.measure import figures_dict, memory_now
+    from hfscale.numbers.metrics import tokens_per_step
+    from hfscale.parallel.verify import probe_logits, weights_fingerprint
 
     figures, steps = meter.whole_run() if meter else (None, 0)
     memory = memory_now(env["device_type"] == "cuda")
@@ -253,7 +253,7 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from hfscale.distributed import shutdown
+    from hfscale.parallel.distributed import shutdown
 
     try:
         run(argv)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
 def check_args(argv: list[str] | None):
     """Every check of the command line that needs no data, model weights or output directory: the flags parse, the
     names exist, the choices fit together, the sizes are possible. Raises HfscaleError (and only that) otherwise."""
-    from hfscale.args import parse_args
+    from hfscale.run.args import parse_args
 
     model_args, data_args, args = parse_args(argv)
     shape = model_shape(model_args)
@@ -275,7 +275,7 @@ def check_args(argv: list[str] | None):
 
 def run(argv: list[str] | None) -> None:
     """One training run, start to results file."""
-    from hfscale.distributed import has_accelerator
+    from hfscale.parallel.distributed import has_accelerator
 
     if not has_accelerator():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
@@ -286,8 +286,8 @@ def run(argv: list[str] | None) -> None:
 
     from transformers import set_seed
 
-    from hfscale.measure import print_summary
-    from hfscale.results import RunRecord
+    from hfscale.run.measure import print_summary
+    from hfscale.run.results import RunRecord
 
     resume = resume_checkpoint(args, shape)
     set_seed(args.seed)

@@ -68,8 +68,8 @@ def test_unwritable_output_dir(tmp_path):
 
 def _checkpoint(tmp_path, **changes) -> Path:
     """A complete checkpoint's marker as a 1-process ddp run of `tiny` writes it, with some fields changed."""
-    from hfscale.checkpoints import MARKER, identity
-    from hfscale.models import resolve_shape
+    from hfscale.run.checkpoints import MARKER, identity
+    from hfscale.run.models import resolve_shape
 
     marker = {**identity("ddp", "adamw", 1, resolve_shape("tiny")), "step": 4}
     for key, value in changes.items():

@@ -10,11 +10,11 @@ import pytest
 
 from conftest import REPO, run
 from hfscale.launch import classify
-from hfscale.megatron import import_log, parse_log, parse_name
-from hfscale.parity import compare, weights_deviation
-from hfscale.report import COLUMNS, write_report
-from hfscale.results import write_results
-from hfscale.sweep import RunSpec, SweepSpec, expand
+from hfscale.compare.megatron import import_log, parse_log, parse_name
+from hfscale.compare.parity import compare, weights_deviation
+from hfscale.compare.report import COLUMNS, write_report
+from hfscale.run.results import write_results
+from hfscale.compare.sweep import RunSpec, SweepSpec, expand
 
 DATA = REPO / "tests" / "data"
 GOOD_LOG = DATA / "61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out"
@@ -174,9 +174,9 @@ def test_report_refuses_what_is_not_a_results_file(tmp_path):
 
 
 def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
-    from hfscale.metrics import param_count
-    from hfscale.models import build_model, resolve_shape
-    from hfscale.sweep import stub_results
+    from hfscale.numbers.metrics import param_count
+    from hfscale.run.models import build_model, resolve_shape
+    from hfscale.compare.sweep import stub_results
 
     spec = RunSpec("zero2_offload", "adamw_8bit", 2, 4, 1, False)
     fixed = ["--model", "tiny", "--n_layer", "3"]

@@ -108,7 +108,7 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hfscale.verify import probe_ids
+    from hfscale.parallel.verify import probe_ids
 
     model = AutoModelForCausalLM.from_pretrained(exported)
     with torch.no_grad():

@@ -57,12 +57,12 @@ def argv(draw) -> list[str]:
 @pytest.fixture()
 def offline_parser(monkeypatch):
     """The parser without the process-group set-up that only a launched run needs (it would leave state behind)."""
-    import hfscale.args
+    import hfscale.run.args
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.chdir(REPO)  # the relative ds_configs/ paths above
-    monkeypatch.setattr(hfscale.args, "prepare_processes", lambda strategy: {"use_cpu": True})
+    monkeypatch.setattr(hfscale.run.args, "prepare_processes", lambda strategy: {"use_cpu": True})
     from hfscale.train import check_args
 
     return check_args
@@ -90,7 +90,7 @@ SWEEP_KEYS = ["strategies", "optims", "nprocs", "micro_batch_sizes", "grad_accum
 def test_any_sweep_spec_is_accepted_or_refused_in_one_line(tmp_path_factory, spec):
     import yaml
 
-    from hfscale.sweep import parse_sweep
+    from hfscale.compare.sweep import parse_sweep
 
     path = tmp_path_factory.mktemp("spec") / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hfscale import metrics
-from hfscale.metrics import ModelShape
-from hfscale.models import PRESETS, hf_config
+from hfscale.numbers import metrics
+from hfscale.numbers.metrics import ModelShape
+from hfscale.run.models import PRESETS, hf_config
 
 
 def _model(shape, attn="eager", device=None):
@@ -84,7 +84,7 @@ def test_step_figures_are_consistent():
 
 
 def test_peak_table_never_claims_a_cpu_peak():
-    from hfscale.peaks import table_peak
+    from hfscale.numbers.peaks import table_peak
 
     assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert table_peak("NVIDIA H100 PCIe", "bf16") == 756.0

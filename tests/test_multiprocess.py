@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, TINY, accelerate_launch, run, train
-from hfscale.results import read_results
+from hfscale.run.results import read_results
 
 pytestmark = pytest.mark.multiprocess
 

@@ -5,7 +5,7 @@ import re
 import shlex
 
 from conftest import REPO, run
-from hfscale.launch import free_port
+from hfscale.parallel.distributed import free_port
 
 
 def readme_command(marker: str) -> list[str]:

@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
-from hfscale.configs import config_dir
+from hfscale.parallel.configs import config_dir
 from hfscale.errors import HfscaleError
-from hfscale.strategies import (INCOMPATIBLE, OPTIMIZERS, all_strategies, check_pair, get_strategy,
+from hfscale.parallel.strategies import (INCOMPATIBLE, OPTIMIZERS, all_strategies, check_pair, get_strategy,
                                 load_deepspeed_config, matrix_markdown)
 
 NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
@@ -74,7 +74,7 @@ def test_chained_comm_hook_finishes_before_ddp_goes_on():
 
     import torch
 
-    from hfscale.parallel import in_launch_order
+    from hfscale.parallel.hooks import in_launch_order
 
     def slow_chain(state, bucket):  # a future completed later, from another thread, as gloo's are
         fut = torch.futures.Future()
@@ -90,7 +90,7 @@ def test_powersgd_on_gloo_registers_the_ordered_hook(tmp_path):
     import torch
     import torch.distributed as dist
 
-    from hfscale.parallel import PowerSGDConfig, apply_powersgd
+    from hfscale.parallel.hooks import PowerSGDConfig, apply_powersgd
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

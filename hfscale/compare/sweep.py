@@ -18,9 +18,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import ArgumentParser, HfscaleError, one_of
-from .launch import STATUSES, flag_value, run_training
-from .results import RESULTS_FILE, atomic_write_text, read_results, write_results
+from ..errors import ArgumentParser, HfscaleError, one_of
+from ..launch import STATUSES, flag_value, run_training, split_train_args
+from ..files import atomic_write_text
+from ..run.results import RESULTS_FILE, read_results, write_results
 
 SWEEP_FILE = "sweep.json"
 
@@ -38,7 +39,7 @@ class SweepSpec:
     out: str = "runs/sweep"
 
     def __post_init__(self):
-        from .strategies import OPTIMIZERS, all_strategies
+        from ..parallel.strategies import OPTIMIZERS, all_strategies
 
         for name in self.strategies:
             if name not in all_strategies():
@@ -86,7 +87,7 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
 
 
 def load_spec(path: Path) -> dict:
-    from .configs import load_yaml
+    from ..files import load_yaml
 
     if not Path(path).is_file():
         raise HfscaleError(f"sweep spec {path}: file not found")
@@ -132,8 +133,8 @@ def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str])
 def planned_params(fixed: list[str]) -> int | None:
     """The parameter count (formula) of the model the fixed args ask for, so a row that never ran still has a Size;
     None for a pretrained checkpoint or args that do not describe a model."""
-    from .metrics import param_count
-    from .models import resolve_shape
+    from ..numbers.metrics import param_count
+    from ..run.models import resolve_shape
 
     if flag_value(fixed, "--model_name_or_path"):
         return None
@@ -173,7 +174,7 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
 def run_sweep(spec: SweepSpec, retry_failed: bool = False, progress: bool = True) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from .strategies import check_pair
+    from ..parallel.strategies import check_pair
 
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,10 +244,7 @@ def build_parser() -> ArgumentParser:
 
 def parse_sweep(argv: list[str]) -> tuple[SweepSpec, argparse.Namespace]:
     """The command line (and its --spec file) as a checked SweepSpec; HfscaleError for anything wrong."""
-    fixed: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, fixed = argv[:cut], argv[cut + 1:]
+    argv, fixed = split_train_args(argv)
     opts = build_parser().parse_args(argv)
     values = load_spec(opts.spec) if opts.spec else {}
     for key in ("strategies", "optims", "nprocs", "micro_batch_sizes", "grad_accum", "checkpointing", "timeout", "out"):

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from transformers import TrainerCallback
 
-from . import metrics
+from ..numbers import metrics
 
 GB = 1e9
 

@@ -47,6 +47,13 @@ def param_count_bigscience(n_layer: int, hidden: int, seq: int, vocab: int) -> i
     return n_layer * (12 * h * h + 13 * h) + vocab * h + seq * h + 2 * h
 
 
+def size_label(params: float | None) -> str:
+    """A model size as people write it: 124M, 1.3B, 176B (1e9, not 2^30: the BigScience notes' mistake)."""
+    if not params:
+        return "?"
+    return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+
+
 def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
     """Matmul FLOPs of one forward pass over one sequence of `seq` tokens, by component.
 

@@ -5,8 +5,8 @@ A preset is only a ModelShape; the model is built from a transformers config so 
 
 from dataclasses import replace
 
-from .errors import HfscaleError, one_of
-from .metrics import ModelShape
+from ..errors import HfscaleError, one_of
+from ..numbers.metrics import ModelShape
 
 GPT2_VOCAB, BLOOM_VOCAB = 50257, 250880
 

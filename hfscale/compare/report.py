@@ -8,14 +8,13 @@ import base64
 import csv
 import io
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ArgumentParser, HfscaleError
-from .metrics import days_to_train
-from .results import RESULTS_FILE, atomic_write_text, read_results
+from ..errors import ArgumentParser, HfscaleError
+from ..numbers.metrics import days_to_train, size_label
+from ..files import atomic_path, atomic_write_text
+from ..run.results import RESULTS_FILE, read_results
 
 BUDGET = 100e9  # the days/100B column
 COLUMNS = ["GPUs", "Size", "Strategy", "Optim", "DP", "MBS", "GAS", "GBS", "Speed (s/it)", "TFLOPs/GPU", "MFU",
@@ -64,12 +63,6 @@ def find_results(paths: list[Path]) -> list[Path]:
     if not found:
         raise HfscaleError(f"no {RESULTS_FILE} under {', '.join(map(str, paths))}; run `hfscale train` or `hfscale sweep` first")
     return list(dict.fromkeys(p.resolve() for p in found))
-
-
-def size_label(params: int | None) -> str:
-    if not params:
-        return "?"
-    return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
 
 
 def _notes(results: dict, status: str) -> str:
@@ -156,17 +149,6 @@ def _label(row: Row) -> str:
     return f"{row.strategy}/{row.optim}"
 
 
-def _save(fig, path: Path) -> None:
-    """savefig to a temporary file in the same folder, then rename: a reader never sees half a PNG."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def plots(rows: list[Row], out: Path) -> list[Path]:
     import matplotlib
 
@@ -178,7 +160,8 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
 
     def finish(fig, name):
         path = out / name
-        _save(fig, path)
+        with atomic_path(path) as tmp:  # a reader never sees half a PNG
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
         plt.close(fig)
         written.append(path)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 
-from . import verify
-from .parallel import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd, save_powersgd
+from ..parallel import verify
+from ..parallel.hooks import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd, save_powersgd
 
 logger = logging.getLogger("hfscale")
 

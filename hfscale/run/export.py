@@ -11,7 +11,7 @@ The checkpoint must be complete (hfscale_checkpoint.json written after every ran
 from pathlib import Path
 
 from .checkpoints import MARKER, is_complete, read_marker
-from .errors import ArgumentParser, HfscaleError, one_of
+from ..errors import ArgumentParser, HfscaleError, one_of
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -59,7 +59,7 @@ def _fsdp_state_dict(checkpoint: Path, model) -> dict:
 
 
 def consolidated_state_dict(checkpoint: Path, model) -> dict:
-    from .strategies import get_strategy
+    from ..parallel.strategies import get_strategy
 
     engine = get_strategy(read_marker(checkpoint)["strategy"]).engine
     if engine == "deepspeed":

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .configs import config_dir, load_json, load_yaml
-from .errors import HfscaleError, one_of
+from ..files import load_json, load_yaml
+from .configs import config_dir
+from ..errors import HfscaleError, one_of
 
 ENGINES = ("ddp", "fsdp", "deepspeed")
 STATE_KINDS = ("parameters", "gradients", "optimizer_states")

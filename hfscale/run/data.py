@@ -7,12 +7,12 @@ Tokenizing and packing happen once per machine (the local main process builds, t
 import hashlib
 import json
 import os
-import shutil
 import sys
 import sysconfig
 from pathlib import Path
 
-from .errors import HfscaleError
+from ..errors import HfscaleError
+from ..files import atomic_write_dir
 
 EMBEDDED = "python-stdlib"
 EOS = "<|endoftext|>"
@@ -89,19 +89,8 @@ def train_default_tokenizer(texts, vocab_size: int, out_dir: Path):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS)
-    _atomic_save(out_dir, fast.save_pretrained)
+    atomic_write_dir(out_dir, fast.save_pretrained)
     return fast
-
-
-def _atomic_save(out_dir: Path, save) -> None:
-    """Write a folder under a temporary name and rename it into place: readers never see half of it."""
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(str(tmp))
-    try:
-        os.replace(tmp, out_dir)
-    except OSError:  # another process got there first; its copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_tokenizer(data_args, model_name_or_path, vocab_size: int, raw, trust_remote_code: bool):
@@ -154,7 +143,7 @@ def packed_dataset(data_args, tokenizer, raw, seq_len: int):
     key = _digest([source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len])
     out = Path(data_args.cache_dir) / f"packed-{key}"
     if not out.is_dir():
-        _atomic_save(out, pack(raw, tokenizer, data_args.text_column, seq_len).save_to_disk)
+        atomic_write_dir(out, pack(raw, tokenizer, data_args.text_column, seq_len).save_to_disk)
     blocks = datasets.load_from_disk(str(out))
     if len(blocks) == 0:
         raise HfscaleError(f"the dataset yields no full block of seq_len {seq_len} tokens; use more text or a shorter --seq_len")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .configs import load_json, load_yaml
+from ..files import load_json, load_yaml
 from .data import EMBEDDED
-from .distributed import (has_accelerator, launcher_deepspeed_config, launcher_world_size, prepare_processes,
+from ..parallel.distributed import (has_accelerator, launcher_deepspeed_config, launcher_world_size, prepare_processes,
                           resolve_strategy)
-from .errors import HfscaleError
+from ..errors import HfscaleError
 from .models import PRESETS, resolve_shape
-from .strategies import (OPTIMIZERS, all_strategies, check_optimizer, check_pair, get_strategy, hf_optim_name,
+from ..parallel.strategies import (OPTIMIZERS, all_strategies, check_optimizer, check_pair, get_strategy, hf_optim_name,
                          load_deepspeed_config)
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hfscale")

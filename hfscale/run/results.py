@@ -7,28 +7,12 @@ Schema (version 1) — documented in docs/results.md:
 """
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from ..files import atomic_write_text
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over the target."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_results(output_dir: Path, results: dict) -> Path:

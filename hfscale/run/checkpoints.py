@@ -13,8 +13,8 @@ import re
 import time
 from pathlib import Path
 
-from .errors import HfscaleError
-from .results import atomic_write_text
+from ..errors import HfscaleError
+from ..files import atomic_write_text
 
 logger = logging.getLogger("hfscale")
 

@@ -13,9 +13,9 @@ the log says it ran out of memory).
 import re
 from pathlib import Path
 
-from .errors import ArgumentParser, HfscaleError
-from .metrics import bigscience_tflops_per_gpu, days_to_train
-from .results import write_results
+from ..errors import ArgumentParser, HfscaleError
+from ..numbers.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
+from ..run.results import write_results
 
 ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][+-]?\d+)?)")
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/")
@@ -38,7 +38,7 @@ def parse_name(name: str) -> dict:
 
 
 def parse_log(text: str) -> dict:
-    from .launch import OOM_MARKERS
+    from ..launch import OOM_MARKERS
 
     times, losses, gbs = [], [], None
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
@@ -79,7 +79,7 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int, params: float | No
     record = {
         "source": "megatron-log", "log_file": str(path.resolve()), "run_name": path.stem,
         "strategy": f"megatron-tp{tp}-pp{pp}", "optim": "?",
-        "model": {"name": name.get("size") or size_text(n_params), "params_model": n_params},
+        "model": {"name": name.get("size") or size_label(n_params), "params_model": n_params},
         "config": {"world_size": world, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs, "grad_accum": gas,
                    "global_batch_size": gbs, "seq_len": seq_len, "checkpointing": checkpointing,
                    "token_budget": token_budget},
@@ -101,10 +101,6 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int, params: float | No
             "days_to_budget": days, "gpu_days_to_budget": gpu_days, "iterations_averaged": len(measured),
             "iterations_skipped": len(log["iteration_s"]) - len(measured)}
     return {**record, "status": "ok", "error": None, "perf": perf}
-
-
-def size_text(params: float) -> str:
-    return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
 
 
 def main(argv: list[str]) -> None:

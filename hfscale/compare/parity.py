@@ -15,9 +15,10 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import ArgumentParser, HfscaleError, one_of
-from .launch import flag_value, run_training
-from .results import atomic_write_text, read_results
+from ..errors import ArgumentParser, HfscaleError, one_of
+from ..launch import flag_value, run_training, split_train_args
+from ..files import atomic_write_text
+from ..run.results import read_results
 
 REFERENCE = "ddp"
 EXPECTED = {
@@ -132,12 +133,9 @@ def table(comparisons: list[Comparison], tolerance: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from .strategies import all_strategies
+    from ..parallel.strategies import all_strategies
 
-    fixed: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, fixed = argv[:cut], argv[cut + 1:]
+    argv, fixed = split_train_args(argv)
     parser = ArgumentParser(prog="hfscale parity", description="Compare strategies' loss/grad-norm curves and final "
                             "weights with ddp on the same data, seed and precision. Trainer flags go after `--`.")
     parser.add_argument("--strategies", default="zero1,zero2,zero3,fsdp", help="comma-separated (default zero1,zero2,zero3,fsdp)")

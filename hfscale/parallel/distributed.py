@@ -14,7 +14,7 @@ Traps this module exists for (each seen with transformers 5 / accelerate 1.x on 
 import os
 import socket
 
-from .errors import HfscaleError
+from ..errors import HfscaleError
 from .strategies import Strategy, all_strategies
 
 
@@ -81,7 +81,7 @@ def launcher_deepspeed_config() -> str | None:
 
 
 def _json_or_none(path: str) -> dict | None:
-    from .configs import load_json
+    from ..files import load_json
 
     try:
         return load_json(path) if path and os.path.isfile(path) else None

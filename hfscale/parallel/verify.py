@@ -4,7 +4,7 @@
 StrategyMismatch (a one-line error) when the run is not what the user asked for.
 """
 
-from .errors import HfscaleError
+from ..errors import HfscaleError
 from .strategies import Strategy
 
 # A shard may be a little larger than total/N (padding, uneven splits); anything near a full copy is not sharded.

@@ -1,0 +1,83 @@
+"""Files a crash cannot spoil, and reading the YAML/JSON a user hands us with errors that name the file.
+
+One mechanism for every atomic write: produce the new content under a temporary name in the same folder, then
+rename it over the target, so a reader sees the old version or the new one, never half of either.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from .errors import HfscaleError
+
+
+@contextmanager
+def atomic_path(path: Path):
+    """Yield a temporary path beside `path`; write it inside the block; it replaces `path` when the block succeeds
+    and is removed when it fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write text through atomic_path, fsynced before the rename (a power cut leaves the old file, not an empty one)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_dir(out_dir: Path, save) -> None:
+    """`save(tmp_dir)` writes a whole folder, which is renamed into place. When another process got there first
+    (the rename finds a non-empty folder), its copy is kept: callers use this for caches whose content is the same."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save(str(tmp))
+        os.replace(tmp, out_dir)
+    except OSError:
+        if not out_dir.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_yaml(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise HfscaleError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise HfscaleError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(data, dict):
+        raise HfscaleError(f"{path}: malformed YAML: expected a mapping at the top level")
+    return data
+
+
+def load_json(path: Path, what: str = "JSON") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise HfscaleError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise HfscaleError(f"{path}: malformed {what}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise HfscaleError(f"{path}: malformed {what}: not UTF-8 text ({err.reason})") from None
+    if not isinstance(data, dict):
+        raise HfscaleError(f"{path}: malformed {what}: expected an object at the top level")
+    return data
