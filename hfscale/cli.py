@@ -27,7 +27,7 @@ def cmd_peak(argv: list[str]) -> None:
     opts = parser.parse_args(argv)
     import torch
 
-    from .numbers.peaks import measure_peak_tflops, table_peak
+    from .formulas.peaks import measure_peak_tflops, table_peak
 
     on_cuda = torch.cuda.is_available()
     device = "cuda" if on_cuda else "cpu"

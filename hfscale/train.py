@@ -7,8 +7,10 @@ train -> results. Every TrainingArguments flag works; `--strategy` and `--optim`
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.py): make the package importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.py): make the package importable,
+    # and take hfscale/ itself off the path, so its modules and subpackages never shadow top-level ones
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [os.path.dirname(_here), *(p for p in sys.path if os.path.abspath(p or ".") != _here)]
     __package__ = "hfscale"
 
 import logging  # noqa: E402
@@ -45,21 +47,23 @@ def precision(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
 
 
-def run_name(model_args, args, seq_len: int) -> str:
-    ckpt = "-ac" if checkpointing(args) else ""
-    return (f"{args.strategy}-{args.hfscale_optim}-{model_args.name}-dp{args.world_size}-"
-            f"mbs{args.per_device_train_batch_size}-gas{args.gradient_accumulation_steps}-seq{seq_len}{ckpt}-{precision(args)}")
+def run_name(model_args, args, state) -> str:
+    ckpt = "-ac" if activation_checkpointing(args) else ""
+    return (f"{state.strategy.name}-{state.optim}-{model_args.name}-dp{args.world_size}-"
+            f"mbs{args.per_device_train_batch_size}-gas{args.gradient_accumulation_steps}-seq{state.seq_len}{ckpt}-"
+            f"{precision(args)}")
 
 
-def checkpointing(args) -> bool:
+def activation_checkpointing(args) -> bool:
+    """Recompute activations in the backward pass (--activation_checkpointing, or the deprecated gradient_ alias)."""
     return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
 
 
-def prepare_output_dir(args, name: str) -> None:
+def prepare_output_dir(args, state, name: str) -> None:
     """Default run directory runs/<run name>; a finished run's results are not overwritten unless asked."""
     from hfscale.run.results import RESULTS_FILE, read_results
 
-    if args.hfscale_auto_output_dir:
+    if state.auto_output_dir:
         args.output_dir = str(Path("runs") / name)
     if args.run_name is None:
         args.run_name = name
@@ -77,16 +81,15 @@ def prepare_output_dir(args, name: str) -> None:
         raise HfscaleError(f"--output_dir {args.output_dir} is not writable ({err.strerror})") from None
 
 
-def resume_checkpoint(args, shape) -> str | None:
+def resume_checkpoint(args, state) -> str | None:
     """The complete checkpoint to resume from (or None); interrupted saves are set aside by rank 0 first."""
     from hfscale.run.checkpoints import identity, resolve_resume, set_aside_incomplete
 
-    args.hfscale_checkpoint_identity = identity(args.strategy, args.hfscale_optim, args.world_size, shape)
-    resume = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), args.hfscale_checkpoint_identity)
-    args.hfscale_resume_from = resume
+    state.checkpoint_identity = identity(state.strategy.name, state.optim, args.world_size, state.shape)
+    state.resume_from = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), state.checkpoint_identity)
     if args.process_index == 0 and Path(args.output_dir).is_dir():
         set_aside_incomplete(Path(args.output_dir))
-    return resume
+    return state.resume_from
 
 
 def environment(args) -> dict:
@@ -116,7 +119,7 @@ def environment(args) -> dict:
 
 def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
     """(peak used for MFU, where it came from, measured peak or None). Never a GPU peak on a CPU."""
-    from hfscale.numbers.peaks import measure_peak_tflops, table_peak
+    from hfscale.formulas.peaks import measure_peak_tflops, table_peak
 
     on_cuda = env["device_type"] == "cuda"
     measured = None
@@ -165,11 +168,12 @@ def model_shape(model_args):
     return pretrained_shape(model_args.model_name_or_path, model_args.trust_remote_code)
 
 
-def base_record(model_args, data_args, args, shape, model, seq_len: int, env: dict) -> dict:
-    from hfscale.numbers.metrics import param_count, param_count_bigscience
+def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
+    from hfscale.formulas.metrics import param_count, param_count_bigscience
 
+    shape = state.shape
     return {
-        "run_name": args.run_name, "output_dir": args.output_dir, "strategy": args.strategy, "optim": args.hfscale_optim,
+        "run_name": args.run_name, "output_dir": args.output_dir, "strategy": state.strategy.name, "optim": state.optim,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"name": model_args.name, **shape.__dict__, "ffn_size": shape.ffn_size,
                   "params_formula": param_count(shape),
@@ -179,7 +183,7 @@ def base_record(model_args, data_args, args, shape, model, seq_len: int, env: di
         "config": {"world_size": args.world_size, "micro_batch_size": args.per_device_train_batch_size,
                    "grad_accum": args.gradient_accumulation_steps,
                    "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
-                   "seq_len": seq_len, "checkpointing": checkpointing(args), "precision": precision(args),
+                   "seq_len": state.seq_len, "checkpointing": activation_checkpointing(args), "precision": precision(args),
                    "max_steps": args.max_steps, "seed": args.seed, "learning_rate": args.learning_rate,
                    "token_budget": args.token_budget, "dataset": data_args.train_files or data_args.dataset,
                    "powersgd_rank": args.powersgd_rank, "powersgd_warmup_steps": args.powersgd_warmup_steps},
@@ -187,34 +191,34 @@ def base_record(model_args, data_args, args, shape, model, seq_len: int, env: di
     }
 
 
-def make_trainer(model_args, args, shape, model, blocks, seq_len, env, record):
+def make_trainer(model_args, args, state, model, blocks, env, record):
     from transformers import default_data_collator
 
     from hfscale.run.measure import Meter, MeasureCallback, TensorBoardWriter
     from hfscale.parallel.hooks import PowerSGDConfig
-    from hfscale.parallel.strategies import get_strategy
     from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
 
-    strategy = get_strategy(args.strategy)
+    strategy = state.strategy
     peak, peak_source, measured = peak_tflops(args, env)
     record.update(perf={"peak_tflops": peak, "peak_source": peak_source, "measured_peak_tflops": measured})
-    meter = Meter(shape, micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
-                  gpus=args.world_size, seq=seq_len, checkpointing=checkpointing(args), token_budget=args.token_budget,
+    meter = Meter(state.shape, micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
+                  gpus=args.world_size, seq=state.seq_len, checkpointing=activation_checkpointing(args),
+                  token_budget=args.token_budget,
                   peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda") \
         if args.measure else None
     is_main = args.process_index == 0
     tensorboard = None
-    if args.hfscale_tensorboard and is_main:
-        tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": args.strategy,
-                                                          "optim": args.hfscale_optim, "model": model_args.name})
+    if state.tensorboard and is_main:
+        tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": strategy.name,
+                                                          "optim": state.optim, "model": model_args.name})
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
-                             strategy=strategy, meter=meter, checkpoint_identity=args.hfscale_checkpoint_identity,
+                             strategy=strategy, meter=meter, checkpoint_identity=state.checkpoint_identity,
                              on_checkpoint=lambda info: record.note_checkpoint(**info))
     powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
-    trainer.add_callback(StrategyCallback(trainer, optim=args.hfscale_optim, total_params=record.data["model"]["params_model"],
-                                          powersgd=powersgd, launcher_world_size=int(os.environ["WORLD_SIZE"]),
+    trainer.add_callback(StrategyCallback(trainer, optim=state.optim, total_params=record.data["model"]["params_model"],
+                                          powersgd=powersgd, launcher_world_size=state.launcher_world_size,
                                           on_accelerator=env["device_type"] == "cuda", record=record,
-                                          resume_from=args.hfscale_resume_from))
+                                          resume_from=state.resume_from))
     trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main))
     return trainer, meter
 
@@ -224,7 +228,7 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
     import torch
 
     from hfscale.run.measure import figures_dict, memory_now
-    from hfscale.numbers.metrics import tokens_per_step
+    from hfscale.formulas.metrics import tokens_per_step
     from hfscale.parallel.verify import probe_logits, weights_fingerprint
 
     figures, steps = meter.whole_run() if meter else (None, 0)
@@ -265,38 +269,40 @@ def main(argv: list[str] | None = None) -> None:
 
 def check_args(argv: list[str] | None):
     """Every check of the command line that needs no data, model weights or output directory: the flags parse, the
-    names exist, the choices fit together, the sizes are possible. Raises HfscaleError (and only that) otherwise."""
-    from hfscale.run.args import parse_args
+    names exist, the choices fit together, the sizes are possible. Pure; raises HfscaleError (and only that).
+    Returns (model args, data args, TrainingArguments keywords, RunState)."""
+    from hfscale.run.args import RunState, parse_args
 
-    model_args, data_args, args = parse_args(argv)
+    model_args, data_args, training, decided = parse_args(argv)
     shape = model_shape(model_args)
-    return model_args, data_args, args, shape, resolve_seq_len(shape, data_args.seq_len)
+    state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), **decided)
+    return model_args, data_args, training, state
 
 
 def run(argv: list[str] | None) -> None:
     """One training run, start to results file."""
-    from hfscale.parallel.distributed import has_accelerator
+    from hfscale.parallel.distributed import setup_processes
+    from hfscale.run.args import build_training_arguments
 
-    if not has_accelerator():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
-    model_args, data_args, args, shape, seq_len = check_args(argv)
+    model_args, data_args, training, state = check_args(argv)
+    args = build_training_arguments(training, setup_processes(state.strategy))  # the process group starts here
     setup_logging(args)
-    name = run_name(model_args, args, seq_len)
-    prepare_output_dir(args, name)
+    name = run_name(model_args, args, state)
+    prepare_output_dir(args, state, name)
 
     from transformers import set_seed
 
     from hfscale.run.measure import print_summary
     from hfscale.run.results import RunRecord
 
-    resume = resume_checkpoint(args, shape)
+    resume = resume_checkpoint(args, state)
     set_seed(args.seed)
-    tokenizer, blocks = load_data(model_args, data_args, args, shape.vocab, seq_len)
-    model = build(model_args, args, shape, tokenizer)
+    tokenizer, blocks = load_data(model_args, data_args, args, state.shape.vocab, state.seq_len)
+    model = build(model_args, args, state.shape, tokenizer)
     env = environment(args)
-    record = RunRecord(args.output_dir, base_record(model_args, data_args, args, shape, model, seq_len, env),
+    record = RunRecord(args.output_dir, base_record(model_args, data_args, args, state, model, env),
                        args.process_index == 0)
-    trainer, meter = make_trainer(model_args, args, shape, model, blocks, seq_len, env, record)
+    trainer, meter = make_trainer(model_args, args, state, model, blocks, env, record)
     record.update(resumed_from=resume)
     try:
         output = trainer.train(resume_from_checkpoint=resume)

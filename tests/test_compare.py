@@ -174,7 +174,7 @@ def test_report_refuses_what_is_not_a_results_file(tmp_path):
 
 
 def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
-    from hfscale.numbers.metrics import param_count
+    from hfscale.formulas.metrics import param_count
     from hfscale.run.models import build_model, resolve_shape
     from hfscale.compare.sweep import stub_results
 

@@ -56,16 +56,19 @@ def argv(draw) -> list[str]:
 
 @pytest.fixture()
 def offline_parser(monkeypatch):
-    """The parser without the process-group set-up that only a launched run needs (it would leave state behind)."""
-    import hfscale.run.args
-
+    """check_args (pure), then the TrainingArguments built from what it returns - without the process-group set-up
+    that only a launched run needs - so transformers' own checks of the values are fuzzed too."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.chdir(REPO)  # the relative ds_configs/ paths above
-    monkeypatch.setattr(hfscale.run.args, "prepare_processes", lambda strategy: {"use_cpu": True})
+    from hfscale.run.args import build_training_arguments
     from hfscale.train import check_args
 
-    return check_args
+    def parse_and_build(argv):
+        _, _, training, _ = check_args(argv)
+        return build_training_arguments(training)
+
+    return parse_and_build
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hfscale.numbers import metrics
-from hfscale.numbers.metrics import ModelShape
+from hfscale.formulas import metrics
+from hfscale.formulas.metrics import ModelShape
 from hfscale.run.models import PRESETS, hf_config
 
 
@@ -84,7 +84,7 @@ def test_step_figures_are_consistent():
 
 
 def test_peak_table_never_claims_a_cpu_peak():
-    from hfscale.numbers.peaks import table_peak
+    from hfscale.formulas.peaks import table_peak
 
     assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert table_peak("NVIDIA H100 PCIe", "bf16") == 756.0

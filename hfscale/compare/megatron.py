@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..numbers.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
+from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
 from ..run.results import write_results
 
 ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][+-]?\d+)?)")

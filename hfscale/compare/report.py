@@ -1,7 +1,7 @@
 """`hfscale report RUN_OR_SWEEP_DIR...`: one table in the BigScience format (markdown and CSV), plots, optional HTML.
 
 Every results.json under the given directories is a row — failed runs included (OOM shown as OOM) — whether it
-came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`. Columns and conventions: docs/report.md.
+came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`. Columns and conventions: docs/compare.md.
 """
 
 import base64
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..numbers.metrics import days_to_train, size_label
+from ..formulas.metrics import days_to_train, size_label
 from ..files import atomic_path, atomic_write_text
 from ..run.results import RESULTS_FILE, read_results
 

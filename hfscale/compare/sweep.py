@@ -133,7 +133,7 @@ def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str])
 def planned_params(fixed: list[str]) -> int | None:
     """The parameter count (formula) of the model the fixed args ask for, so a row that never ran still has a Size;
     None for a pretrained checkpoint or args that do not describe a model."""
-    from ..numbers.metrics import param_count
+    from ..formulas.metrics import param_count
     from ..run.models import resolve_shape
 
     if flag_value(fixed, "--model_name_or_path"):

@@ -8,6 +8,7 @@ Traps this module exists for (each seen with transformers 5 / accelerate 1.x on 
   create accelerate's `PartialState(backend="gloo")` with ACCELERATE_USE_DEEPSPEED=true *before* the
   TrainingArguments, and let the Trainer reuse it (`accelerator_config.use_configured_state`); `use_cpu=True` is then
   harmless and lets --bf16 through (TrainingArguments refuses bf16 without a bf16 GPU unless use_cpu is set).
+  `use_cpu` is decided with the other arguments (run/args.py); the state is created here, in `setup_processes`.
 - A run started without a launcher gets a one-process group of its own, so FSDP and DeepSpeed run unchanged.
 """
 
@@ -131,18 +132,18 @@ def configure_state_for_cpu_deepspeed() -> dict:
     return {"use_configured_state": True}
 
 
-def prepare_processes(strategy: Strategy) -> dict:
-    """Everything that must happen before the TrainingArguments build their device state.
-
-    Returns the TrainingArguments overrides this needs ({} on a GPU machine: the GPU route is left alone).
-    """
+def setup_processes(strategy: Strategy) -> dict:
+    """Everything that must happen before the TrainingArguments build their device state: the one-process group
+    environment when no launcher started us, and on a CPU machine the DeepSpeed route above. Called once, explicitly,
+    by train.run(). Returns the TrainingArguments overrides this needs ({} on a GPU machine: the GPU route is left
+    alone)."""
     ensure_process_group_env()
     if has_accelerator():
         return {}
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
     if strategy.engine == "deepspeed":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        return {"accelerator_config": configure_state_for_cpu_deepspeed(), "use_cpu": True}
-    return {"use_cpu": True}
+        return {"accelerator_config": configure_state_for_cpu_deepspeed()}
+    return {}
 
 
 def shutdown(wait_for_all: bool = True) -> None:

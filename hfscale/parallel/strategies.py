@@ -1,7 +1,7 @@
 """Strategies (declarative files in strategies/) and the optimizer axis, with the one table of what pairs work.
 
 A strategy file names its engine (ddp | fsdp | deepspeed), the accelerate and DeepSpeed configs it points at,
-and what it shards and offloads. Code exists only for what no library does; see parallel.py and verify.py.
+and what it shards and offloads. Code exists only for what no library does; see hooks.py and verify.py.
 """
 
 from dataclasses import dataclass, field

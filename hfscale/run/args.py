@@ -1,7 +1,11 @@
 """Command-line arguments: three dataclasses parsed together by HfArgumentParser (a whole run fits in one JSON/YAML).
 
-Config flows one way: CLI/JSON -> dataclasses -> the strategy file fills defaults -> explicit flags win.
-Every transformers TrainingArguments flag works; hfscale adds --strategy and gives --optim its own three names.
+Config flows one way: CLI/JSON -> dataclasses -> the strategy file fills defaults -> explicit flags win. Every
+transformers TrainingArguments flag works; hfscale adds --strategy and gives --optim its own three names.
+
+Parsing is pure: `parse_args` checks everything and returns the TrainingArguments as keyword arguments plus
+hfscale's own `RunState`. Building the TrainingArguments (`build_training_arguments`) creates accelerate's device
+state and process group, so `train.run()` does it explicitly, after `parallel.distributed.setup_processes`.
 """
 
 import math
@@ -12,24 +16,23 @@ from pathlib import Path
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from ..files import load_json, load_yaml
-from .data import EMBEDDED
-from ..parallel.distributed import (has_accelerator, launcher_deepspeed_config, launcher_world_size, prepare_processes,
-                          resolve_strategy)
 from ..errors import HfscaleError
+from ..files import load_json, load_yaml
+from ..formulas.metrics import ModelShape
+from ..parallel.distributed import has_accelerator, launcher_deepspeed_config, launcher_world_size, resolve_strategy
+from ..parallel.strategies import (OPTIMIZERS, Strategy, all_strategies, check_optimizer, check_pair, get_strategy,
+                                   hf_optim_name, load_deepspeed_config)
+from .data import EMBEDDED
 from .models import PRESETS, resolve_shape
-from ..parallel.strategies import (OPTIMIZERS, all_strategies, check_optimizer, check_pair, get_strategy, hf_optim_name,
-                         load_deepspeed_config)
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
 
-def require_finite(args) -> None:
+def require_finite(values: dict) -> None:
     """NaN and infinity are never a size, a rate or a step count (transformers would crash on some: OverflowError)."""
-    for f in fields(args):
-        value = getattr(args, f.name)
+    for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise HfscaleError(f"--{f.name} must be a finite number, got {value}")
+            raise HfscaleError(f"--{name} must be a finite number, got {value}")
 
 
 @dataclass
@@ -47,7 +50,7 @@ class ModelArguments:
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
 
     def __post_init__(self):
-        require_finite(self)
+        require_finite(vars(self))
         if self.model_name_or_path is None:
             self.shape = resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head,
                                        self.ffn_hidden_size, self.vocab_size)
@@ -70,7 +73,7 @@ class DataArguments:
     cache_dir: str = field(default=DEFAULT_CACHE, metadata={"help": "Where tokenizers and packed datasets are cached (once per machine)."})
 
     def __post_init__(self):
-        require_finite(self)
+        require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
         if self.train_files:
@@ -102,22 +105,6 @@ class HfscaleTrainingArguments(TrainingArguments):
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
 
     def __post_init__(self):
-        require_finite(self)
-        check_optimizer(self.optim)
-        self.strategy = resolve_strategy(self.strategy)
-        strategy = get_strategy(self.strategy)
-        check_pair(self.strategy, self.optim)
-        self.hfscale_optim = self.optim
-        self.optim = hf_optim_name(self.optim, has_accelerator())
-        self._apply_strategy(strategy)
-        self._apply_batch_sizes()
-        self.hfscale_tensorboard, self.report_to = _split_tensorboard(self.report_to)
-        self.hfscale_auto_output_dir = self.output_dir is None
-        if self.fp16 and not has_accelerator():
-            raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
-                               "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
-        for key, value in prepare_processes(strategy).items():
-            setattr(self, key, value)
         try:
             super().__post_init__()
         except ValueError as err:  # TrainingArguments' own checks are about what the user passed
@@ -127,46 +114,92 @@ class HfscaleTrainingArguments(TrainingArguments):
             raise HfscaleError(f"{self.deepspeed}: values that contradict the Trainer flags: "
                                + "; ".join(m.lstrip("- ") for m in mismatches) + ' (use "auto" or change the flags)')
 
-    def _apply_strategy(self, strategy) -> None:
-        if strategy.engine == "deepspeed":
-            path = self.deepspeed or launcher_deepspeed_config() or strategy.deepspeed_config_path
-            if not isinstance(path, dict):
-                load_deepspeed_config(path, strategy)
-                path = str(path)
-            self.deepspeed = path
-        elif self.deepspeed:
-            raise HfscaleError(f"--deepspeed is for the zero* strategies; {strategy.name!r} is {strategy.engine}")
-        if strategy.engine == "fsdp":
-            self.fsdp = strategy.fsdp
-            self.fsdp_config = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                                **(self.fsdp_config or {})}
-        elif self.fsdp:
-            raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
-        if self.ddp_find_unused_parameters is None:
-            self.ddp_find_unused_parameters = strategy.comm_hook == "powersgd"
-        if strategy.comm_hook == "powersgd":
-            self.powersgd_rank = self.powersgd_rank or strategy.powersgd["rank"]
-            if self.powersgd_warmup_steps is None:
-                self.powersgd_warmup_steps = strategy.powersgd["warmup_steps"]
-            if self.powersgd_rank <= 0 or self.powersgd_warmup_steps < 0:
-                raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
-            if launcher_world_size() < 2:
-                raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
 
-    def _apply_batch_sizes(self) -> None:
-        world = launcher_world_size()
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-            if getattr(self, name) <= 0:
-                raise HfscaleError(f"--{name} must be positive, got {getattr(self, name)}")
-        if self.global_batch_size is not None:
-            per_step = self.per_device_train_batch_size * world
-            if self.global_batch_size <= 0 or self.global_batch_size % per_step:
-                raise HfscaleError(
-                    f"--global_batch_size {self.global_batch_size} is not a positive multiple of "
-                    f"MBS x GPUs = {self.per_device_train_batch_size} x {world} = {per_step}")
-            self.gradient_accumulation_steps = self.global_batch_size // per_step
-        if self.token_budget <= 0:
-            raise HfscaleError(f"--token_budget must be positive, got {self.token_budget}")
+@dataclass
+class RunState:
+    """hfscale's own facts about one run, decided from the arguments and passed explicitly to whatever needs them
+    (nothing of hfscale's is stored on the Trainer's args). The Trainer's `args.optim` holds transformers' name for
+    the optimizer; `optim` here is hfscale's."""
+
+    strategy: Strategy
+    optim: str
+    shape: ModelShape
+    seq_len: int
+    launcher_world_size: int  # processes the launcher started (WORLD_SIZE), before any library is asked
+    tensorboard: bool  # hfscale writes the TensorBoard events itself
+    auto_output_dir: bool  # no --output_dir: runs/<run name>
+    checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
+    resume_from: str | None = None  # the complete checkpoint this run resumes from
+
+
+def plan_training(training: dict) -> tuple[dict, dict]:
+    """The hfscale checks and strategy defaults on the TrainingArguments keywords, without building them.
+
+    Returns (the keywords to build the TrainingArguments with, hfscale's decisions for RunState). Pure: reads the
+    launcher's environment and the strategy/DeepSpeed files, changes nothing.
+    """
+    kw = dict(training)
+    require_finite(kw)
+    optim = kw["optim"]
+    check_optimizer(optim)
+    kw["strategy"] = resolve_strategy(kw["strategy"])
+    strategy = get_strategy(kw["strategy"])
+    check_pair(strategy.name, optim)
+    kw["optim"] = hf_optim_name(optim, has_accelerator())
+    _apply_strategy(kw, strategy)
+    _apply_batch_sizes(kw)
+    tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
+    if kw["fp16"] and not has_accelerator():
+        raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
+                           "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
+    if not has_accelerator():
+        kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
+    decided = dict(strategy=strategy, optim=optim, launcher_world_size=launcher_world_size(), tensorboard=tensorboard,
+                   auto_output_dir=kw["output_dir"] is None)
+    return kw, decided
+
+
+def _apply_strategy(kw: dict, strategy: Strategy) -> None:
+    if strategy.engine == "deepspeed":
+        path = kw["deepspeed"] or launcher_deepspeed_config() or strategy.deepspeed_config_path
+        if not isinstance(path, dict):
+            load_deepspeed_config(path, strategy)
+            path = str(path)
+        kw["deepspeed"] = path
+    elif kw["deepspeed"]:
+        raise HfscaleError(f"--deepspeed is for the zero* strategies; {strategy.name!r} is {strategy.engine}")
+    if strategy.engine == "fsdp":
+        kw["fsdp"] = strategy.fsdp
+        kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
+                             **(kw["fsdp_config"] or {})}
+    elif kw["fsdp"]:
+        raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
+    if kw["ddp_find_unused_parameters"] is None:
+        kw["ddp_find_unused_parameters"] = strategy.comm_hook == "powersgd"
+    if strategy.comm_hook == "powersgd":
+        kw["powersgd_rank"] = kw["powersgd_rank"] or strategy.powersgd["rank"]
+        if kw["powersgd_warmup_steps"] is None:
+            kw["powersgd_warmup_steps"] = strategy.powersgd["warmup_steps"]
+        if kw["powersgd_rank"] <= 0 or kw["powersgd_warmup_steps"] < 0:
+            raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
+        if launcher_world_size() < 2:
+            raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
+
+
+def _apply_batch_sizes(kw: dict) -> None:
+    world = launcher_world_size()
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if kw[name] <= 0:
+            raise HfscaleError(f"--{name} must be positive, got {kw[name]}")
+    if kw["global_batch_size"] is not None:
+        per_step = kw["per_device_train_batch_size"] * world
+        if kw["global_batch_size"] <= 0 or kw["global_batch_size"] % per_step:
+            raise HfscaleError(
+                f"--global_batch_size {kw['global_batch_size']} is not a positive multiple of "
+                f"MBS x GPUs = {kw['per_device_train_batch_size']} x {world} = {per_step}")
+        kw["gradient_accumulation_steps"] = kw["global_batch_size"] // per_step
+    if kw["token_budget"] <= 0:
+        raise HfscaleError(f"--token_budget must be positive, got {kw['token_budget']}")
 
 
 def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
@@ -178,6 +211,12 @@ def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
     return tensorboard, others or "none"
 
 
+def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:
+    """Build the TrainingArguments. Not pure: transformers creates accelerate's device state (and, when launched,
+    the process group) here, so it comes after `setup_processes`."""
+    return HfscaleTrainingArguments(**{**training, **(overrides or {})})
+
+
 class HfscaleArgumentParser(HfArgumentParser):
     """HfArgumentParser whose errors are one line (argparse would print the whole usage of ~150 flags first)."""
 
@@ -185,20 +224,46 @@ class HfscaleArgumentParser(HfArgumentParser):
         raise HfscaleError(message)
 
 
-def parse_args(argv: list[str] | None = None):
-    parser = HfscaleArgumentParser((ModelArguments, DataArguments, HfscaleTrainingArguments))
+DATACLASSES = (ModelArguments, DataArguments, HfscaleTrainingArguments)
+
+
+def _split_by_dataclass(values: dict, where: str) -> list[dict]:
+    """{flag: value} -> one {field: value} per dataclass; a key no dataclass has is refused (as parse_dict does)."""
+    groups = []
+    for dtype in DATACLASSES:
+        keys = {f.name for f in fields(dtype) if f.init}
+        groups.append({k: v for k, v in values.items() if k in keys})
+    unused = sorted(set(values) - {k for g in groups for k in g})
+    if unused:
+        raise HfscaleError(f"{where}Some keys are not used by the HfArgumentParser: {unused}")
+    return groups
+
+
+def _read_values(argv: list[str]) -> list[dict]:
+    parser = HfscaleArgumentParser(DATACLASSES)
     parser.prog = "hfscale train"
-    argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv[0])
         if not path.is_file():
             raise HfscaleError(f"{path}: file not found")
         data = load_json(path) if path.suffix == ".json" else load_yaml(path)
-        try:
-            return parser.parse_dict(data, allow_extra_keys=False)
-        except (ValueError, TypeError) as err:
-            raise HfscaleError(f"{path}: {' '.join(str(err).split())}") from None
+        groups = _split_by_dataclass(data, f"{path}: ")
+        defaults = _split_by_dataclass(vars(parser.parse_args([])), "")
+        return [{**d, **g} for d, g in zip(defaults, groups)]
+    namespace, remaining = parser.parse_known_args(args=argv)
+    if remaining:
+        raise HfscaleError(f"Some specified arguments are not used by the HfArgumentParser: {remaining}")
+    return _split_by_dataclass(vars(namespace), "")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, dict, dict]:
+    """(model args, data args, TrainingArguments keywords, hfscale's decisions): every check that needs no data, model
+    weights or output directory. Pure; raises HfscaleError (and only that) for anything a user got wrong."""
+    argv = sys.argv[1:] if argv is None else argv
+    model_kw, data_kw, training = _read_values(argv)
     try:
-        return parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as err:  # e.g. "Some specified arguments are not used by the HfArgumentParser: [...]"
+        model_args, data_args = ModelArguments(**model_kw), DataArguments(**data_kw)
+    except (ValueError, TypeError) as err:
         raise HfscaleError(" ".join(str(err).split())) from None
+    training, decided = plan_training(training)
+    return model_args, data_args, training, decided

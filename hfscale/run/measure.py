@@ -2,7 +2,7 @@
 
 One timing per logging step: on CUDA a single synchronize before reading the clock (the Trainer's loss
 `.item()` at a logging step synchronizes anyway); nothing is synchronized on the other steps. Figures come
-from metrics.py; this module only measures time and memory and routes the numbers.
+from formulas/metrics.py; this module only measures time and memory and routes the numbers.
 """
 
 import resource
@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from transformers import TrainerCallback
 
-from ..numbers import metrics
+from ..formulas import metrics
 
 GB = 1e9
 

@@ -6,7 +6,7 @@ A preset is only a ModelShape; the model is built from a transformers config so 
 from dataclasses import replace
 
 from ..errors import HfscaleError, one_of
-from ..numbers.metrics import ModelShape
+from ..formulas.metrics import ModelShape
 
 GPT2_VOCAB, BLOOM_VOCAB = 50257, 250880
 

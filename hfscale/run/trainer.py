@@ -42,7 +42,7 @@ class HfscaleTrainer(Trainer):
         return super().training_step(model, inputs, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's save, then: every rank done -> rank 0 marks the checkpoint complete (hfscale.checkpoints)."""
+        """The Trainer's save, then: every rank done -> rank 0 marks the checkpoint complete (run/checkpoints.py)."""
         import torch.distributed as dist
 
         from .checkpoints import dir_size_bytes, write_marker

@@ -1,0 +1,31 @@
+"""Parsing the training command line is pure: it decides, it does not start anything."""
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, env
+
+PROBE = """
+import os, sys
+before = dict(os.environ)
+from hfscale.train import check_args
+model_args, data_args, training, state = check_args(sys.argv[1:])
+from accelerate.state import PartialState
+assert dict(os.environ) == before, sorted(set(os.environ.items()) ^ set(before.items()))
+assert not PartialState._shared_state, "parsing created accelerate's state"
+import torch.distributed as dist
+assert not dist.is_initialized(), "parsing started a process group"
+assert not hasattr(model_args, 'hfscale_optim') and 'hfscale_optim' not in training
+print(state.strategy.name, state.optim, training['optim'], training['deepspeed'] is not None, training['use_cpu'])
+"""
+
+
+def test_parse_changes_no_environment_and_creates_no_state():
+    for strategy, optim, expected in (("zero3", "adamw_8bit", "zero3 adamw_8bit adamw_bnb_8bit True True"),
+                                      ("fsdp", "adamw", "fsdp adamw adamw_torch False True")):
+        proc = subprocess.run([sys.executable, "-c", PROBE, "--strategy", strategy, "--optim", optim], cwd=REPO,
+                              env={k: v for k, v in env().items() if k != "DS_ACCELERATOR"}, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split("\n")[-2] == expected
