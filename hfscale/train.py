@@ -188,13 +188,31 @@ def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
                    "token_budget": args.token_budget, "dataset": data_args.train_files or data_args.dataset,
                    "powersgd_rank": args.powersgd_rank, "powersgd_warmup_steps": args.powersgd_warmup_steps},
         "environment": env,
+        "estimate": memory_estimate(args, state, model),
     }
+
+
+def memory_estimate(args, state, model) -> dict:
+    """What hfscale.formulas.memory predicts for this very run, per rank, recorded beside what it measures."""
+    from hfscale.files import load_json
+    from hfscale.formulas.memory import rank_memory
+    from hfscale.parallel.strategies import memory_layout
+
+    ds_json = None
+    if state.strategy.engine == "deepspeed":
+        ds_json = args.deepspeed if isinstance(args.deepspeed, dict) else load_json(args.deepspeed)
+    attention = getattr(model.config, "_attn_implementation", None)
+    mem = rank_memory(state.shape, memory_layout(state.strategy, state.shape.hidden, ds_json), optim=state.optim,
+                      precision="fp32" if precision(args) == "tf32" else precision(args), ranks=args.world_size,
+                      micro_batch=args.per_device_train_batch_size, seq=state.seq_len,
+                      checkpointing=activation_checkpointing(args), attention=attention)
+    return {**mem.as_dict(), "attention": attention}
 
 
 def make_trainer(model_args, args, state, model, blocks, env, record):
     from transformers import default_data_collator
 
-    from hfscale.run.measure import Meter, MeasureCallback, TensorBoardWriter
+    from hfscale.run.measure import Meter, MeasureCallback, StepMemory, TensorBoardWriter
     from hfscale.parallel.hooks import PowerSGDConfig
     from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
 
@@ -219,7 +237,8 @@ def make_trainer(model_args, args, state, model, blocks, env, record):
                                           powersgd=powersgd, launcher_world_size=state.launcher_world_size,
                                           on_accelerator=env["device_type"] == "cuda", record=record,
                                           resume_from=state.resume_from))
-    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main))
+    trainer.step_memory = StepMemory(env["device_type"] == "cuda")
+    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, trainer.step_memory))
     return trainer, meter
 
 
@@ -233,11 +252,16 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
 
     figures, steps = meter.whole_run() if meter else (None, 0)
     memory = memory_now(env["device_type"] == "cuda")
+    step_memory = trainer.step_memory.summary()
+    per_rank = [step_memory]
     if torch.distributed.is_initialized():
         names = sorted(memory)
         peak = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=args.device)
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         memory = {n: v for n, v in zip(names, peak.tolist())}
+        per_rank = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(per_rank, step_memory)
+    memory = {**record.data.get("memory", {}), **memory, "step_per_rank": per_rank}
     cfg = record.data["config"]
     record.update(perf={**record.data["perf"], **figures_dict(figures), "measured_steps": steps,
                         "warmup_steps": args.perf_warmup_steps,

@@ -22,6 +22,31 @@ PEAK_TFLOPS = {
 }
 
 
+# Devices a user plans for (hfscale estimate/project --device NAME): memory per device in GB (1e9 bytes, as sold)
+# and the key of their dense peak in PEAK_TFLOPS.
+DEVICES = {
+    "A100-40GB": (40.0, "a100"), "A100-80GB": (80.0, "a100"), "H100-80GB": (80.0, "h100"),
+    "H100-PCIe-80GB": (80.0, "h100 pcie"), "H200-141GB": (141.0, "h200"), "V100-16GB": (16.0, "v100-sxm2-16gb"),
+    "V100-32GB": (32.0, "v100"), "A10G-24GB": (24.0, "a10g"), "L40S-48GB": (48.0, "l40s"),
+    "MI250X-128GB": (128.0, "mi250x"), "MI300X-192GB": (192.0, "mi300x"),
+}
+
+
+def device_memory_gb(name: str) -> float:
+    """Memory of a device named as in DEVICES (case-insensitive); KeyError for an unknown name."""
+    for known, (memory, _) in DEVICES.items():
+        if known.lower() == name.lower():
+            return memory
+    raise KeyError(name)
+
+
+def device_peak(name: str, dtype: str) -> float | None:
+    for known, (_, key) in DEVICES.items():
+        if known.lower() == name.lower():
+            return PEAK_TFLOPS[key].get(dtype)
+    raise KeyError(name)
+
+
 def table_peak(device_name: str, dtype: str) -> float | None:
     """The datasheet peak for this device and dtype; None for a CPU or an unknown device (never guess)."""
     name = device_name.lower()

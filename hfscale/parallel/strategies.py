@@ -156,3 +156,31 @@ def matrix_markdown() -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     reasons = sorted({r for r in INCOMPATIBLE.values()})
     return "\n".join(lines + [""] + [f"- refused: {r}" for r in reasons])
+
+
+# DeepSpeed's defaults when a JSON leaves a bucket out (deepspeed/runtime/zero/config.py), and what transformers
+# fills for "auto" (integrations/deepspeed.py: hidden^2 and 0.9 x hidden^2).
+ZERO_DEFAULT_BUCKET = 500_000_000
+
+
+def _bucket(zero: dict, key: str, auto: int) -> int:
+    value = zero.get(key, ZERO_DEFAULT_BUCKET)
+    return auto if value == "auto" else int(float(value))
+
+
+def memory_layout(strategy: Strategy, hidden: int, deepspeed_json: dict | None = None):
+    """The memory model's view of a strategy (hfscale.formulas.memory.Layout), buckets read from its DeepSpeed JSON."""
+    from ..formulas.memory import Layout
+
+    if strategy.engine != "deepspeed":
+        return Layout(engine=strategy.engine, offload_params=strategy.offloads_state("parameters"),
+                      offload_optimizer=strategy.offloads_state("optimizer_states"))
+    zero = (deepspeed_json if deepspeed_json is not None else load_json(strategy.deepspeed_config_path)).get(
+        "zero_optimization", {})
+    return Layout(engine="deepspeed", zero_stage=strategy.zero_stage,
+                  offload_optimizer=strategy.offloads_state("optimizer_states"),
+                  offload_params=strategy.offloads_state("parameters"),
+                  reduce_bucket=_bucket(zero, "reduce_bucket_size", hidden * hidden),
+                  allgather_bucket=_bucket(zero, "allgather_bucket_size", hidden * hidden),
+                  prefetch_bucket=_bucket(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden * hidden)),
+                  overlap_comm=bool(zero.get("overlap_comm", zero.get("stage") == 3)))

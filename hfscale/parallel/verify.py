@@ -69,6 +69,71 @@ def inspect_optimizer_states(optimizer) -> dict:
     }
 
 
+def _tensors(obj, depth: int = 0):
+    """Every tensor in obj (a tensor, or lists/tuples/dicts of them, a few levels deep)."""
+    if hasattr(obj, "untyped_storage"):
+        yield obj
+    elif isinstance(obj, (list, tuple)) and depth < 3:
+        for x in obj:
+            yield from _tensors(x, depth + 1)
+    elif isinstance(obj, dict) and depth < 3:
+        for x in obj.values():
+            yield from _tensors(x, depth + 1)
+
+
+def storage_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the distinct storages behind these tensors (views and shared tensors counted once; DTensors and
+    ZeRO-3 parameters by their local part). `seen` carries storages already counted elsewhere."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        t = _local(t)
+        if not hasattr(t, "untyped_storage") or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+# DeepSpeed ZeRO optimizer attributes that hold gradients (stage 1/2: per-partition views; stage 3: a flat buffer)
+# and fp32 master partitions (stage_1_and_2.py, stage3.py of DeepSpeed 0.19).
+_ZERO_GRADIENTS = ("averaged_gradients", "grad_partitions_flat_buffer", "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")
+_ZERO_MASTERS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+
+
+def measure_gradients(model_wrapped, optimizer) -> int:
+    """Bytes of gradients this rank holds right before its optimizer step: the parameters' .grad (their local shard),
+    and under DeepSpeed ZeRO the optimizer's gradient partitions and the fp32 masters' .grad."""
+    seen: set = set()
+    module = getattr(model_wrapped, "module", model_wrapped)
+    total = storage_bytes((p.grad for p in module.parameters()), seen)
+    zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
+    if zero is not None:
+        for name in _ZERO_GRADIENTS:
+            total += storage_bytes(_tensors(getattr(zero, name, None)), seen)
+        masters = [m for name in _ZERO_MASTERS for m in _tensors(getattr(zero, name, None))]
+        total += storage_bytes((m.grad for m in masters), seen)
+    return total
+
+
+def measure_model_states(model_wrapped, optimizer) -> dict:
+    """Bytes of parameters, fp32 master weights and optimizer states this rank holds, wherever they live (each storage
+    once): the independent side of the memory estimate's check."""
+    seen: set = set()
+    module = getattr(model_wrapped, "module", model_wrapped)
+    out = {"parameters": storage_bytes(module.parameters(), seen)}
+    zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
+    out["master_weights"] = sum(storage_bytes(_tensors(getattr(zero, n, None)), seen) for n in _ZERO_MASTERS) if zero else 0
+    base = _base_optimizer(optimizer)
+    out["optimizer_states"] = storage_bytes(
+        (v for state in base.state.values() for v in state.values() if hasattr(v, "numel") and v.numel() > 1), seen)
+    return out
+
+
 def inspect_wrapper(model_wrapped) -> dict:
     facts = {"wrapper": type(model_wrapped).__name__}
     if hasattr(model_wrapped, "zero_optimization_stage"):  # DeepSpeedEngine

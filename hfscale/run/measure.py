@@ -35,6 +35,80 @@ def memory_now(on_cuda: bool) -> dict:
     return out
 
 
+def _proc_status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024  # kB
+    return 0
+
+
+class StepMemory:
+    """The memory one optimizer step adds: the step's high-water mark minus the level before it, per step.
+
+    On CUDA, torch's allocator statistics (reset_peak_memory_stats, max_memory_allocated). On a CPU (Linux), the
+    kernel's resident-set high-water mark, reset per step through /proc/self/clear_refs ("5") and read from VmHWM;
+    glibc must hand freed tensors back to the kernel for this to follow the tensors (MALLOC_MMAP_THRESHOLD_=65536,
+    see docs/estimate.md), otherwise a step reuses freed heap and shows less than it holds. Where neither is
+    available the step figures are None. Costs one small /proc write and two reads per step on CPU."""
+
+    def __init__(self, on_cuda: bool):
+        self.on_cuda = on_cuda
+        self.available = on_cuda or (sys.platform.startswith("linux") and self._can_reset())
+        self.before = 0
+        self.steps: list[tuple[int, int, int]] = []  # (step, bytes before, peak bytes during the step)
+
+    @staticmethod
+    def _can_reset() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    def begin(self) -> None:
+        if not self.available:
+            return
+        if self.on_cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
+        else:
+            self.before = _proc_status_bytes("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+
+    def end(self, step: int) -> None:
+        if not self.available:
+            return
+        if self.on_cuda:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            peak = _proc_status_bytes("VmHWM")
+        self.steps.append((step, self.before, peak))
+
+    def window(self, since_step: int) -> dict:
+        """memory/* scalars over the steps after `since_step`: the largest step peak and the largest step delta."""
+        recent = [s for s in self.steps if s[0] > since_step]
+        if not recent:
+            return {}
+        return {"memory/step_peak_gb": max(p for _, _, p in recent) / GB,
+                "memory/step_delta_gb": max(p - b for _, b, p in recent) / GB}
+
+    def summary(self, skip_first: int = 1) -> dict:
+        """Whole-run figures (the first `skip_first` steps allocate the optimizer states and warm the allocator)."""
+        steps = self.steps[skip_first:] or self.steps
+        if not steps:
+            return {}
+        return {"step_peak_gb": max(p for _, _, p in steps) / GB, "step_delta_gb": max(p - b for _, b, p in steps) / GB,
+                "step_delta_gb_median": sorted(p - b for _, b, p in steps)[len(steps) // 2] / GB,
+                "step_memory_source": "cuda allocator" if self.on_cuda else "VmHWM (process RSS)"}
+
+
 class Meter:
     """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures."""
 
@@ -150,8 +224,11 @@ TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning
 class MeasureCallback(TrainerCallback):
     """Feeds the Meter from the Trainer's events and sends figures to TensorBoard and the run record."""
 
-    def __init__(self, meter: Meter | None, record, tensorboard: TensorBoardWriter | None, is_main: bool):
+    def __init__(self, meter: Meter | None, record, tensorboard: TensorBoardWriter | None, is_main: bool,
+                 step_memory: StepMemory | None = None):
         self.meter, self.record, self.tb, self.is_main = meter, record, tensorboard, is_main
+        self.step_memory = step_memory
+        self._logged_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.meter:
@@ -163,8 +240,12 @@ class MeasureCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter:
             self.meter.step_begin()
+        if self.step_memory:
+            self.step_memory.begin()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.step_memory:
+            self.step_memory.end(state.global_step)
         if self.meter:
             self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps)
 
@@ -180,8 +261,14 @@ class MeasureCallback(TrainerCallback):
         logs = logs or {}
         values = {TRAIN_SCALARS[k]: v for k, v in logs.items() if k in TRAIN_SCALARS}
         values.update({k: v for k, v in logs.items() if k.startswith(("perf/", "memory/"))})
+        if "perf/s_per_iter" in logs:  # the interval figures: their spread is the run-to-run noise (hfscale project)
+            self.record.data.setdefault("perf_history", []).append(
+                {"step": state.global_step, "s_per_iter": logs["perf/s_per_iter"]})
         if "loss" in logs:
             self.record.add_loss(state.global_step, logs)
+            if self.step_memory:  # this rank's figures (rank 0); the results file has every rank's
+                values.update(self.step_memory.window(self._logged_step))
+            self._logged_step = state.global_step
         if self.tb and self.is_main:
             self.tb.scalars(values, state.global_step)
 
@@ -210,11 +297,28 @@ def format_summary(results: dict) -> str:
         f"  memory: peak RSS {mem.get('peak_rss_gb', 0):.2f} GB"
         + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
            if "peak_allocated_gb" in mem else ""),
+        memory_line(results),
         f"  {results['config']['token_budget'] / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
         f"{cfg['world_size']} GPU(s) = {f('gpu_days_to_budget', '{:,.1f}')} GPU-days",
         f"  results: {results['output_dir']}/results.json",
     ]
     return "\n".join(lines)
+
+
+def memory_line(results: dict) -> str:
+    """Estimated vs measured memory of the rank that holds the most (hfscale.formulas.memory; docs/estimate.md)."""
+    est, mem = results.get("estimate") or {}, results.get("memory") or {}
+    ranks = [r for r in mem.get("model_states_per_rank") or [] if r]
+    steps = [r for r in mem.get("step_per_rank") or [] if r]
+    measured_states = max((sum(v or 0 for v in r.values()) for r in ranks), default=None)
+    est_states = est.get("model_states", 0) + est.get("host_offload", 0) if est else None
+    step = max((r["step_delta_gb"] for r in steps), default=None)
+
+    def gb(x, scale=GB):
+        return f"{x / scale:.3f}" if isinstance(x, (int, float)) else "n/a"
+
+    return (f"  memory per rank, estimated / measured: model states {gb(est_states)} / {gb(measured_states)} GB · "
+            f"step peak above the states {gb(est.get('activation_peak'))} / {gb(step, 1)} GB")
 
 
 def print_summary(results: dict) -> None:

@@ -97,6 +97,7 @@ class StrategyCallback(TrainerCallback):
         self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
         self.resume_from = resume_from
         self.facts: dict = {}
+        self.gradient_bytes: int | None = None
 
     @property
     def strategy(self):
@@ -126,15 +127,37 @@ class StrategyCallback(TrainerCallback):
         params = self.facts["parameters"]
         verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
+        self._measure_gradients_before_the_first_step()
         if self.powersgd is not None:
             trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
             if self.resume_from:
                 self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
         self._publish()
 
+    def _measure_gradients_before_the_first_step(self) -> None:
+        """The gradients a rank holds are measured right before its first optimizer step: by the Trainer's
+        on_pre_optimizer_step, except under DeepSpeed, whose engine steps inside accelerate's backward (so its `step`
+        is wrapped, once, on this engine instance)."""
+        engine = self.trainer.model_wrapped
+        if not hasattr(engine, "zero_optimization_stage"):
+            return
+        real_step = engine.step
+
+        def step(*args, **kwargs):
+            if self.gradient_bytes is None:
+                self.gradient_bytes = verify.measure_gradients(engine, self.trainer.optimizer)
+            return real_step(*args, **kwargs)
+
+        engine.step = step
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.gradient_bytes is None and not hasattr(self.trainer.model_wrapped, "zero_optimization_stage"):
+            self.gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped, self.trainer.optimizer)
+
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1:
             self._check_optimizer_states()
+            self._measure_model_states()
         if self.powersgd_state is not None:
             self.facts["powersgd"] = powersgd_facts(self.powersgd_state)
             if state.global_step == self.powersgd_state.start_powerSGD_iter + 1:
@@ -170,6 +193,18 @@ class StrategyCallback(TrainerCallback):
         if self.optim == "adafactor" and strategy.engine != "deepspeed":
             verify.require(states["factored"], "Adafactor states are not factored", strategy)
         self._publish()
+
+    def _measure_model_states(self) -> None:
+        """Bytes of parameters, gradients, fp32 masters and optimizer states on every rank (all ranks take part)."""
+        import torch.distributed as dist
+
+        mine = {**verify.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
+                "gradients": self.gradient_bytes}
+        ranks = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, mine)
+        self.record.data.setdefault("memory", {})["model_states_per_rank"] = ranks
 
     def _publish(self) -> None:
         self.record.update(strategy_check=self.facts)

@@ -1,0 +1,110 @@
+"""Measure what a training step of HF GPT-2/BLOOM really holds, and fit the activation constants of
+hfscale/formulas/memory.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
+
+What is measured, per shape, in a fresh process (one thread, glibc's mmap threshold fixed at 64 KiB so that freed
+tensors go back to the kernel and RSS follows the tensors alive): `activations` = resident memory after the
+forward minus before it (what autograd keeps for the backward; the weights are already resident), and `peak` = the
+kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
+level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
+features (b·s·V logits, b·s·h, b·s² mask, weight matrices), in bytes per element, for each (family, attention, precision,
+checkpointing) mode.
+
+    python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
+    python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# (n_layer, hidden, heads, vocab, seq, micro_batch): varied one or two at a time, so the features are not collinear.
+SHAPES = [(4, 256, 4, 8192, 512, 4), (8, 256, 4, 8192, 512, 4), (4, 256, 4, 8192, 256, 8), (4, 256, 4, 16384, 512, 4),
+          (4, 512, 8, 8192, 512, 4), (2, 384, 6, 4096, 384, 2), (4, 256, 8, 8192, 512, 4)]
+MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)))
+         for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
+
+PROBE = r"""
+import contextlib, json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from hfscale.formulas.metrics import ModelShape
+from hfscale.run.models import build_model
+torch.set_num_threads(1)
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+fam, attn, prec, ck = sys.argv[2].split("/")
+l, h, a, v, s, b = map(int, sys.argv[3:9])
+model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn)
+if ck == "1":
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+if prec == "bf16":
+    model.to(torch.bfloat16)
+model.train()
+autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if prec == "autocast_bf16" else contextlib.nullcontext
+opt = torch.optim.AdamW(model.parameters(), foreach=False)
+ids = torch.randint(0, v, (b, s))
+for step in range(2):  # the second step is reported: allocations settled
+    before = status("VmRSS")
+    open("/proc/self/clear_refs", "w").write("5")
+    with autocast():
+        loss = model(input_ids=ids, labels=ids).loss
+    activations = status("VmRSS") - before
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    peak = status("VmHWM") - before
+print(json.dumps({"activations": activations, "peak": peak}))
+"""
+
+
+def measure(mode: str, shape: tuple) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *map(str, shape)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        sys.exit(f"{mode} {shape} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--json", type=Path, help="also write the measurements and the fit here")
+    opts = parser.parse_args()
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from hfscale.formulas.memory import activation_features
+
+    table, measured = {}, []
+    for mode in opts.modes.split(","):
+        fam, attn, prec, ck = mode.split("/")
+        rows, ys = [], []
+        for shape in SHAPES:
+            l, h, a, v, s, b = shape
+            m = measure(mode, shape)
+            measured.append({"mode": mode, "shape": shape, **m})
+            rows.append(activation_features(l, h, a, v, s, b))
+            ys.append(m["activations"])
+            print(f"{mode:28s} {shape}  activations {m['activations'] / 1e6:8.1f} MB  peak {m['peak'] / 1e6:8.1f} MB",
+                  flush=True)
+        coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
+        fit = np.array(rows, dtype=float) @ coef
+        worst = max(abs(f - y) / y for f, y in zip(fit, ys))
+        table[mode] = [round(float(c), 3) for c in coef]
+        print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)
+    print("\nACTIVATION_COEFFICIENTS = {")
+    for mode, coef in table.items():
+        print(f"    {mode!r}: {tuple(coef)},")
+    print("}")
+    if opts.json:
+        opts.json.write_text(json.dumps({"measured": measured, "coefficients": table}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Bytes per rank of a training step, before launch: weights, gradients, optimizer states, fp32 masters,
+activations, communication buffers and a runtime allowance on the device; offloaded states and model construction
+in host RAM. Pure functions, no torch at import (the memory check in tests/ compares them with what the engines
+really hold; docs/estimate.md has the table).
+
+Conventions: N = data-parallel ranks; a "partition" is what one rank stores of a sharded tensor or group. Every
+per-rank figure is for the rank that stores the most (rank 0 where partitions are uneven), since that rank runs
+out of memory first. Bytes, not GiB; GB = 1e9.
+"""
+
+from dataclasses import asdict, dataclass, field
+from math import ceil
+
+from .metrics import ModelShape
+
+GB = 1e9
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# ---- optimizer states (per element of the tensor the optimizer steps) ------------------------------------------
+ADAMW_STATE_BYTES = 8  # torch AdamW: exp_avg + exp_avg_sq in fp32 (the step counter is a scalar)
+BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer2State: tensors with fewer elements keep two fp32 states
+BNB_BLOCK = 256  # bitsandbytes blockwise quantization: one fp32 absmax per 256 elements, for each of the 2 states
+BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantization maps, shared by every tensor on a device
+BNB_EMBEDDINGS_32BIT = True  # transformers' Trainer registers 32-bit states for nn.Embedding weights with every
+# bitsandbytes optimizer (trainer.py: manager.register_module_override(module, "weight", {"optim_bits": 32})); it
+# cannot reach DeepSpeed's flat partitions, which stay 8-bit.
+ADAFACTOR_STATE_BYTES = 4  # transformers Adafactor: fp32 row/col statistics (>= 2-D) or one per element (1-D);
+# the Trainer passes no beta1, so there is no first moment.
+
+# ---- engines ---------------------------------------------------------------------------------------------------
+MASTER_BYTES = 4  # DeepSpeed ZeRO keeps an fp32 partition of the weights for the optimizer, in fp32 runs too
+# (stage_1_and_2.py single_partition_of_fp32_groups, stage3.py fp32_partitioned_groups_flat).
+DDP_BUCKET_COPIES = 1  # torch DDP copies every gradient into flat bucket buffers (gradient_as_bucket_view=False,
+# accelerate's default): one more full gradient.
+FSDP_PREFETCH_UNITS = 2  # FSDP2 all-gathers the next block while computing the current one
+ZERO_BUCKETS_IN_FLIGHT = 2  # DeepSpeed overlap_comm double-buffers its reduce bucket (1 without overlap_comm)
+
+# ---- what torch's allocator does not count, stated as such ---------------------------------------------------------
+RUNTIME_ALLOWANCE_BYTES = 1.0 * GB  # CUDA context, cuBLAS/NCCL workspaces: outside the allocator's statistics
+FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator, as a fraction of the total
+
+# ---- activations --------------------------------------------------------------------------------------------------
+# Bytes per element of six features (see activation_features), fitted to what autograd keeps after the forward in
+# HF's GPT-2/BLOOM (transformers 5.23, torch 2.13) by benchmarks/calibrate_activations.py (7 shapes per mode;
+# mode = family/attention/precision/checkpointing). The forward's peak adds LOGITS_PEAK_COPIES fp32 logits.
+ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
+                       "weight matrices (autocast saves their bf16 copies)")
+ACTIVATION_COEFFICIENTS: dict[str, tuple[float, ...]] = {
+    'gpt2/eager/fp32/0': (112.295, 3.991, 4, 7.744, 0.509, -0.035),
+    'gpt2/eager/fp32/1': (4.092, -0.004, 4, 7.995, 4.208, -0.018),
+    'gpt2/eager/autocast_bf16/0': (60.353, 5.99, 3.999, 5.702, 0.581, 1.965),
+    'gpt2/eager/autocast_bf16/1': (3.301, -0.009, 4.178, 6.151, 4.518, 0.498),
+    'gpt2/eager/bf16/0': (56.391, 1.981, 3.992, 3.702, 0.484, -0.026),
+    'gpt2/eager/bf16/1': (2.065, -0.006, 3.997, 3.39, 2.386, 0.025),
+    'gpt2/sdpa/fp32/0': (120.206, 0.001, 3.999, 8.035, 0.255, -0.024),
+    'gpt2/sdpa/fp32/1': (4.106, -0.005, 4.001, 8.398, 0.034, -0.036),
+    'gpt2/sdpa/autocast_bf16/0': (64.243, -0, 3.996, 5.644, 0.531, 1.99),
+    'gpt2/sdpa/autocast_bf16/1': (3.311, -0.008, 4.182, 7.053, 0.432, 0.438),
+    'gpt2/sdpa/bf16/0': (60.027, 0.006, 4.009, 5.022, -0.248, -0.032),
+    'gpt2/sdpa/bf16/1': (2.139, -0.006, 3.995, 4.526, 0.088, -0.042),
+    'bloom/eager/fp32/0': (64.272, 3.99, 4, 11.844, 0.452, -0.035),
+    'bloom/eager/fp32/1': (4.057, -0.002, 4.001, 12.231, 4.137, -0.022),
+    'bloom/eager/autocast_bf16/0': (36.294, 5.991, 3.999, 9.2, 0.677, 1.998),
+    'bloom/eager/autocast_bf16/1': (3.347, -0.015, 4.175, 10.481, 4.658, 0.476),
+    'bloom/eager/bf16/0': (32.22, 5.995, 3.999, 5.681, 0.394, -0.011),
+    'bloom/eager/bf16/1': (2.111, 0, 4.001, 5.663, 1.998, 0.009),
+}
+LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.name.endswith(("wte.weight", "wpe.weight", "word_embeddings.weight"))
+
+    @property
+    def decays(self) -> bool:
+        """The Trainer's weight-decay group: matrices (biases and LayerNorm weights are excluded)."""
+        return len(self.shape) >= 2
+
+
+def parameter_tensors(shape: ModelShape) -> list[Tensor]:
+    """The trainable tensors of the HF model, in `model.parameters()` order (the LM head is tied to the embedding)."""
+    h, f, v = shape.hidden, shape.ffn_size, shape.vocab
+    if shape.family == "gpt2":  # Conv1D weights are stored [in, out]
+        head = [Tensor("transformer.wte.weight", (v, h)), Tensor("transformer.wpe.weight", (shape.positions, h))]
+        block = [("ln_1.weight", (h,)), ("ln_1.bias", (h,)), ("attn.c_attn.weight", (h, 3 * h)),
+                 ("attn.c_attn.bias", (3 * h,)), ("attn.c_proj.weight", (h, h)), ("attn.c_proj.bias", (h,)),
+                 ("ln_2.weight", (h,)), ("ln_2.bias", (h,)), ("mlp.c_fc.weight", (h, f)), ("mlp.c_fc.bias", (f,)),
+                 ("mlp.c_proj.weight", (f, h)), ("mlp.c_proj.bias", (h,))]
+        prefix, tail = "transformer.h", [Tensor("transformer.ln_f.weight", (h,)), Tensor("transformer.ln_f.bias", (h,))]
+    else:  # bloom: nn.Linear weights are stored [out, in]
+        head = [Tensor("transformer.word_embeddings.weight", (v, h)),
+                Tensor("transformer.word_embeddings_layernorm.weight", (h,)),
+                Tensor("transformer.word_embeddings_layernorm.bias", (h,))]
+        block = [("input_layernorm.weight", (h,)), ("input_layernorm.bias", (h,)),
+                 ("self_attention.query_key_value.weight", (3 * h, h)), ("self_attention.query_key_value.bias", (3 * h,)),
+                 ("self_attention.dense.weight", (h, h)), ("self_attention.dense.bias", (h,)),
+                 ("post_attention_layernorm.weight", (h,)), ("post_attention_layernorm.bias", (h,)),
+                 ("mlp.dense_h_to_4h.weight", (f, h)), ("mlp.dense_h_to_4h.bias", (f,)),
+                 ("mlp.dense_4h_to_h.weight", (h, f)), ("mlp.dense_4h_to_h.bias", (h,))]
+        prefix, tail = "transformer.h", [Tensor("transformer.ln_f.weight", (h,)), Tensor("transformer.ln_f.bias", (h,))]
+    layers = [Tensor(f"{prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block]
+    return head + layers + tail
+
+
+def block_numel(shape: ModelShape) -> int:
+    """Elements of one transformer block (an FSDP unit, a ZeRO-3 gathering unit)."""
+    h, f = shape.hidden, shape.ffn_size
+    return 4 * h * h + 2 * h * f + 9 * h + f
+
+
+# ---- optimizer states -----------------------------------------------------------------------------------------------
+
+def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full_precision: list[bool] | None = None) -> int:
+    """State bytes of `optim` stepping these tensors (each as the optimizer sees it: whole, a DTensor shard, or one of
+    DeepSpeed's flat 1-D partitions). `full_precision[i]`: bitsandbytes keeps 32-bit states for tensor i.
+    bitsandbytes' shared quantization maps are not included (BNB_QMAP_BYTES)."""
+    total = 0
+    for i, dims in enumerate(tensor_shapes):
+        n = 1
+        for d in dims:
+            n *= d
+        if n == 0:
+            continue
+        if optim == "adamw":
+            total += ADAMW_STATE_BYTES * n
+        elif optim == "adamw_8bit":
+            fp32 = n < BNB_MIN_8BIT_SIZE or (full_precision is not None and full_precision[i])
+            total += 2 * 4 * n if fp32 else 2 * n + 2 * 4 * ceil(n / BNB_BLOCK)
+        elif optim == "adafactor":
+            if len(dims) >= 2:
+                rows = n // dims[-1]
+                total += ADAFACTOR_STATE_BYTES * (rows + n // dims[-2])
+            else:
+                total += ADAFACTOR_STATE_BYTES * n
+        else:
+            raise ValueError(f"unknown optimizer {optim!r}")
+    return total
+
+
+# ---- how a strategy lays the model out --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """What the memory model needs to know about a strategy (hfscale.plan maps strategies/*.yaml onto this)."""
+
+    engine: str  # ddp | fsdp | deepspeed
+    zero_stage: int | None = None
+    offload_optimizer: bool = False  # optimizer states (and DeepSpeed's fp32 masters and fp32 gradients) on the host
+    offload_params: bool = False  # parameter partitions on the host
+    reduce_bucket: int = 0  # DeepSpeed reduce_bucket_size, elements
+    allgather_bucket: int = 0  # DeepSpeed allgather_bucket_size (ZeRO-1/2), elements
+    prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size, elements
+    overlap_comm: bool = False  # DeepSpeed double-buffers its reduce bucket to overlap reduction with the backward
+
+
+def zero_groups(tensors: list[Tensor]) -> list[int]:
+    """Elements of the Trainer's two parameter groups (decay, no decay): DeepSpeed flattens each into one tensor."""
+    decay = sum(t.numel for t in tensors if t.decays)
+    return [n for n in (decay, sum(t.numel for t in tensors) - decay) if n]
+
+
+def shard_rows(dims: tuple[int, ...], ranks: int) -> tuple[int, ...]:
+    """FSDP2 shards dim 0 in chunks of ceil(d0/N) rows; rank 0 holds a full chunk."""
+    return (min(dims[0], ceil(dims[0] / ranks)), *dims[1:])
+
+
+@dataclass
+class RankMemory:
+    """Bytes on one rank's device (and its share of host RAM) for one micro-batch size."""
+
+    parameters: int = 0
+    gradients: int = 0
+    master_weights: int = 0
+    optimizer_states: int = 0
+    activations: int = 0  # what autograd keeps after the forward
+    activation_peak: int = 0  # activations + what the backward's start adds (the step's transient peak)
+    comm_buffers: int = 0
+    host: dict = field(default_factory=dict)  # per rank, in host RAM: the offloaded part of each component
+
+    @property
+    def host_offload(self) -> int:
+        return sum(self.host.values())
+
+    def component(self, name: str) -> int:
+        """A model-state component wherever it lives (device + host): what the engine holds of it in all."""
+        return getattr(self, name) + self.host.get(name, 0)
+
+    @property
+    def model_states(self) -> int:
+        return self.parameters + self.gradients + self.master_weights + self.optimizer_states
+
+    @property
+    def allocated(self) -> int:
+        """What torch's allocator would report as the step's peak."""
+        return self.model_states + self.activation_peak + self.comm_buffers
+
+    @property
+    def device_total(self) -> int:
+        """allocated + fragmentation + the runtime allowance: compare with the device's memory."""
+        return int(self.allocated * (1 + FRAGMENTATION) + RUNTIME_ALLOWANCE_BYTES)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "model_states": self.model_states, "allocated": self.allocated,
+                "device_total": self.device_total, "host_offload": self.host_offload}
+
+
+def _offload(mem: RankMemory, *names: str) -> None:
+    for name in names:
+        mem.host[name] = mem.host.get(name, 0) + getattr(mem, name)
+        setattr(mem, name, 0)
+
+
+def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: str, ranks: int) -> RankMemory:
+    """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live."""
+    tensors = parameter_tensors(shape)
+    P = sum(t.numel for t in tensors)
+    train = DTYPE_BYTES[precision]
+    embeddings_32bit = [BNB_EMBEDDINGS_32BIT and t.is_embedding for t in tensors]
+    mem = RankMemory()
+    if layout.engine == "ddp":  # fp32 weights (autocast casts on the fly), fp32 gradients, full optimizer states
+        mem.parameters, mem.gradients = 4 * P, 4 * P
+        mem.optimizer_states = optimizer_state_bytes(optim, [t.shape for t in tensors], embeddings_32bit)
+    elif layout.engine == "fsdp":  # fp32 DTensor shards of parameters, gradients and states
+        shards = [shard_rows(t.shape, ranks) for t in tensors]
+        local = sum(Tensor("", s).numel for s in shards)
+        mem.parameters, mem.gradients = 4 * local, 4 * local
+        mem.optimizer_states = optimizer_state_bytes(optim, shards, embeddings_32bit)
+        if layout.offload_params:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the host
+            _offload(mem, "parameters", "gradients", "optimizer_states")
+    else:  # DeepSpeed: the module in the training dtype, fp32 master partitions, the optimizer on flat partitions
+        groups = [ceil(n / ranks) for n in zero_groups(tensors)]
+        partition = sum(groups)
+        if layout.zero_stage == 3:
+            mem.parameters = train * sum(ceil(t.numel / ranks) for t in tensors)
+            mem.gradients = train * partition
+        else:
+            # ZeRO-1/2 hand the optimizer views of the parameters' full gradient storage (stage_1_and_2.py
+            # get_flat_partition(..., return_tensor_list=True)): measured, the rank holding the most keeps ~P.
+            mem.parameters, mem.gradients = train * P, train * P
+        mem.master_weights = MASTER_BYTES * partition
+        mem.optimizer_states = optimizer_state_bytes(optim, [(g,) for g in groups])
+        if layout.offload_optimizer:  # DeepSpeed's CPU Adam steps the fp32 masters with an fp32 gradient on the host
+            _offload(mem, "master_weights", "optimizer_states")
+            mem.host["gradients"] = MASTER_BYTES * partition
+            if layout.zero_stage != 3:  # ZeRO-1/2 reduce straight into the host buffer
+                mem.gradients = 0
+        if layout.offload_params and layout.zero_stage == 3:
+            _offload(mem, "parameters")
+    if optim == "adamw_8bit":
+        mem.optimizer_states += BNB_QMAP_BYTES
+    return mem
+
+
+def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str) -> int:
+    """Buffers the engine allocates to communicate (the largest moment, not their sum over the step)."""
+    train = DTYPE_BYTES[precision]
+    P = sum(t.numel for t in parameter_tensors(shape))
+    if layout.engine == "ddp":
+        return DDP_BUCKET_COPIES * 4 * P
+    if layout.engine == "fsdp":  # the root unit (embeddings) stays gathered; blocks are gathered one ahead
+        root = P - shape.n_layer * block_numel(shape)
+        return train * (root + FSDP_PREFETCH_UNITS * block_numel(shape)) + 4 * block_numel(shape)
+    # A bucket never holds more than the model: DeepSpeed's default sizes (5e8 elements) exceed small models.
+    reduce = min(layout.reduce_bucket, P) * (ZERO_BUCKETS_IN_FLIGHT if layout.overlap_comm else 1)
+    gather = min(layout.prefetch_bucket, P) + block_numel(shape) if layout.zero_stage == 3 else 0
+    return train * (reduce + gather)
+
+
+# ---- activations -------------------------------------------------------------------------------------------------
+
+def activation_features(n_layer: int, hidden: int, heads: int, vocab: int, seq: int, micro_batch: int,
+                        ffn: int | None = None) -> list[int]:
+    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order."""
+    b, s, h, f = micro_batch, seq, hidden, ffn or 4 * hidden
+    return [n_layer * b * s * h, n_layer * b * heads * s * s, b * s * vocab, b * s * h, b * s * s,
+            n_layer * (4 * h * h + 2 * h * f) + vocab * h]
+
+
+def activation_mode(family: str, attention: str, compute: str, checkpointing: bool) -> str:
+    """`compute`: fp32 | autocast_bf16 (DDP's autocast over fp32 weights) | bf16 (DeepSpeed's and FSDP2's bf16 module).
+    flash_attention_2 keeps no s x s matrix, like SDPA; BLOOM has only eager attention in transformers."""
+    attn = "eager" if family == "bloom" or attention in (None, "", "eager") else "sdpa"
+    compute = "bf16" if compute == "fp16" else "autocast_bf16" if compute == "autocast_fp16" else compute
+    return f"{family}/{attn}/{compute}/{int(checkpointing)}"
+
+
+def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> tuple[int, int]:
+    """(kept after the forward, the step's peak) for one micro-batch, from the calibrated coefficients."""
+    if mode not in ACTIVATION_COEFFICIENTS:
+        raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(ACTIVATION_COEFFICIENTS)}")
+    feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
+    kept = sum(c * x for c, x in zip(ACTIVATION_COEFFICIENTS[mode], feats))
+    peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
+    if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time
+        full = ACTIVATION_COEFFICIENTS[mode[:-1] + "0"]
+        one_block = (full[0] * micro_batch * seq * shape.hidden + full[1] * micro_batch * shape.n_head * seq * seq)
+        peak_extra = max(peak_extra, one_block)
+    return int(kept), int(kept + peak_extra)
+
+
+# ---- one rank, all together ----------------------------------------------------------------------------------------
+
+def rank_memory(shape: ModelShape, layout: Layout, *, optim: str, precision: str, ranks: int, micro_batch: int,
+                seq: int, checkpointing: bool, attention: str | None) -> RankMemory:
+    mem = model_state_bytes(shape, layout, optim, precision, ranks)
+    compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
+    mem.activations, mem.activation_peak = activation_bytes(
+        shape, seq, micro_batch, activation_mode(shape.family, attention, compute, checkpointing))
+    mem.comm_buffers = comm_buffer_bytes(shape, layout, precision)
+    return mem
+
+
+def construction_host_bytes(shape: ModelShape, processes_per_node: int, sharded_init: bool, ranks: int) -> int:
+    """Host RAM per node to build the model: a full fp32 copy per process, or only its partition when built sharded
+    (zero.Init / FSDP on the meta device; not done by hfscale yet - see docs/estimate.md)."""
+    P = sum(t.numel for t in parameter_tensors(shape))
+    return processes_per_node * 4 * (ceil(P / ranks) if sharded_init else P)
+
+
+def max_micro_batch(fits, limit: int = 1 << 16) -> int:
+    """The largest micro-batch b for which fits(b) holds (0 when even 1 does not); fits must be monotone."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

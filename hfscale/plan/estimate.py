@@ -1,0 +1,215 @@
+"""`hfscale estimate`: memory per GPU before launch, for one configuration or a table over every choice.
+
+    hfscale estimate --model bloom-7b1 --strategy all --optim adamw --gpus 32 --gpus_per_node 8 \\
+        --device A100-80GB --bf16 --per_device_train_batch_size 2 --seq_len 2048 --activation_checkpointing
+
+Each row: parameters, gradients, fp32 masters, optimizer states, activations (the step's peak), communication
+buffers and the runtime allowance per GPU; host RAM per node (offloaded states, model construction); fits or not;
+the largest micro-batch that fits. The formulas are hfscale/formulas/memory.py; docs/estimate.md says what each
+term is, where its constants come from and how far it was checked.
+"""
+
+import json
+from dataclasses import dataclass
+
+from ..errors import ArgumentParser, HfscaleError, one_of
+from ..formulas.memory import GB, max_micro_batch, rank_memory, construction_host_bytes
+from ..formulas.metrics import ModelShape, param_count, size_label
+
+ALL = "all"
+ATTENTION = ("eager", "sdpa", "flash_attention_2")
+
+
+@dataclass
+class Row:
+    strategy: str
+    optim: str
+    micro_batch: int
+    refused: str | None = None
+    memory: dict | None = None  # RankMemory.as_dict(), bytes
+    host_per_node: int | None = None
+    fits: bool | None = None
+    max_micro_batch: int | None = None
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and not value > 0:
+        raise HfscaleError(f"--{name} must be positive, got {value}")
+
+
+def build_parser() -> ArgumentParser:
+    from ..formulas.peaks import DEVICES
+    from ..run.models import PRESETS
+
+    p = ArgumentParser(prog="hfscale estimate", allow_abbrev=False,
+                       description="Memory per GPU (and host RAM per node) before launch, per strategy x optimizer x "
+                                   "micro-batch; `all` for any of the three gives a table.")
+    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
+    p.add_argument("--model_name_or_path", help="a local model directory (its config.json is read)")
+    for flag in ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size"):
+        p.add_argument(f"--{flag}", type=int, help="override the preset's")
+    p.add_argument("--strategy", default=ALL, help="a strategy name or `all` (default)")
+    p.add_argument("--optim", default="adamw", help="adamw, adafactor, adamw_8bit or `all`")
+    p.add_argument("--per_device_train_batch_size", default="1", help="micro-batch per GPU, or `all` (1, 2, 4, ...)")
+    p.add_argument("--seq_len", type=int, help="tokens per sample (default: the model's positions, at most 1024)")
+    p.add_argument("--activation_checkpointing", action="store_true")
+    p.add_argument("--attn_implementation", default="sdpa", help=f"{', '.join(ATTENTION)} (default sdpa)")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs in all (data-parallel degree), default 8")
+    p.add_argument("--gpus_per_node", type=int, default=8)
+    p.add_argument("--device", default="A100-80GB", help=f"{', '.join(DEVICES)} (memory per GPU)")
+    p.add_argument("--device_memory_gb", type=float, help="memory per GPU in GB instead of a --device name")
+    p.add_argument("--host_memory_gb", type=float, help="host RAM per node in GB: also judge offload/construction")
+    p.add_argument("--json", action="store_true", help="JSON instead of the table")
+    return p
+
+
+def model_shape(opts) -> ModelShape:
+    from ..run.models import pretrained_shape, resolve_shape
+
+    if opts.model_name_or_path:
+        return pretrained_shape(opts.model_name_or_path)
+    return resolve_shape(opts.model, opts.n_layer, opts.hidden_size, opts.n_head, opts.ffn_hidden_size, opts.vocab_size)
+
+
+def choices(value: str, valid, kind: str) -> list[str]:
+    if value == ALL:
+        return list(valid)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    for name in names:
+        if name not in valid:
+            raise one_of(kind, name, [*valid, ALL])
+    return names
+
+
+def micro_batches(value: str) -> list[int] | None:
+    """None means `all`: every power of two up to the largest that fits."""
+    if value == ALL:
+        return None
+    try:
+        sizes = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise HfscaleError(f"--per_device_train_batch_size must be integers or `all`, got {value!r}") from None
+    if any(s <= 0 for s in sizes):
+        raise HfscaleError(f"--per_device_train_batch_size must be positive, got {value}")
+    return sizes
+
+
+def check(opts, shape: ModelShape) -> tuple[int, float]:
+    """(seq_len, device memory in bytes) after every check of the numbers."""
+    from ..formulas.peaks import DEVICES, device_memory_gb
+
+    for name in ("gpus", "gpus_per_node", "seq_len", "device_memory_gb", "host_memory_gb"):
+        _positive(name, getattr(opts, name))
+    if opts.gpus % opts.gpus_per_node and opts.gpus > opts.gpus_per_node:
+        raise HfscaleError(f"--gpus {opts.gpus} is not a multiple of --gpus_per_node {opts.gpus_per_node}")
+    if opts.attn_implementation not in ATTENTION:
+        raise one_of("attention implementation", opts.attn_implementation, ATTENTION)
+    if opts.bf16 and opts.fp16:
+        raise HfscaleError("--bf16 and --fp16 are exclusive")
+    seq = opts.seq_len or min(shape.positions, 1024)
+    if seq > shape.positions:
+        raise HfscaleError(f"--seq_len {seq} is longer than the model's {shape.positions} positions")
+    if opts.device_memory_gb is not None:
+        return seq, opts.device_memory_gb * GB
+    try:
+        return seq, device_memory_gb(opts.device) * GB
+    except KeyError:
+        raise one_of("device", opts.device, DEVICES) from None
+
+
+def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
+    from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, memory_layout
+
+    shape = model_shape(opts)
+    seq, device_bytes = check(opts, shape)
+    strategies = choices(opts.strategy, all_strategies(), "strategy")
+    optims = choices(opts.optim, OPTIMIZERS, "optimizer")
+    sizes = micro_batches(opts.per_device_train_batch_size)
+    precision = "bf16" if opts.bf16 else "fp16" if opts.fp16 else "fp32"
+    per_node = min(opts.gpus, opts.gpus_per_node)
+    rows = []
+    for name in strategies:
+        strategy = all_strategies()[name]
+        layout = memory_layout(strategy, shape.hidden)
+        for optim in optims:
+            reason = incompatibility(name, optim)
+            if reason is None and strategy.comm_hook == "powersgd" and opts.gpus < 2:
+                reason = "ddp_powersgd compresses the all-reduce between ranks; needs 2 or more GPUs"
+            if reason:
+                rows.append(Row(name, optim, 0, refused=reason))
+                continue
+
+            def memory(b: int):
+                return rank_memory(shape, layout, optim=optim, precision=precision, ranks=opts.gpus, micro_batch=b,
+                                   seq=seq, checkpointing=opts.activation_checkpointing,
+                                   attention=opts.attn_implementation)
+
+            def host(mem) -> int:
+                return per_node * mem.host_offload + construction_host_bytes(shape, per_node, False, opts.gpus)
+
+            def fits(b: int) -> bool:
+                mem = memory(b)
+                host_ok = opts.host_memory_gb is None or host(mem) <= opts.host_memory_gb * GB
+                return mem.device_total <= device_bytes and host_ok
+
+            best = max_micro_batch(fits)
+            for b in sizes or [2 ** k for k in range(max(best.bit_length(), 1))]:
+                mem = memory(b)
+                rows.append(Row(name, optim, b, memory=mem.as_dict(), host_per_node=host(mem), fits=fits(b),
+                                max_micro_batch=best))
+    return shape, seq, device_bytes, rows
+
+
+COLUMNS = ["strategy", "optim", "MBS", "params", "grads", "master", "optim states", "activations", "comm buf",
+           "total/GPU", "host/node", "fits", "max MBS"]
+
+
+def _gb(x) -> str:
+    return f"{x / GB:.2f}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        if r.refused:
+            lines.append(f"| {r.strategy} | {r.optim} | | | | | | | | | | refused | |")
+            continue
+        m = r.memory
+        lines.append("| " + " | ".join([
+            r.strategy, r.optim, str(r.micro_batch), _gb(m["parameters"]), _gb(m["gradients"]), _gb(m["master_weights"]),
+            _gb(m["optimizer_states"]), _gb(m["activation_peak"]), _gb(m["comm_buffers"]), _gb(m["device_total"]),
+            _gb(r.host_per_node), "yes" if r.fits else "**no**", str(r.max_micro_batch)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[str]:
+    from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES
+
+    precision = "bf16" if opts.bf16 else "fp16" if opts.fp16 else "fp32"
+    return [
+        f"model {opts.model_name_or_path or opts.model}: {size_label(param_count(shape))} parameters "
+        f"({param_count(shape):,}), {shape.n_layer} layers, hidden {shape.hidden}, vocab {shape.vocab}",
+        f"{opts.gpus} GPUs ({min(opts.gpus, opts.gpus_per_node)} per node) of {device_bytes / GB:g} GB, seq {seq}, "
+        f"{precision}, {opts.attn_implementation} attention, activation checkpointing "
+        f"{'on' if opts.activation_checkpointing else 'off'}",
+        f"total/GPU = (model states + activation peak + comm buffers) x {1 + FRAGMENTATION:g} (allocator "
+        f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",
+        "host/node = offloaded states of every GPU on the node + one full fp32 model per process while it is built",
+        "not modelled: tensor/pipeline parallelism, CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
+    ]
+
+
+def main(argv: list[str]) -> None:
+    opts = build_parser().parse_args(argv)
+    shape, seq, device_bytes, rows = estimate_rows(opts)
+    notes = assumptions(opts, shape, seq, device_bytes)
+    if opts.json:
+        print(json.dumps({"assumptions": notes, "device_memory_bytes": device_bytes,
+                          "rows": [r.__dict__ for r in rows]}, indent=2))
+        return
+    print(table(rows))
+    refused = sorted({f"{r.strategy} x {r.optim}: {r.refused}" for r in rows if r.refused})
+    for line in notes + [f"refused {x}" for x in refused]:
+        print(f"- {line}")

@@ -1,0 +1,150 @@
+"""The memory model (hfscale/formulas/memory.py) against independent sources: the model's own tensors, the real
+optimizers' state tensors, measured process memory of real training steps, and the `hfscale estimate` command."""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, run
+from hfscale.formulas import memory
+from hfscale.formulas.metrics import ModelShape, param_count
+from hfscale.run.models import PRESETS, build_model, hf_config
+
+LOPSIDED = ModelShape("gpt2", 3, 96, 6, 1000, 256, ffn=1000)
+
+
+def _meta_model(shape):
+    from transformers import BloomForCausalLM, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        return (GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM)(hf_config(shape))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-bloom", "gpt2-124m", "bloom-560m", "bigscience-176b", "lopsided"])
+def test_parameter_tensors_are_the_models(name):
+    shape = LOPSIDED if name == "lopsided" else PRESETS[name]
+    real = [(n, tuple(p.shape)) for n, p in _meta_model(shape).named_parameters()]
+    assert [(t.name, t.shape) for t in memory.parameter_tensors(shape)] == real
+    assert sum(t.numel for t in memory.parameter_tensors(shape)) == param_count(shape)
+
+
+def _state_bytes(optimizer) -> int:
+    from hfscale.parallel.verify import storage_bytes
+
+    return storage_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
+
+
+@pytest.mark.parametrize("optim", ["adamw", "adamw_8bit", "adafactor"])
+@pytest.mark.parametrize("flat", [False, True])  # per tensor (ddp), or DeepSpeed-style flat 1-D partitions
+def test_optimizer_state_bytes_equal_the_real_optimizers(optim, flat):
+    model = build_model(LOPSIDED, seed=0)
+    params = [p for p in model.parameters()]
+    if flat:  # two flat groups as DeepSpeed builds them from the Trainer's decay / no-decay groups
+        params = [torch.nn.Parameter(torch.cat([p.detach().flatten() for p in params if p.dim() >= 2])),
+                  torch.nn.Parameter(torch.cat([p.detach().flatten() for p in params if p.dim() < 2]))]
+    if optim == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-3)
+    elif optim == "adamw_8bit":
+        import bitsandbytes as bnb
+
+        opt = bnb.optim.AdamW8bit(params, lr=1e-3)
+    else:
+        from transformers.optimization import Adafactor
+
+        opt = Adafactor(params, lr=1e-3, scale_parameter=False, relative_step=False)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    expected = memory.optimizer_state_bytes(optim, [tuple(p.shape) for p in params])
+    if optim == "adamw_8bit":
+        expected += memory.BNB_QMAP_BYTES  # the shared quantization maps, stored once
+    assert _state_bytes(opt) == expected
+
+
+def test_max_micro_batch_search():
+    assert memory.max_micro_batch(lambda b: b <= 37) == 37
+    assert memory.max_micro_batch(lambda b: b <= 1) == 1
+    assert memory.max_micro_batch(lambda b: False) == 0
+    assert memory.max_micro_batch(lambda b: True, limit=100) == 100
+
+
+def test_sharding_divides_model_states():
+    shape = PRESETS["gpt2-350m"]
+    ddp = memory.model_state_bytes(shape, memory.Layout("ddp"), "adamw", "bf16", 8)
+    z3 = memory.model_state_bytes(shape, memory.Layout("deepspeed", zero_stage=3), "adamw", "bf16", 8)
+    z3_off = memory.model_state_bytes(shape, memory.Layout("deepspeed", zero_stage=3, offload_optimizer=True,
+                                                           offload_params=True), "adamw", "bf16", 8)
+    P = param_count(shape)
+    assert ddp.model_states == 4 * P + 4 * P + 8 * P  # fp32 weights, fp32 grads, Adam m and v
+    # ZeRO-3 in bf16: 2 + 2 bytes of weights and gradients, 4 of fp32 master, 8 of Adam: 16P/N (+ rounding up)
+    assert z3.model_states == pytest.approx(16 * P / 8, rel=1e-4)
+    assert z3_off.parameters == z3_off.master_weights == z3_off.optimizer_states == 0
+    assert z3_off.host_offload == pytest.approx((2 + 4 + 8 + 4) * P / 8, rel=1e-4)
+
+
+# A shape none of the calibration shapes has (benchmarks/calibrate_activations.py), and a real hfscale run that
+# measures its own per-step memory. glibc's mmap threshold is fixed so that freed tensors leave the resident set.
+HELD_OUT = ["--model", "tiny", "--n_layer", "3", "--hidden_size", "320", "--n_head", "5", "--vocab_size", "6144",
+            "--default_tokenizer_vocab", "6144", "--seq_len", "224", "--per_device_train_batch_size", "6"]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_estimate_matches_the_measured_step(tmp_path, checkpointing):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hfscale", "train", *HELD_OUT, "--max_steps", "4", "--logging_steps", "1",
+           "--save_strategy", "no", "--attn_implementation", "eager", "--output_dir", str(out),
+           *(["--activation_checkpointing"] if checkpointing else [])]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    import subprocess
+
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    measured = results["memory"]["step_per_rank"][0]["step_delta_gb"] * 1e9
+    estimated = results["estimate"]["activation_peak"]
+    assert measured > 50e6  # large enough that the runtime's own allocations do not dominate
+    assert estimated == pytest.approx(measured, rel=0.15), (estimated, measured)
+
+
+def test_estimate_command_table_and_json():
+    proc = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "all",
+                "--optim", "adamw", "--gpus", "32", "--gpus_per_node", "8", "--device", "A100-80GB", "--bf16",
+                "--per_device_train_batch_size", "2", "--seq_len", "2048", "--activation_checkpointing", "--json"],
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    rows = {r["strategy"]: r for r in report["rows"]}
+    assert set(rows) == {"ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3",
+                         "zero3_offload"}
+    # 7.1B parameters: DDP holds 16 bytes each (112 GB) and cannot fit in 80 GB; ZeRO-3 shards them 32 ways and fits.
+    assert not rows["ddp"]["fits"] and rows["ddp"]["memory"]["model_states"] > 100e9
+    assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
+    assert rows["zero3_offload"]["memory"]["host_offload"] > 0 and rows["zero3_offload"]["host_per_node"] > 8 * rows["zero3_offload"]["memory"]["host_offload"]
+    assert any("GB = 1e9" in line for line in report["assumptions"])
+    table = run([sys.executable, "-m", "hfscale", "estimate", "--model", "tiny", "--strategy", "zero2_offload",
+                 "--optim", "all", "--gpus", "2", "--device_memory_gb", "1"], timeout=120)
+    assert table.returncode == 0 and table.stdout.count("| zero2_offload |") == 3
+    assert "refused zero2_offload x adafactor" in table.stdout
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--model", "gpt5"], "unknown model preset 'gpt5'"),
+    (["--strategy", "zero4"], "unknown strategy 'zero4'"),
+    (["--optim", "sgd"], "unknown optimizer 'sgd'"),
+    (["--device", "B300"], "unknown device 'B300'; choose one of: A100-40GB"),
+    (["--gpus", "0"], "--gpus must be positive"),
+    (["--gpus", "12", "--gpus_per_node", "8"], "--gpus 12 is not a multiple of --gpus_per_node 8"),
+    (["--per_device_train_batch_size", "-2"], "--per_device_train_batch_size must be positive"),
+    (["--seq_len", "4096"], "longer than the model's 256 positions"),
+    (["--device_memory_gb", "-1"], "--device_memory_gb must be positive"),
+    (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
+])
+def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
+    proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not list(tmp_path.iterdir())
