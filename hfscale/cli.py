@@ -1,4 +1,4 @@
-"""`hfscale` console script: train | launch | sweep | report | parity | import-logs | export | strategies | peak."""
+"""`hfscale` console script: train | launch | sweep | report | parity | import-logs | export | estimate | project | bandwidth | tune | strategies | peak."""
 
 import sys
 
@@ -47,6 +47,10 @@ COMMANDS = {
     "parity": "compare strategies' loss curves and final weights with ddp",
     "import-logs": "turn Megatron-LM/Megatron-DeepSpeed logs into report rows",
     "export": "consolidate a checkpoint (any strategy) into a HuggingFace safetensors model",
+    "estimate": "memory per GPU (and host RAM per node) before launch, per strategy x optimizer x micro-batch",
+    "project": "days and GPU-days to a token budget vs number of GPUs, per strategy, with a communication model",
+    "tune": "short real trials of every configuration that fits; the winner as ready-to-launch files",
+    "bandwidth": "all-reduce / all-gather / reduce-scatter bus bandwidth of this node (like nccl-tests)",
     "strategies": "list strategies; --matrix for the strategy x optimizer table",
     "peak": "measure this device's matmul peak TFLOPs",
 }
@@ -65,10 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         from .train import main as train_main
 
         return train_main(rest)
-    if command in ("launch", "sweep", "report", "parity", "import-logs", "export"):
+    if command in ("launch", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
+                   "bandwidth", "tune"):
         import importlib
 
         module = {"launch": "launch", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
-                  "import-logs": "compare.megatron", "export": "run.export"}[command]
+                  "import-logs": "compare.megatron", "export": "run.export", "estimate": "plan.estimate",
+                  "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune"}[command]
         sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

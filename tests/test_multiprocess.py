@@ -223,3 +223,77 @@ def test_metrics_reach_tensorboard_and_results(parity, runs_dir):
     assert model["params_formula"] == model["params_model"] == model["params_trainable"]
     assert res["perf"]["peak_source"].startswith("measured")  # a CPU never gets a GPU datasheet peak
     assert "hfscale run" in res["_stdout"] and "days on 2 GPU(s)" in res["_stdout"]
+
+
+# ---- every strategy x optimizer pair: runs for real with 2 processes, or is refused before launch ---------------------
+from hfscale.parallel.strategies import INCOMPATIBLE, OPTIMIZERS, all_strategies  # noqa: E402
+
+# Pairs another test already runs (their results are reused); the rest get a 3-step run of their own.
+_RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsdp", ("zero1", "adamw"): "parity:zero1",
+                  ("zero2", "adamw"): "parity:zero2", ("zero3", "adamw"): "parity:zero3",
+                  ("ddp_powersgd", "adamw"): "bf16:ddp_powersgd", ("fsdp_offload", "adamw"): "bf16:fsdp_offload",
+                  ("zero2_offload", "adamw"): "bf16:zero2_offload", ("zero3_offload", "adamw"): "bf16:zero3_offload",
+                  ("ddp", "adamw_8bit"): "ddp-8bit", ("zero2", "adamw_8bit"): "zero2-8bit", ("ddp", "adafactor"): "ddp-adafactor"}
+PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
+
+
+def pair_result(runs_dir, strategy: str, optim: str) -> dict:
+    where = _RUN_ELSEWHERE.get((strategy, optim), "")
+    if where.startswith("parity:"):
+        return parity_run(runs_dir, where.split(":")[1])
+    if where.startswith("bf16:"):
+        return bf16_result(runs_dir, where.split(":")[1])
+    extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
+    return result(runs_dir, where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
+
+
+@pytest.mark.parametrize("strategy,optim", PAIRS)
+def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path, strategy, optim):
+    if (strategy, optim) in INCOMPATIBLE:
+        out = tmp_path / "out"
+        proc = run(accelerate_launch(["--strategy", strategy, "--optim", optim, *TINY, "--max_steps", "1",
+                                      "--output_dir", str(out)], 2))
+        assert proc.returncode != 0 and f"strategy {strategy!r} cannot use optimizer {optim!r}" in proc.stderr
+        assert not out.exists()
+        return
+    res = pair_result(runs_dir, strategy, optim)
+    assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == 2
+    check = res["strategy_check"]
+    assert check["world_size_torch"] == 2 and len(set(map(tuple, check["first_batch_per_rank"]))) == 2
+    if optim == "adamw_8bit":
+        assert "uint8" in check["optimizer_states"]["dtypes"]
+
+
+@pytest.mark.parametrize("strategy,optim", [p for p in PAIRS if p not in INCOMPATIBLE])
+def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim):
+    """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
+    states, counted by storage on the live engine, against hfscale.formulas.memory: equal within 2%. The estimate
+    is for the rank that holds the most, so it is compared with the largest rank."""
+    res = pair_result(runs_dir, strategy, optim)
+    estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
+    assert len(ranks) == 2
+    for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
+        expected = estimate[component] + estimate["host"].get(component, 0)  # wherever it lives
+        measured = max(r[component] for r in ranks)
+        assert expected == pytest.approx(measured, rel=0.02, abs=64), (component, expected, ranks)
+
+
+def test_projection_from_one_process_lands_near_the_real_two_process_run(parity, runs_dir, tmp_path):
+    """`hfscale project` from a real 1-process run (same per-rank work: MBS 4, GAS 1) to 2 processes, with this
+    machine's loopback bandwidth measured by `hfscale bandwidth`, against the real 2-process ddp run: within 25%."""
+    one = result(runs_dir, "ddp-np1-mbs4", "ddp", nproc=1, steps=PARITY_STEPS)
+    two = parity_run(runs_dir, "ddp")
+    bw = tmp_path / "bandwidth.json"
+    proc = run([sys.executable, "-m", "hfscale", "bandwidth", "--nproc", "2", "--max_bytes", str(4 << 20),
+                "--iters", "5", "--out", str(bw)], timeout=300)
+    assert proc.returncode == 0 and bw.is_file(), proc.stderr[-2000:]
+    out = tmp_path / "projection"
+    proc = run([sys.executable, "-m", "hfscale", "project", str(runs_dir / "ddp-np1-mbs4" / "results.json"),
+                "--strategy", "ddp", "--gpus", "1,2", "--gpus_per_node", "2", "--bandwidth_file", str(bw),
+                "--out", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    points = {p["gpus"]: p for p in json.loads((out / "projection.json").read_text())["points"]}
+    assert points[1]["tokens_per_s"] == pytest.approx(one["perf"]["tokens_per_s"], rel=1e-6)  # the measured point
+    projected, measured = points[2]["tokens_per_s"], two["perf"]["tokens_per_s"]
+    print(f"projected {projected:,.0f} tokens/s for 2 processes, measured {measured:,.0f}")
+    assert projected == pytest.approx(measured, rel=0.25)

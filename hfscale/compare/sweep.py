@@ -171,33 +171,37 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
     write_results(run_dir, results)
 
 
+def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_failed: bool = False) -> dict:
+    """One run of a sweep (or of `hfscale tune`) into out/<run name>: skipped when it already has a final status,
+    refused without launching when the strategy table refuses the pair, else launched and its outcome recorded."""
+    from ..parallel.strategies import check_pair
+
+    run_dir = out / run.name
+    done = finished_status(run_dir)
+    if done and not (retry_failed and done != "ok"):
+        return {"run": run.name, "status": done, "skipped": True}
+    try:
+        check_pair(run.strategy, run.optim)
+    except HfscaleError as err:
+        write_results(run_dir, stub_results(run, "refused", str(err), fixed))
+        return {"run": run.name, "status": "refused", "error": str(err)}
+    outcome = run_training(run.train_args(fixed), run_dir, run.nproc, timeout)
+    record_outcome(run, run_dir, outcome.status, outcome.error, outcome.log_tail, outcome.seconds, fixed)
+    return {"run": run.name, "status": outcome.status, "error": outcome.error, "wall_s": round(outcome.seconds, 1)}
+
+
 def run_sweep(spec: SweepSpec, retry_failed: bool = False, progress: bool = True) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from ..parallel.strategies import check_pair
-
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = expand(spec)
     rows = []
-    bar = tqdm(runs, desc="sweep", unit="run", disable=not progress)
+    bar = tqdm(expand(spec), desc="sweep", unit="run", disable=not progress)
     for run in bar:
-        run_dir = out / run.name
         bar.set_postfix_str(run.name)
-        done = finished_status(run_dir)
-        if done and not (retry_failed and done != "ok"):
-            rows.append({"run": run.name, "status": done, "skipped": True})
-            continue
-        try:
-            check_pair(run.strategy, run.optim)
-        except HfscaleError as err:
-            write_results(run_dir, stub_results(run, "refused", str(err), spec.train_args))
-            rows.append({"run": run.name, "status": "refused", "error": str(err)})
-            continue
-        outcome = run_training(run.train_args(spec.train_args), run_dir, run.nproc, spec.timeout)
-        record_outcome(run, run_dir, outcome.status, outcome.error, outcome.log_tail, outcome.seconds, spec.train_args)
-        rows.append({"run": run.name, "status": outcome.status, "error": outcome.error, "wall_s": round(outcome.seconds, 1)})
-        _write_index(out, spec, rows)
+        rows.append(run_one(run, out, spec.train_args, spec.timeout, retry_failed))
+        if not rows[-1].get("skipped"):
+            _write_index(out, spec, rows)
     _write_index(out, spec, rows)
     return rows
 

@@ -1,0 +1,152 @@
+"""Bytes each strategy moves per optimizer step, how long the collectives take over intra- and inter-node links,
+and what is left exposed after overlap with compute: the model behind `hfscale project`. Pure, no torch.
+
+Collectives are timed as rings, the way nccl-tests reports bus bandwidth: over n ranks an all-reduce of S bytes
+moves 2(n-1)/n·S per rank in 2(n-1) latency-bound steps, an all-gather or a reduce-scatter (n-1)/n·S in n-1 steps.
+A ring that crosses nodes runs at the inter-node bus bandwidth per GPU (its slowest link).
+"""
+
+from dataclasses import dataclass, field
+
+# What each collective moves per rank, as a fraction of the full message S, and its ring steps, for n ranks.
+RING = {"all_reduce": (lambda n: 2 * (n - 1) / n, lambda n: 2 * (n - 1)),
+        "all_gather": (lambda n: (n - 1) / n, lambda n: n - 1),
+        "reduce_scatter": (lambda n: (n - 1) / n, lambda n: n - 1)}
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bus bandwidth (bytes/s per GPU, as nccl-tests prints busbw) and per-step latency (s) inside and across nodes."""
+
+    intra_bw: float
+    inter_bw: float
+    intra_latency_s: float = 5e-6
+    inter_latency_s: float = 20e-6
+
+    def __post_init__(self):
+        for name in ("intra_bw", "inter_bw"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("intra_latency_s", "inter_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, links: Links) -> float:
+    """Seconds for one ring collective of a `size_bytes` message over `ranks` GPUs (0 for one rank)."""
+    if ranks <= 1 or size_bytes <= 0:
+        return 0.0
+    volume, steps = RING[kind]
+    across_nodes = ranks > gpus_per_node
+    bw = links.inter_bw if across_nodes else links.intra_bw
+    latency = links.inter_latency_s if across_nodes else links.intra_latency_s
+    return volume(ranks) * size_bytes / bw + steps(ranks) * latency
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all_reduce | all_gather | reduce_scatter | h2d | d2h (host<->device copies, per rank)
+    size_bytes: float  # the full message (the whole tensor set), not the per-rank share
+    per: str  # "step" (once per optimizer step) or "micro" (every micro-batch)
+    overlaps: str  # what compute hides it: "backward", "forward_backward" or "none"
+
+
+@dataclass(frozen=True)
+class CommPattern:
+    """What a strategy moves: a list of collectives with their message sizes and cadence."""
+
+    collectives: tuple[Collective, ...] = field(default_factory=tuple)
+
+    def bytes_per_step(self, grad_accum: int, ranks: int) -> float:
+        """Bytes each rank sends per optimizer step over the network (host copies excluded)."""
+        total = 0.0
+        for c in self.collectives:
+            if c.kind in RING:
+                times = grad_accum if c.per == "micro" else 1
+                total += times * RING[c.kind][0](ranks) * c.size_bytes
+        return total
+
+
+POWERSGD_MIN_COMPRESSION_RATE = 2  # torch PowerSGDState's default: compress only where it saves more than 2x
+
+
+def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
+    """Elements PowerSGD all-reduces per step after warm-up. torch's hook views each gradient as a
+    (shape[0], rest) matrix and sends it as P and Q factors, r'(n + m) elements with r' = min(n, m, rank), where that
+    is more than POWERSGD_MIN_COMPRESSION_RATE times smaller; the others (1-D tensors among them) go uncompressed."""
+    total = 0
+    for dims in tensor_shapes:
+        n = dims[0]
+        m = 1
+        for d in dims[1:]:
+            m *= d
+        r = min(n, m, rank)
+        compressed = r * (n + m)
+        total += compressed if compressed * POWERSGD_MIN_COMPRESSION_RATE < n * m else n * m
+    return total
+
+
+def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
+                 ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
+                 powersgd_bytes: float | None = None) -> CommPattern:
+    """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
+    gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks)."""
+    out = []
+    if engine == "ddp":
+        if powersgd_bytes is not None:  # two all-reduces (P, Q) plus the vectors; not overlapped (P waits for Q)
+            out.append(Collective("all_reduce", powersgd_bytes, "step", "none"))
+        else:  # bucketed all-reduce during the last micro-batch's backward (no_sync before)
+            out.append(Collective("all_reduce", grad_bytes, "step", "backward"))
+    elif engine == "fsdp" or zero_stage == 3:
+        # parameters all-gathered for forward and again for backward, gradients reduce-scattered, every micro-batch
+        out += [Collective("all_gather", param_bytes, "micro", "forward_backward"),
+                Collective("all_gather", param_bytes, "micro", "forward_backward"),
+                Collective("reduce_scatter", grad_bytes, "micro", "backward")]
+    elif zero_stage == 2:  # gradients reduce-scattered every micro-batch (overlap_comm), weights all-gathered per step
+        out += [Collective("reduce_scatter", grad_bytes, "micro", "backward"),
+                Collective("all_gather", param_bytes, "step", "none")]
+    elif zero_stage == 1:  # gradients reduced at the accumulation boundary, updated weights all-gathered
+        out += [Collective("reduce_scatter", grad_bytes, "step", "none"),
+                Collective("all_gather", param_bytes, "step", "none")]
+    else:
+        raise ValueError(f"unknown engine {engine!r} / stage {zero_stage!r}")
+    if offload_optimizer:  # the gradient partition goes to the host, the updated weights come back, per step
+        out += [Collective("d2h", grad_bytes / ranks, "step", "none"),
+                Collective("h2d", param_bytes / ranks, "step", "none")]
+    if offload_params:  # each parameter partition copied to the device for forward and for backward
+        out.append(Collective("h2d", 2 * param_bytes / ranks, "micro", "forward_backward"))
+    return CommPattern(tuple(out))
+
+
+@dataclass
+class StepTime:
+    compute_s: float
+    comm_s: float  # all communication, serialised
+    exposed_s: float  # what overlap leaves on the critical path
+    total_s: float
+
+
+def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, ranks: int, gpus_per_node: int,
+              links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3) -> StepTime:
+    """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide.
+
+    Overlap windows, per micro-batch: collectives marked "backward" hide under its backward (backward_share of its
+    compute), those marked "forward_backward" under the whole micro-batch, and all of them together under no more
+    than the micro-batch's compute. A per-step "backward" collective (DDP's all-reduce, after no_sync) hides under the
+    last micro-batch's backward only. "none" is always exposed. Host copies run at host_bw (bytes/s)."""
+    seconds = {}
+    for c in pattern.collectives:
+        s = c.size_bytes / host_bw if c.kind in ("h2d", "d2h") else collective_s(c.kind, c.size_bytes, ranks,
+                                                                                  gpus_per_node, links)
+        seconds[(c.per, c.overlaps)] = seconds.get((c.per, c.overlaps), 0.0) + s
+    backward_window = backward_share * micro_compute_s
+    micro_bw, micro_fb = seconds.get(("micro", "backward"), 0.0), seconds.get(("micro", "forward_backward"), 0.0)
+    micro_none = seconds.get(("micro", "none"), 0.0)
+    exposed_micro = max(0.0, micro_bw + micro_fb - micro_compute_s, micro_bw - backward_window) + micro_none
+    step_bw, step_none = seconds.get(("step", "backward"), 0.0), seconds.get(("step", "none"), 0.0)
+    step_fb = seconds.get(("step", "forward_backward"), 0.0)
+    exposed_step = max(0.0, step_bw - backward_window) + max(0.0, step_fb - micro_compute_s) + step_none
+    comm = grad_accum * (micro_bw + micro_fb + micro_none) + step_bw + step_fb + step_none
+    exposed = grad_accum * exposed_micro + exposed_step
+    compute = grad_accum * micro_compute_s
+    return StepTime(compute, comm, exposed, compute + exposed)
