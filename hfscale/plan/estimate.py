@@ -37,17 +37,37 @@ def _positive(name: str, value) -> None:
         raise HfscaleError(f"--{name} must be positive, got {value}")
 
 
+MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size")
+
+
+def add_model_flags(p: ArgumentParser) -> None:
+    """The model flags of hfscale's planning commands, named as the training flags are."""
+    from ..run.models import PRESETS
+
+    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
+    p.add_argument("--model_name_or_path", help="a local model directory (its config.json is read)")
+    for flag in MODEL_OVERRIDES:
+        p.add_argument(f"--{flag}", type=int, help="override the preset's")
+
+
+def model_flags(opts) -> list[str]:
+    """The same model as training flags (for the runs hfscale tune launches)."""
+    if opts.model_name_or_path:
+        return ["--model_name_or_path", opts.model_name_or_path]
+    out = ["--model", opts.model]
+    for flag in MODEL_OVERRIDES:
+        if getattr(opts, flag) is not None:
+            out += [f"--{flag}", str(getattr(opts, flag))]
+    return out
+
+
 def build_parser() -> ArgumentParser:
     from ..formulas.peaks import DEVICES
-    from ..run.models import PRESETS
 
     p = ArgumentParser(prog="hfscale estimate", allow_abbrev=False,
                        description="Memory per GPU (and host RAM per node) before launch, per strategy x optimizer x "
                                    "micro-batch; `all` for any of the three gives a table.")
-    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
-    p.add_argument("--model_name_or_path", help="a local model directory (its config.json is read)")
-    for flag in ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size"):
-        p.add_argument(f"--{flag}", type=int, help="override the preset's")
+    add_model_flags(p)
     p.add_argument("--strategy", default=ALL, help="a strategy name or `all` (default)")
     p.add_argument("--optim", default="adamw", help="adamw, adafactor, adamw_8bit or `all`")
     p.add_argument("--per_device_train_batch_size", default="1", help="micro-batch per GPU, or `all` (1, 2, 4, ...)")

@@ -170,9 +170,9 @@ def baseline_from_results(path: Path) -> Baseline:
 
 
 def baseline_from_flags(opts) -> Baseline:
-    from ..run.models import resolve_shape
+    from .estimate import model_shape
 
-    shape = resolve_shape(opts.model, opts.n_layer, opts.hidden_size, opts.n_head, opts.ffn_hidden_size, opts.vocab_size)
+    shape = model_shape(opts)
     seq = opts.seq_len or min(shape.positions, 1024)
     if seq > shape.positions:
         raise HfscaleError(f"--seq_len {seq} is longer than the model's {shape.positions} positions")
@@ -190,14 +190,15 @@ def baseline_from_flags(opts) -> Baseline:
 
 
 def build_parser() -> ArgumentParser:
+    from .estimate import add_model_flags
+
     p = ArgumentParser(prog="hfscale project", allow_abbrev=False,
                        description="Days and GPU-days to a token budget vs number of GPUs, per strategy.")
     p.add_argument("results", nargs="?", type=Path, help="a results.json of a finished run (its measured throughput)")
     p.add_argument("--tokens_per_s_per_gpu", type=float, help="instead of a results file: measured per-GPU throughput")
     p.add_argument("--tflops_per_gpu", type=float, help="instead of a results file: achieved hardware TFLOPs per GPU")
-    p.add_argument("--model", default="tiny")
-    for flag in ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size", "seq_len"):
-        p.add_argument(f"--{flag}", type=int)
+    add_model_flags(p)
+    p.add_argument("--seq_len", type=int)
     p.add_argument("--micro_batch_size", type=int, default=1)
     p.add_argument("--grad_accum", type=int, default=1)
     p.add_argument("--activation_checkpointing", action="store_true")

@@ -30,7 +30,8 @@ from ..run.results import read_results
 
 TUNE_FILE = "tune.json"
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
-                    "--activation_checkpointing", "--output_dir", "--model", "--bf16", "--fp16")
+                    "--activation_checkpointing", "--output_dir", "--model", "--model_name_or_path", "--seq_len",
+                    "--bf16", "--fp16")
 
 
 @dataclass
@@ -46,14 +47,12 @@ class Candidate:
 
 
 def build_parser() -> ArgumentParser:
-    from .estimate import ATTENTION
+    from .estimate import ATTENTION, add_model_flags
 
     p = ArgumentParser(prog="hfscale tune", allow_abbrev=False,
                        description="Short real trials of every configuration that fits; the winner as launch files. "
                                    "Training flags for every trial go after `--`.")
-    p.add_argument("--model", default="tiny")
-    for flag in ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size"):
-        p.add_argument(f"--{flag}", type=int)
+    add_model_flags(p)
     p.add_argument("--seq_len", type=int)
     p.add_argument("--gpus", type=int, default=None, help="processes per trial (default: every local GPU, or 2 on CPU)")
     p.add_argument("--strategies", default="all")
@@ -85,10 +84,10 @@ def _csv(text: str, valid, flag: str) -> list[str]:
 def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     """Every configuration, pruned ones with their reason. Returns (candidates, shape, seq)."""
     from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, memory_layout
-    from ..run.models import resolve_shape
     from .estimate import check as check_sizes
+    from .estimate import model_shape
 
-    shape = resolve_shape(opts.model, opts.n_layer, opts.hidden_size, opts.n_head, opts.ffn_hidden_size, opts.vocab_size)
+    shape = model_shape(opts)
     opts.gpus_per_node, opts.host_memory_gb, opts.fp16 = opts.gpus, None, False
     seq, device_bytes = check_sizes(opts, shape)
     strategies = _csv(opts.strategies, all_strategies(), "strategy")
@@ -231,10 +230,9 @@ def main(argv: list[str]) -> int:
         if value is not None and not 0 < value < float("inf"):
             raise HfscaleError(f"--{name} must be positive, got {value}")
     cands, shape, seq = candidates(opts, fixed)
-    model_flags = ["--model", opts.model, "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else [])]
-    for flag in ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size"):
-        if getattr(opts, flag) is not None:
-            model_flags += [f"--{flag}", str(getattr(opts, flag))]
+    from .estimate import model_flags as training_model_flags
+
+    model_flags = [*training_model_flags(opts), "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else [])]
     trials_dir = opts.out / "trials"
     planned = [c for c in cands if c.status == "planned"]
     start = time.monotonic()

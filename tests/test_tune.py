@@ -1,0 +1,103 @@
+"""`hfscale tune` end to end on this machine (2 processes, tiny model): the estimator prunes, real trials run, a second
+call skips them, and the winner's files train for real under hfscale and under a stock Trainer script."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run
+
+pytestmark = pytest.mark.multiprocess
+
+TRIAL_ARGS = ["--max_steps", "5", "--save_strategy", "no", "--logging_steps", "1"]
+# 1.1 GB per "GPU": the estimate (1 GB runtime allowance included) fits micro-batch 4 and not 64 for the tiny model.
+TUNE = ["--model", "tiny", "--seq_len", "64", "--gpus", "2", "--strategies", "zero1,zero2,zero2_offload",
+        "--optims", "adamw,adafactor", "--mbs", "4,64", "--checkpointing", "off", "--device_memory_gb", "1.1"]
+
+
+def _env() -> dict:
+    from conftest import env
+
+    return {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune")
+    proc = run([sys.executable, "-m", "hfscale", "tune", *TUNE, "--out", str(out), "--", *TRIAL_ARGS], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "tune.json").read_text())
+
+
+def test_tune_prunes_refuses_runs_and_ranks(tuned):
+    out, report = tuned
+    status = {c["run"]: c["status"] for c in report["candidates"]}
+    assert {n for n, s in status.items() if s == "pruned"} == {f"{s}-{o}-np2-mbs64-gas1" for s in ("zero1", "zero2")
+                                                               for o in ("adamw", "adafactor")} | {"zero2_offload-adamw-np2-mbs64-gas1"}
+    assert {n for n, s in status.items() if s == "refused"} == {"zero2_offload-adafactor-np2-mbs4-gas1",
+                                                                "zero2_offload-adafactor-np2-mbs64-gas1"}
+    ok = [c for c in report["candidates"] if c["status"] == "ok"]
+    assert len(ok) == report["tried"] == 5 and report["pruned_by_estimate"] == 5
+    best = max(ok, key=lambda c: c["tokens_per_s"])
+    assert report["winner"] == best["run"] and best["pareto"]
+    for c in ok:  # each trial really ran, with its own results
+        res = json.loads((out / "trials" / c["run"] / "results.json").read_text())
+        assert res["status"] == "ok" and res["config"]["world_size"] == 2 and res["perf"]["tokens_per_s"] == c["tokens_per_s"]
+    assert "| 1 | " + report["winner"] in (out / "tune.md").read_text()
+
+
+def test_second_tune_call_skips_finished_trials(tuned):
+    out, report = tuned
+    before = {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/results.json")}
+    proc = run([sys.executable, "-m", "hfscale", "tune", *TUNE, "--out", str(out), "--", *TRIAL_ARGS], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/results.json")} == before
+    assert json.loads((out / "tune.json").read_text())["winner"] == report["winner"]
+
+
+def test_winner_files_train_for_real(tuned, tmp_path):
+    out, report = tuned
+    best = out / "best"
+    config = yaml.safe_load((best / "accelerate_config.yaml").read_text())
+    assert config["distributed_type"] == "DEEPSPEED" and config["num_processes"] == 2
+    ds_file = Path(config["deepspeed_config"]["deepspeed_config_file"])
+    stage = json.loads(ds_file.read_text())["zero_optimization"]["stage"]
+    assert ds_file == (best / "ds_config.json").resolve() and f"zero{stage}" == report["winner"].split("-")[0]
+    import subprocess
+
+    # the exact command hfscale wrote
+    proc = subprocess.run(["bash", str(best / "launch.sh"), "--max_steps", "3", "--output_dir", str(tmp_path / "hf")],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "hf" / "results.json").read_text())
+    assert res["status"] == "ok" and res["config"]["world_size"] == 2
+    assert f"{res['strategy']}-{res['optim']}" == "-".join(report["winner"].split("-")[:2])
+    # the same files under a stock transformers Trainer script (benchmarks/plain_trainer.py: HF's plain Trainer)
+    proc = subprocess.run(["accelerate", "launch", "--config_file", str(best / "accelerate_config.yaml"),
+                           str(REPO / "benchmarks" / "plain_trainer.py"), "--model", "tiny", "--seq_len", "64",
+                           "--max_steps", "3", "--per_device_train_batch_size", "4", "--use_cpu",
+                           "--deepspeed", str(ds_file), "--output_dir", str(tmp_path / "stock")],
+                          cwd=tmp_path, env={**_env(), "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "stock" / "plain.json").read_text())["train_runtime"] > 0
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--strategies", "zero9"], "unknown strategy 'zero9'"),
+    (["--mbs", "0"], "--mbs must be positive"),
+    (["--gpus", "-1"], "--gpus must be positive"),
+    (["--checkpointing", "maybe"], "--checkpointing must be off, on or off,on"),
+    (["--global_batch_size", "6", "--mbs", "4", "--gpus", "2"], "no micro-batch in --mbs 4 divides --global_batch_size 6"),
+    (["--", "--strategy", "ddp"], "--strategy is set by hfscale tune"),
+])
+def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected):
+    proc = run([sys.executable, "-m", "hfscale", "tune", "--out", str(tmp_path / "out"), *argv], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
