@@ -229,16 +229,17 @@ def make_trainer(model_args, args, state, model, blocks, env, record):
     if state.tensorboard and is_main:
         tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": strategy.name,
                                                           "optim": state.optim, "model": model_args.name})
+    step_memory = StepMemory(env["device_type"] == "cuda")
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
-                             strategy=strategy, meter=meter, checkpoint_identity=state.checkpoint_identity,
+                             strategy=strategy, meter=meter, step_memory=step_memory,
+                             checkpoint_identity=state.checkpoint_identity,
                              on_checkpoint=lambda info: record.note_checkpoint(**info))
     powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
     trainer.add_callback(StrategyCallback(trainer, optim=state.optim, total_params=record.data["model"]["params_model"],
                                           powersgd=powersgd, launcher_world_size=state.launcher_world_size,
                                           on_accelerator=env["device_type"] == "cuda", record=record,
                                           resume_from=state.resume_from))
-    trainer.step_memory = StepMemory(env["device_type"] == "cuda")
-    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, trainer.step_memory))
+    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory))
     return trainer, meter
 
 
@@ -252,15 +253,15 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
 
     figures, steps = meter.whole_run() if meter else (None, 0)
     memory = memory_now(env["device_type"] == "cuda")
-    step_memory = trainer.step_memory.summary()
-    per_rank = [step_memory]
+    my_steps = trainer.step_memory.summary()
+    per_rank = [my_steps]
     if torch.distributed.is_initialized():
         names = sorted(memory)
         peak = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=args.device)
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         memory = {n: v for n, v in zip(names, peak.tolist())}
         per_rank = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(per_rank, step_memory)
+        torch.distributed.all_gather_object(per_rank, my_steps)
     memory = {**record.data.get("memory", {}), **memory, "step_per_rank": per_rank}
     cfg = record.data["config"]
     record.update(perf={**record.data["perf"], **figures_dict(figures), "measured_steps": steps,

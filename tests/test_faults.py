@@ -7,6 +7,7 @@ scheduler state, RNG, data position, PowerSGD's error feedback), so "the same" m
 tolerance is 0 for every strategy but the ZeRO-Offload ones (see TOLERANCE)."""
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -64,7 +65,9 @@ def losses(results) -> dict[int, float]:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_killed_run_resumes_exactly(tmp_path, strategy):
-    kill_at = random.Random().randint(SAVE_EVERY + 1, STEPS - 1)  # after the first checkpoint, before the end
+    seed = int(os.environ.get("HFSCALE_FAULT_SEED", STRATEGIES.index(strategy)))  # reproducible; vary it by hand
+    kill_at = random.Random(seed).randint(SAVE_EVERY + 1, STEPS - 1)  # after the first checkpoint, before the end
+    print(f"{strategy}: killed after step {kill_at} (HFSCALE_FAULT_SEED={seed})")
     reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
     launch(args_for(strategy, reference_dir))
     reference = json.loads((reference_dir / "results.json").read_text())

@@ -264,12 +264,22 @@ def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path,
         assert "uint8" in check["optimizer_states"]["dtypes"]
 
 
-@pytest.mark.parametrize("strategy,optim", [p for p in PAIRS if p not in INCOMPATIBLE])
-def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim):
+# BLOOM too (its own tensors, and bitsandbytes' 32-bit embedding states), in bf16: 3-step runs of their own.
+BLOOM_RUNS = [("zero3", "adafactor"), ("ddp", "adamw_8bit"), ("fsdp", "adamw")]
+
+
+@pytest.mark.parametrize("strategy,optim,family", [(*p, "gpt2") for p in PAIRS if p not in INCOMPATIBLE]
+                         + [(*p, "bloom") for p in BLOOM_RUNS])
+def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim, family):
     """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
     states, counted by storage on the live engine, against hfscale.formulas.memory: equal within 2%. The estimate
     is for the rank that holds the most, so it is compared with the largest rank."""
-    res = pair_result(runs_dir, strategy, optim)
+    if family == "gpt2":
+        res = pair_result(runs_dir, strategy, optim)
+    else:
+        res = result(runs_dir, f"bloom-{strategy}-{optim}", strategy, "--optim", optim, "--model", "tiny-bloom",
+                     "--bf16", steps=3)
+        assert res["model"]["family"] == "bloom"
     estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
     assert len(ranks) == 2
     for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
@@ -277,23 +287,3 @@ def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy
         measured = max(r[component] for r in ranks)
         assert expected == pytest.approx(measured, rel=0.02, abs=64), (component, expected, ranks)
 
-
-def test_projection_from_one_process_lands_near_the_real_two_process_run(parity, runs_dir, tmp_path):
-    """`hfscale project` from a real 1-process run (same per-rank work: MBS 4, GAS 1) to 2 processes, with this
-    machine's loopback bandwidth measured by `hfscale bandwidth`, against the real 2-process ddp run: within 25%."""
-    one = result(runs_dir, "ddp-np1-mbs4", "ddp", nproc=1, steps=PARITY_STEPS)
-    two = parity_run(runs_dir, "ddp")
-    bw = tmp_path / "bandwidth.json"
-    proc = run([sys.executable, "-m", "hfscale", "bandwidth", "--nproc", "2", "--max_bytes", str(4 << 20),
-                "--iters", "5", "--out", str(bw)], timeout=300)
-    assert proc.returncode == 0 and bw.is_file(), proc.stderr[-2000:]
-    out = tmp_path / "projection"
-    proc = run([sys.executable, "-m", "hfscale", "project", str(runs_dir / "ddp-np1-mbs4" / "results.json"),
-                "--strategy", "ddp", "--gpus", "1,2", "--gpus_per_node", "2", "--bandwidth_file", str(bw),
-                "--out", str(out)], timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    points = {p["gpus"]: p for p in json.loads((out / "projection.json").read_text())["points"]}
-    assert points[1]["tokens_per_s"] == pytest.approx(one["perf"]["tokens_per_s"], rel=1e-6)  # the measured point
-    projected, measured = points[2]["tokens_per_s"], two["perf"]["tokens_per_s"]
-    print(f"projected {projected:,.0f} tokens/s for 2 processes, measured {measured:,.0f}")
-    assert projected == pytest.approx(measured, rel=0.25)

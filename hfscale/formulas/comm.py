@@ -127,25 +127,27 @@ class StepTime:
 
 
 def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, ranks: int, gpus_per_node: int,
-              links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3) -> StepTime:
+              links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3, overlap: bool = True) -> StepTime:
     """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide.
 
     Overlap windows, per micro-batch: collectives marked "backward" hide under its backward (backward_share of its
     compute), those marked "forward_backward" under the whole micro-batch, and all of them together under no more
     than the micro-batch's compute. A per-step "backward" collective (DDP's all-reduce, after no_sync) hides under the
-    last micro-batch's backward only. "none" is always exposed. Host copies run at host_bw (bytes/s)."""
+    last micro-batch's backward only. "none" is always exposed. Host copies run at host_bw (bytes/s).
+    overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute)."""
     seconds = {}
     for c in pattern.collectives:
         s = c.size_bytes / host_bw if c.kind in ("h2d", "d2h") else collective_s(c.kind, c.size_bytes, ranks,
                                                                                   gpus_per_node, links)
         seconds[(c.per, c.overlaps)] = seconds.get((c.per, c.overlaps), 0.0) + s
-    backward_window = backward_share * micro_compute_s
+    backward_window = backward_share * micro_compute_s if overlap else 0.0
+    micro_window = micro_compute_s if overlap else 0.0
     micro_bw, micro_fb = seconds.get(("micro", "backward"), 0.0), seconds.get(("micro", "forward_backward"), 0.0)
     micro_none = seconds.get(("micro", "none"), 0.0)
-    exposed_micro = max(0.0, micro_bw + micro_fb - micro_compute_s, micro_bw - backward_window) + micro_none
+    exposed_micro = max(0.0, micro_bw + micro_fb - micro_window, micro_bw - backward_window) + micro_none
     step_bw, step_none = seconds.get(("step", "backward"), 0.0), seconds.get(("step", "none"), 0.0)
     step_fb = seconds.get(("step", "forward_backward"), 0.0)
-    exposed_step = max(0.0, step_bw - backward_window) + max(0.0, step_fb - micro_compute_s) + step_none
+    exposed_step = max(0.0, step_bw - backward_window) + max(0.0, step_fb - micro_window) + step_none
     comm = grad_accum * (micro_bw + micro_fb + micro_none) + step_bw + step_fb + step_none
     exposed = grad_accum * exposed_micro + exposed_step
     compute = grad_accum * micro_compute_s

@@ -42,6 +42,7 @@ class Baseline:
     s_per_iter: list[float]  # [typical, fastest, slowest]; equal when only one figure is known
     source: str
     powersgd_rank: int | None = None
+    overlap: bool = True  # communication hides under compute (GPUs); not on a CPU, where gloo shares the cores
 
 
 @dataclass
@@ -83,7 +84,7 @@ def micro_compute_s(strategy, base: Baseline, s_per_iter: float, links: Links) -
     compute = s_per_iter / base.grad_accum
     for _ in range(50):
         exposed = step_time(pattern, micro_compute_s=compute, grad_accum=base.grad_accum, ranks=base.gpus,
-                            gpus_per_node=base.gpus_per_node, links=links).exposed_s
+                            gpus_per_node=base.gpus_per_node, links=links, overlap=base.overlap).exposed_s
         compute = max(s_per_iter - exposed, 1e-3 * s_per_iter) / base.grad_accum
     return compute
 
@@ -103,7 +104,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
                 gas = global_batch // (base.micro_batch * n)
             pattern = _pattern(strategy, base, n)
             times = [step_time(pattern, micro_compute_s=c, grad_accum=gas, ranks=n, gpus_per_node=gpus_per_node,
-                               links=link) for c, link in zip(computes, links)]
+                               links=link, overlap=base.overlap) for c, link in zip(computes, links)]
             gbs = base.micro_batch * gas * n
             tokens = gbs * base.seq
             days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
@@ -164,7 +165,8 @@ def baseline_from_results(path: Path) -> Baseline:
         nodes = (data.get("environment") or {}).get("nodes", 1) or 1
         return Baseline(shape, data["strategy"], cfg["seq_len"], cfg["micro_batch_size"], cfg["grad_accum"],
                         cfg["world_size"], max(1, cfg["world_size"] // nodes), cfg.get("precision", "fp32"),
-                        [s, min(spread + [s]), max(spread + [s])], str(path), cfg.get("powersgd_rank"))
+                        [s, min(spread + [s]), max(spread + [s])], str(path), cfg.get("powersgd_rank"),
+                        overlap=(data.get("environment") or {}).get("device_type") != "cpu")
     except (KeyError, TypeError, ValueError) as err:
         raise HfscaleError(f"{path}: not an hfscale results file with measured throughput (missing {err})") from None
 
@@ -318,7 +320,8 @@ def main(argv: list[str]) -> None:
                    f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
                    f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
                    "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
-                   "own exposed communication); docs/project.md lists what overlaps"]
+                   "own exposed communication); docs/project.md lists what overlaps"
+                   + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores")]
     report = {"assumptions": assumptions, "knee_gpus": knees, "points": [asdict(p) for p in points]}
     text = markdown(points, knees, opts.token_budget) + "\n" + "\n".join(f"- {a}" for a in assumptions) + "\n"
     if opts.out:

@@ -16,6 +16,7 @@ from ..files import atomic_write_dir
 
 EMBEDDED = "python-stdlib"
 EOS = "<|endoftext|>"
+PACKING_VERSION = 1  # part of the packed-data cache key: bump it whenever pack() changes what it produces
 LOCAL_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -140,7 +141,8 @@ def packed_dataset(data_args, tokenizer, raw, seq_len: int):
 
     if data_args.streaming:
         return pack(raw, tokenizer, data_args.text_column, seq_len)
-    key = _digest([source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len])
+    key = _digest([source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len,
+                   PACKING_VERSION])
     out = Path(data_args.cache_dir) / f"packed-{key}"
     if not out.is_dir():
         atomic_write_dir(out, pack(raw, tokenizer, data_args.text_column, seq_len).save_to_disk)

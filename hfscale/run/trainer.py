@@ -2,8 +2,9 @@
 
 In order: (1) on a CPU-only machine, FSDP is forced onto accelerate's state when the accelerator is created
 (accelerate would silently use DDP); (2) at train begin, after the model is wrapped, the StrategyCallback
-registers PowerSGD and proves the wrapper, world size and sharding; (3) after the first optimizer step it
-proves where optimizer states live and how many each rank holds; (4) every log adds the perf/* figures.
+registers PowerSGD and proves the wrapper, world size and sharding; (3) right before the first optimizer step it
+counts the gradients each rank holds, and after it proves where optimizer states live and how many each rank holds,
+and counts every rank's model-state bytes (the memory estimate's check); (4) every log adds the perf/* figures.
 """
 
 import logging
@@ -23,8 +24,9 @@ STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
 
 
 class HfscaleTrainer(Trainer):
-    def __init__(self, *args, strategy, meter=None, checkpoint_identity=None, on_checkpoint=None, **kwargs):
-        self.strategy, self.meter = strategy, meter
+    def __init__(self, *args, strategy, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
+                 **kwargs):
+        self.strategy, self.meter, self.step_memory = strategy, meter, step_memory
         self.checkpoint_identity, self.on_checkpoint = checkpoint_identity or {}, on_checkpoint
         self.powersgd_state = None  # set by StrategyCallback; saved with every checkpoint
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
