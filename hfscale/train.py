@@ -185,6 +185,7 @@ def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
                    "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
                    "seq_len": state.seq_len, "checkpointing": activation_checkpointing(args), "precision": precision(args),
                    "max_steps": args.max_steps, "seed": args.seed, "learning_rate": args.learning_rate,
+                   "recipe": state.recipe,
                    "token_budget": args.token_budget, "dataset": data_args.train_files or data_args.dataset,
                    "powersgd_rank": args.powersgd_rank, "powersgd_warmup_steps": args.powersgd_warmup_steps},
         "environment": env,
@@ -214,6 +215,7 @@ def make_trainer(model_args, args, state, model, blocks, env, record):
 
     from hfscale.run.measure import Meter, MeasureCallback, StepMemory, TensorBoardWriter
     from hfscale.parallel.hooks import PowerSGDConfig
+    from hfscale.formulas.metrics import tokens_per_step
     from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
 
     strategy = state.strategy
@@ -232,6 +234,9 @@ def make_trainer(model_args, args, state, model, blocks, env, record):
     step_memory = StepMemory(env["device_type"] == "cuda")
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
                              strategy=strategy, meter=meter, step_memory=step_memory,
+                             tokens_per_step=tokens_per_step(args.per_device_train_batch_size,
+                                                             args.gradient_accumulation_steps, args.world_size,
+                                                             state.seq_len),
                              checkpoint_identity=state.checkpoint_identity,
                              on_checkpoint=lambda info: record.note_checkpoint(**info))
     powersgd = PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps) if strategy.comm_hook == "powersgd" else None
@@ -296,11 +301,14 @@ def check_args(argv: list[str] | None):
     """Every check of the command line that needs no data, model weights or output directory: the flags parse, the
     names exist, the choices fit together, the sizes are possible. Pure; raises HfscaleError (and only that).
     Returns (model args, data args, TrainingArguments keywords, RunState)."""
+    from hfscale.formulas.metrics import param_count
     from hfscale.run.args import RunState, parse_args
+    from hfscale.run.recipes import apply_defaults
 
     model_args, data_args, training, decided = parse_args(argv)
     shape = model_shape(model_args)
-    state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), **decided)
+    training, recipe = apply_defaults(training, decided["explicit"], param_count(shape), decided["optim"])
+    state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), recipe=recipe, **decided)
     return model_args, data_args, training, state
 
 
@@ -312,6 +320,8 @@ def run(argv: list[str] | None) -> None:
     model_args, data_args, training, state = check_args(argv)
     args = build_training_arguments(training, setup_processes(state.strategy))  # the process group starts here
     setup_logging(args)
+    logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, docs/compare.md): %s",
+                ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))
     name = run_name(model_args, args, state)
     prepare_output_dir(args, state, name)
 

@@ -70,4 +70,4 @@ def test_report_of_a_sweep_keeps_failed_rows(swept):
     assert sum("| timeout |" in line for line in table) == 1 and sum("| refused |" in line for line in table) == 2
     assert all(p.stat().st_size > 1000 for p in (out / "report").glob("*.png"))
     assert {p.name for p in (out / "report").glob("*.png")} == {"days_vs_gpus.png", "loss_curves.png", "memory.png",
-                                                                 "throughput.png"}
+                                                                 "throughput.png", "loss_vs_tokens.png", "loss_vs_time.png"}

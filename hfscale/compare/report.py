@@ -43,6 +43,7 @@ class Row:
     notes: str
     loss_history: list
     path: str
+    group: str = ""  # model, data and sequence length: runs of one group can be compared by convergence
 
     @property
     def ok(self) -> bool:
@@ -106,7 +107,8 @@ def to_row(path: Path) -> Row:
         tflops=perf.get("tflops_per_gpu_bigscience") if ok else None, mfu=perf.get("mfu") if ok else None,
         mem_gb=mem.get("peak_allocated_gb", mem.get("peak_rss_gb")), mem_kind=mem_kind, tokens_per_s=tokens_per_s,
         days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None, notes=_notes(results, status),
-        loss_history=results.get("loss_history") or [], path=str(path.parent))
+        loss_history=results.get("loss_history") or [], path=str(path.parent),
+        group=f"{model.get('name', '?')} · {cfg.get('dataset', '?')} · seq {cfg.get('seq_len', '?')}")
 
 
 def collect(paths: list[Path]) -> list[Row]:
@@ -149,7 +151,7 @@ def _label(row: Row) -> str:
     return f"{row.strategy}/{row.optim}"
 
 
-def plots(rows: list[Row], out: Path) -> list[Path]:
+def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,16 +183,23 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
         ax.legend(title="strategy/optimizer", fontsize=8)
         finish(fig, "days_vs_gpus.png")
 
-    curves = [r for r in rows if r.loss_history]
-    if curves:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in curves:
-            points = [(p["step"], p["loss"]) for p in r.loss_history if p.get("loss") is not None]
-            ax.plot([s for s, _ in points], [v for _, v in points], label=r.run, linewidth=1)
-        ax.set(xlabel="optimizer step", ylabel="training loss", title="Training loss, all runs overlaid")
+    from .convergence import X_AXES, curve
+
+    # One loss plot per x-axis: steps hold different numbers of tokens when GAS or GPUs differ, so runs are
+    # compared by tokens seen and by wall-clock too.
+    for x, name in (("step", "loss_curves.png"), ("tokens", "loss_vs_tokens.png"), ("elapsed_s", "loss_vs_time.png")):
+        curves = [(r, curve(r.loss_history, x, smooth_weight)) for r in rows]
+        curves = [(r, xy) for r, xy in curves if xy[0]]
+        if not curves:
+            continue
+        fig, ax = plt.subplots(figsize=(8.5, 4.5))
+        for r, (xs, ys) in curves:
+            ax.plot(xs, ys, label=r.run, linewidth=1)
+        smoothing = f", smoothed {smooth_weight:g}" if smooth_weight else ""
+        ax.set(xlabel=X_AXES[x], ylabel="training loss", title=f"Training loss against {X_AXES[x]}{smoothing}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6, ncol=1 if len(curves) < 12 else 2)
-        finish(fig, "loss_curves.png")
+        ax.legend(fontsize=6, ncol=1 + len(curves) // 16, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        finish(fig, name)
 
     for name, attr, xlabel, title in (
         ("memory.png", "mem_gb", "peak memory per device (GB)", "Peak memory per device by run"),
@@ -225,14 +234,20 @@ def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{figures}</body></html>\n")
 
 
-def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bool = False) -> tuple[list[Row], list[Path]]:
+def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bool = False,
+                 smooth_weight: float = 0.0, target_loss: float | None = None) -> tuple[list[Row], list[Path]]:
+    from .convergence import compare_runs
+    from .convergence import markdown as convergence_markdown
+
     rows = collect(paths)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
     atomic_write_text(out / "report.md", table)
     atomic_write_text(out / "report.csv", csv_text(rows))
-    written = [out / "report.md", out / "report.csv"]
-    images = plots(rows, out) if with_plots else []
+    converged = compare_runs([(r.group, r.run, r.loss_history) for r in rows if r.ok], smooth_weight, target_loss)
+    atomic_write_text(out / "convergence.md", convergence_markdown(converged))
+    written = [out / "report.md", out / "report.csv", out / "convergence.md"]
+    images = plots(rows, out, smooth_weight) if with_plots else []
     written += images
     if html:
         atomic_write_text(out / "report.html", html_page(table, rows, images))
@@ -247,8 +262,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, help="where report.md/.csv/.html and the PNGs go (default: <first path>/report)")
     parser.add_argument("--html", action="store_true", help="also write a self-contained report.html")
     parser.add_argument("--no_plots", action="store_true", help="tables only")
+    parser.add_argument("--smooth", type=float, default=0.0, help="TensorBoard-style smoothing of the loss curves, 0 to <1")
+    parser.add_argument("--target_loss", type=float, help="convergence.md: tokens to this loss (default: the group's "
+                        "highest final loss, which every run reaches)")
     opts = parser.parse_args(argv)
+    if not 0 <= opts.smooth < 1:
+        raise HfscaleError(f"--smooth must be in [0, 1), got {opts.smooth}")
     out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
-    rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html)
+    rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss)
     print(markdown_table(rows))
     print("wrote " + ", ".join(str(p) for p in written))

@@ -128,6 +128,8 @@ class RunState:
     launcher_world_size: int  # processes the launcher started (WORLD_SIZE), before any library is asked
     tensorboard: bool  # hfscale writes the TensorBoard events itself
     auto_output_dir: bool  # no --output_dir: runs/<run name>
+    explicit: set = field(default_factory=set)  # the training flags the user set
+    recipe: dict = field(default_factory=dict)  # {name: [value, "flag" | "default"]} of the pretraining recipe
     checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
     resume_from: str | None = None  # the complete checkpoint this run resumes from
 
@@ -239,7 +241,8 @@ def _split_by_dataclass(values: dict, where: str) -> list[dict]:
     return groups
 
 
-def _read_values(argv: list[str]) -> list[dict]:
+def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
+    """(one {field: value} per dataclass, the fields the user set): explicit values win over hfscale's recipes."""
     parser = HfscaleArgumentParser(DATACLASSES)
     parser.prog = "hfscale train"
     if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
@@ -249,21 +252,25 @@ def _read_values(argv: list[str]) -> list[dict]:
         data = load_json(path) if path.suffix == ".json" else load_yaml(path)
         groups = _split_by_dataclass(data, f"{path}: ")
         defaults = _split_by_dataclass(vars(parser.parse_args([])), "")
-        return [{**d, **g} for d, g in zip(defaults, groups)]
+        return [{**d, **g} for d, g in zip(defaults, groups)], set(data)
     namespace, remaining = parser.parse_known_args(args=argv)
     if remaining:
         raise HfscaleError(f"Some specified arguments are not used by the HfArgumentParser: {remaining}")
-    return _split_by_dataclass(vars(namespace), "")
+    given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+    values = vars(namespace)
+    explicit = {name for name in given if name in values} | {name[3:] for name in given if name.startswith("no_")}
+    return _split_by_dataclass(values, ""), explicit
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, dict, dict]:
     """(model args, data args, TrainingArguments keywords, hfscale's decisions): every check that needs no data, model
-    weights or output directory. Pure; raises HfscaleError (and only that) for anything a user got wrong."""
+    weights or output directory. Pure; raises HfscaleError (and only that) for anything a user got wrong.
+    decisions["explicit"]: the TrainingArguments the user set (hfscale's pretraining recipe fills the others)."""
     argv = sys.argv[1:] if argv is None else argv
-    model_kw, data_kw, training = _read_values(argv)
+    (model_kw, data_kw, training), explicit = _read_values(argv)
     try:
         model_args, data_args = ModelArguments(**model_kw), DataArguments(**data_kw)
     except (ValueError, TypeError) as err:
         raise HfscaleError(" ".join(str(err).split())) from None
     training, decided = plan_training(training)
-    return model_args, data_args, training, decided
+    return model_args, data_args, training, {**decided, "explicit": explicit}

@@ -271,6 +271,10 @@ class MeasureCallback(TrainerCallback):
             self._logged_step = state.global_step
         if self.tb and self.is_main:
             self.tb.scalars(values, state.global_step)
+            if "loss" in logs and logs.get("tokens") is not None:  # the same loss against tokens and wall-clock
+                self.tb.scalars({"train_by_tokens/loss": logs["loss"]}, int(logs["tokens"]))
+                if logs.get("elapsed_s") is not None:
+                    self.tb.scalars({"train_by_time_ms/loss": logs["loss"]}, int(logs["elapsed_s"] * 1000))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.tb:
@@ -297,12 +301,22 @@ def format_summary(results: dict) -> str:
         f"  memory: peak RSS {mem.get('peak_rss_gb', 0):.2f} GB"
         + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
            if "peak_allocated_gb" in mem else ""),
+        loss_line(results),
         memory_line(results),
         f"  {results['config']['token_budget'] / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
         f"{cfg['world_size']} GPU(s) = {f('gpu_days_to_budget', '{:,.1f}')} GPU-days",
         f"  results: {results['output_dir']}/results.json",
     ]
     return "\n".join(lines)
+
+
+def loss_line(results: dict) -> str:
+    points = [p for p in results.get("loss_history") or [] if p.get("loss") is not None]
+    if not points:
+        return "  loss: not logged"
+    first, last = points[0], points[-1]
+    tokens = f" ({last['tokens']:,} tokens)" if last.get("tokens") else ""
+    return f"  loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}{tokens}"
 
 
 def memory_line(results: dict) -> str:

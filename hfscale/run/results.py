@@ -3,7 +3,7 @@
 Schema (version 1) — documented in docs/results.md:
   schema_version, status ("running" | "ok" | "fail" | "refused"), error, run_name, strategy, optim,
   started_at, finished_at, model{...}, config{...}, environment{...}, strategy_check{...},
-  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr}]
+  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr, tokens, elapsed_s}]
 """
 
 import json
@@ -37,7 +37,9 @@ class RunRecord:
 
     def add_loss(self, step: int, logs: dict) -> None:
         self.data["loss_history"].append(
-            {"step": step, "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "lr": logs.get("learning_rate")}
+            {"step": step, "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "lr": logs.get("learning_rate"),
+             "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s"),
+             **({"tokens_counted": logs["num_input_tokens_seen"]} if "num_input_tokens_seen" in logs else {})}
         )
 
     def note_checkpoint(self, step: int, save_s: float | None = None, size_gb: float | None = None) -> None:

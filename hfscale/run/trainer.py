@@ -25,8 +25,11 @@ STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
 
 class HfscaleTrainer(Trainer):
     def __init__(self, *args, strategy, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
-                 **kwargs):
+                 tokens_per_step: int = 0, **kwargs):
         self.strategy, self.meter, self.step_memory = strategy, meter, step_memory
+        self.tokens_per_step = tokens_per_step  # global: MBS x GAS x DP x seq
+        self._clock_start = None  # wall clock of the first micro-batch of this process's training
+        self._elapsed_before = 0.0  # training seconds before a resume (from the checkpoint's log history)
         self.checkpoint_identity, self.on_checkpoint = checkpoint_identity or {}, on_checkpoint
         self.powersgd_state = None  # set by StrategyCallback; saved with every checkpoint
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
@@ -34,6 +37,10 @@ class HfscaleTrainer(Trainer):
         super().__init__(*args, **kwargs)
 
     def training_step(self, model, inputs, *args, **kwargs):
+        if self._clock_start is None:
+            self._clock_start = time.perf_counter()
+            earlier = [e["elapsed_s"] for e in self.state.log_history if e.get("elapsed_s") is not None]
+            self._elapsed_before = earlier[-1] if earlier else 0.0
         if self.first_batch_digest is None or self.args.record_batches:
             ids = inputs["input_ids"]
             digest = int(ids.sum())  # a sync: on the first micro-batch only, unless --record_batches
@@ -80,6 +87,10 @@ class HfscaleTrainer(Trainer):
             self.is_fsdp_enabled = True
 
     def log(self, logs: dict, *args, **kwargs) -> None:
+        if "loss" in logs:  # where this point lies in tokens seen and in wall-clock (kept in the checkpoint's history)
+            logs["tokens"] = self.state.global_step * self.tokens_per_step
+            if self._clock_start is not None:
+                logs["elapsed_s"] = round(self._elapsed_before + time.perf_counter() - self._clock_start, 3)
         if self.meter is not None and "loss" in logs:
             figures = self.meter.interval(self.state.global_step)
             if figures is not None:

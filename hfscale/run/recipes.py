@@ -1,0 +1,67 @@
+"""Pretraining defaults: what a from-scratch run uses when the user does not say otherwise.
+
+The Trainer's own defaults are a fine-tuning recipe (5e-5, linear decay, no warmup, Adam beta2 0.999, no weight
+decay): a model trained from scratch with them barely moves. hfscale fills, for every flag the user did not pass,
+the recipe of the GPT-3 and BLOOM papers: a peak learning rate by model size, linear warmup, cosine decay to 10% of
+the peak, AdamW betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0. docs/compare.md has the table.
+"""
+
+import math
+
+# (parameters, peak learning rate) of published pretraining runs. GPT-3 (Brown et al. 2020, Table 2.1): 125M 6e-4,
+# 350M 3e-4, 760M 2.5e-4, 1.3B 2e-4, 2.7B 1.6e-4, 6.7B 1.2e-4, 13B 1e-4, 175B 0.6e-4. BLOOM (BigScience 2022,
+# Table 3) used the same values at its sizes (560M 3e-4, 1.1B 2.5e-4, 1.7B 2e-4, 3B 1.6e-4, 7.1B 1.2e-4, 176B 0.6e-4).
+# Below 125M (test-sized models) the rate keeps rising to 1e-3 at 10M and below: tiny models take larger steps.
+PEAK_LR = [(10e6, 1e-3), (125e6, 6e-4), (350e6, 3e-4), (760e6, 2.5e-4), (1.3e9, 2e-4), (2.7e9, 1.6e-4),
+           (6.7e9, 1.2e-4), (13e9, 1e-4), (175e9, 0.6e-4)]
+ADAFACTOR_LR = 1e-3  # T5's constant Adafactor rate with relative_step off (the Trainer turns relative_step off)
+WARMUP_FRACTION = 0.02  # of the training steps (GPT-3: 375M of 300B tokens; short runs need relatively more)
+MIN_LR_RATE = 0.1  # cosine decay to 10% of the peak (GPT-3, BLOOM)
+ADAM_BETA2 = 0.95  # GPT-3, BLOOM (the Trainer's 0.999 is a fine-tuning value)
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 1.0
+LOG_POINTS = 50  # logging density: a short run still logs ~50 points of its loss curve
+MAX_LOGGING_STEPS = 10  # and a long run at least every 10 steps (the Trainer's default 500 draws nothing)
+
+
+def peak_learning_rate(params: float) -> float:
+    """Log-linear interpolation of PEAK_LR in log(parameters)."""
+    if params <= PEAK_LR[0][0]:
+        return PEAK_LR[0][1]
+    for (n0, lr0), (n1, lr1) in zip(PEAK_LR, PEAK_LR[1:]):
+        if params <= n1:
+            x = (math.log(params) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return math.exp(math.log(lr0) + x * (math.log(lr1) - math.log(lr0)))
+    return PEAK_LR[-1][1]
+
+
+def logging_steps(max_steps: int) -> int:
+    return max(1, min(MAX_LOGGING_STEPS, max_steps // LOG_POINTS)) if max_steps > 0 else MAX_LOGGING_STEPS
+
+
+def pretraining_defaults(params: float, optim: str, max_steps: int) -> dict:
+    """TrainingArguments values of the pretraining recipe for a model of `params` parameters."""
+    adafactor = optim == "adafactor"
+    return {
+        "learning_rate": ADAFACTOR_LR if adafactor else peak_learning_rate(params),
+        "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_kwargs": {"min_lr_rate": MIN_LR_RATE},
+        "warmup_steps": WARMUP_FRACTION,
+        "adam_beta2": ADAM_BETA2,
+        "weight_decay": 0.0 if adafactor else WEIGHT_DECAY,  # Adafactor (T5) trains without weight decay
+        "max_grad_norm": MAX_GRAD_NORM,
+        "logging_steps": logging_steps(max_steps),
+    }
+
+
+def apply_defaults(training: dict, explicit: set[str], params: float, optim: str) -> tuple[dict, dict]:
+    """(training keywords with the recipe filled where the user set nothing, {name: [value, "flag" | "default"]})."""
+    out = dict(training)
+    recipe = {}
+    for name, value in pretraining_defaults(params, optim, int(training.get("max_steps") or -1)).items():
+        if name in explicit:
+            recipe[name] = [training[name], "flag"]
+        else:
+            out[name] = value
+            recipe[name] = [value, "default"]
+    return out, recipe
