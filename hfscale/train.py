@@ -131,6 +131,8 @@ def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
     table = table_peak(env["device_name"], precision(args)) if on_cuda else None
     if table:
         return table, f"datasheet {env['device_name']} {precision(args)}", measured
+    if measured is None:  # a GPU the table does not know, and nothing measured: no MFU rather than a wrong one
+        return None, f"unknown device {env['device_name']!r}: pass --peak_tflops or --measure_peak", None
     return measured, "measured matmul peak on this device", measured
 
 

@@ -89,3 +89,29 @@ def test_peak_table_never_claims_a_cpu_peak():
     assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert table_peak("NVIDIA H100 PCIe", "bf16") == 756.0
     assert table_peak("Intel(R) Xeon(R) CPU", "fp32") is None
+
+
+@pytest.mark.parametrize("name,dtype,peak", [
+    ("NVIDIA B200", "bf16", 2250.0), ("NVIDIA H800", "bf16", 989.0), ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+    ("NVIDIA H100 NVL", "bf16", 835.5), ("NVIDIA H100 PCIe", "tf32", 378.0), ("NVIDIA A800-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bf16", 312.0 * 3 / 7), ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16", 989.0 / 7),
+    ("NVIDIA L4", "bf16", 121.0), ("NVIDIA L40S", "bf16", 362.0), ("AMD Instinct MI300X", "bf16", 1307.0),
+    ("Tesla V100-SXM2-16GB", "fp16", 120.0), ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+    ("NVIDIA RTX A1000", "bf16", None), ("NVIDIA GeForce RTX 4090", "bf16", None), ("NVIDIA RTX 6000 Ada Generation", "bf16", None),
+])
+def test_peak_table_matches_device_names_exactly(name, dtype, peak):
+    from hfscale.formulas.peaks import table_peak
+
+    assert table_peak(name, dtype) == (pytest.approx(peak) if peak else None)
+
+
+def test_an_unknown_gpu_gets_no_mfu_and_says_why():
+    from types import SimpleNamespace
+
+    from hfscale.train import peak_tflops
+
+    args = SimpleNamespace(measure_peak=False, peak_tflops=None, bf16=True, fp16=False, tf32=False, local_process_index=0)
+    peak, source, measured = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA RTX 6000 Ada Generation"})
+    assert peak is None and measured is None and "unknown device" in source and "--peak_tflops" in source
+    peak, source, _ = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA H100 NVL"})
+    assert peak == 835.5 and source.startswith("datasheet")

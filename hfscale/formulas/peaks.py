@@ -4,29 +4,43 @@ Table values are the vendors' datasheet dense peaks. MFU against them is the con
 MFU against a *measured* peak (`hfscale peak`) says how close training gets to what matmuls achieve here.
 """
 
+import re
 import time
 
-# name fragment (matched against torch.cuda.get_device_name, lower case) -> dtype -> dense TFLOPs.
+# Datasheet dense peaks (no sparsity) per dtype, TFLOPs, by device key (see DEVICE_PATTERNS for the names).
 PEAK_TFLOPS = {
+    "b200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 80.0},  # HGX B200, 1000 W
     "h200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
+    "h100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},  # SXM (H800 SXM: same compute)
+    "h100 nvl": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "h100 pcie": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
-    "h100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},  # SXM
-    "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM and PCIe; A800 the same
     "a10g": {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2},
     "l40s": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
-    "v100-sxm2-16gb": {"fp16": 120.0, "fp32": 15.0},  # the BigScience notes: 16GB ~120, 32GB ~125
+    "l4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "v100-16gb": {"fp16": 120.0, "fp32": 15.0},  # the BigScience notes: 16GB ~120, 32GB ~125
     "v100": {"fp16": 125.0, "fp32": 15.7},
     "mi300x": {"bf16": 1307.0, "fp16": 1307.0, "tf32": 653.7, "fp32": 163.4},
     "mi250x": {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7},
     "mi250": {"bf16": 362.1, "fp16": 362.1, "fp32": 90.5},
 }
+# torch.cuda.get_device_name -> key: whole words, most specific first, so "RTX A1000" is no A100 and an H100 NVL
+# or PCIe card does not get the SXM peak. Names are lower-cased with "nvidia"/"amd"/"instinct" removed first.
+DEVICE_PATTERNS = [
+    (r"\bb200\b", "b200"), (r"\bh200\b", "h200"),
+    (r"\bh[18]00\b.*\bnvl\b", "h100 nvl"), (r"\bh[18]00\b.*\bpcie\b", "h100 pcie"), (r"\bh[18]00\b", "h100"),
+    (r"\ba[18]00\b", "a100"), (r"\ba10g\b", "a10g"), (r"\bl40s\b", "l40s"), (r"\bl4\b", "l4"),
+    (r"\bv100\b.*\b16\s?gb\b", "v100-16gb"), (r"\bv100\b", "v100"),
+    (r"\bmi300x\b", "mi300x"), (r"\bmi250x\b", "mi250x"), (r"\bmi250\b", "mi250"),
+]
+MIG_COMPUTE_SLICES = 7  # A100/H100 split into at most 7 compute slices; "MIG 3g.40gb" has 3 of them
 
 
 # Devices a user plans for (hfscale estimate/project --device NAME): memory per device in GB (1e9 bytes, as sold)
 # and the key of their dense peak in PEAK_TFLOPS.
 DEVICES = {
     "A100-40GB": (40.0, "a100"), "A100-80GB": (80.0, "a100"), "H100-80GB": (80.0, "h100"),
-    "H100-PCIe-80GB": (80.0, "h100 pcie"), "H200-141GB": (141.0, "h200"), "V100-16GB": (16.0, "v100-sxm2-16gb"),
+    "H100-PCIe-80GB": (80.0, "h100 pcie"), "H200-141GB": (141.0, "h200"), "V100-16GB": (16.0, "v100-16gb"),
     "V100-32GB": (32.0, "v100"), "A10G-24GB": (24.0, "a10g"), "L40S-48GB": (48.0, "l40s"),
     "MI250X-128GB": (128.0, "mi250x"), "MI300X-192GB": (192.0, "mi300x"),
 }
@@ -47,13 +61,22 @@ def device_peak(name: str, dtype: str) -> float | None:
     raise KeyError(name)
 
 
-def table_peak(device_name: str, dtype: str) -> float | None:
-    """The datasheet peak for this device and dtype; None for a CPU or an unknown device (never guess)."""
-    name = device_name.lower()
-    for fragment, peaks in PEAK_TFLOPS.items():  # ordered: specific fragments before general ones
-        if fragment in name:
-            return peaks.get(dtype)
+def device_key(device_name: str) -> str | None:
+    """The PEAK_TFLOPS key of a device name as torch reports it; None when it is not a device hfscale knows."""
+    name = " ".join(re.sub(r"\b(nvidia|amd|instinct|tesla)\b", " ", device_name.lower()).split())
+    for pattern, key in DEVICE_PATTERNS:
+        if re.search(pattern, name):
+            return key
     return None
+
+
+def table_peak(device_name: str, dtype: str) -> float | None:
+    """The datasheet peak for this device and dtype (a MIG slice gets its share); None for a CPU or an unknown
+    device - never a guess."""
+    key = device_key(device_name)
+    peak = PEAK_TFLOPS[key].get(dtype) if key else None
+    mig = re.search(r"\bmig (\d)g\.", device_name.lower())
+    return peak * int(mig.group(1)) / MIG_COMPUTE_SLICES if peak and mig else peak
 
 
 def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | None = None, seconds: float = 1.0) -> float:
