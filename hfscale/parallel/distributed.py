@@ -146,12 +146,12 @@ def setup_processes(strategy: Strategy) -> dict:
     return {}
 
 
-def shutdown(wait_for_all: bool = True) -> None:
+def shutdown(wait_for_all: bool = True) -> bool:
     """Tear the process group down before interpreter exit (after a barrier when the run succeeded).
 
     Left to interpreter exit, gloo's worker threads can be destroyed mid-flight, which aborts a rank with
     "terminate called without an active exception" (exit -6) after its results are written (pytorch#190489).
-    A failing rank skips the barrier: the others may never reach it.
+    A failing rank skips the barrier: the others may never reach it. Returns whether there was a group.
     """
     import torch.distributed as dist
 
@@ -159,3 +159,5 @@ def shutdown(wait_for_all: bool = True) -> None:
         if wait_for_all:
             dist.barrier()
         dist.destroy_process_group()
+        return True
+    return False
