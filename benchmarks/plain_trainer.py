@@ -14,7 +14,8 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments, default_d
 
 from hfscale.run.args import DataArguments, ModelArguments  # noqa: E402
 from hfscale.files import atomic_write_text  # noqa: E402
-from hfscale.train import build, load_data, resolve_seq_len  # noqa: E402
+from hfscale.run.models import resolve_seq_len  # noqa: E402
+from hfscale.train import build, load_data  # noqa: E402
 
 
 def main() -> None:

@@ -36,13 +36,6 @@ def setup_logging(args) -> None:
     datasets.disable_progress_bars()
 
 
-def resolve_seq_len(shape, requested: int | None) -> int:
-    seq_len = requested or min(shape.positions, 1024)
-    if seq_len > shape.positions:
-        raise HfscaleError(f"--seq_len {seq_len} is longer than the model's {shape.positions} positions")
-    return seq_len
-
-
 def precision(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
 
@@ -319,6 +312,7 @@ def check_args(argv: list[str] | None):
     Returns (model args, data args, TrainingArguments keywords, RunState)."""
     from hfscale.formulas.metrics import param_count
     from hfscale.run.args import RunState, parse_args
+    from hfscale.run.models import resolve_seq_len
     from hfscale.run.recipes import apply_defaults
 
     model_args, data_args, training, decided = parse_args(argv)

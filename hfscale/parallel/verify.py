@@ -105,7 +105,7 @@ _ZERO_GRADIENTS = ("averaged_gradients", "grad_partitions_flat_buffer", "_DeepSp
 _ZERO_MASTERS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
 
 
-def measure_gradients(model_wrapped, optimizer) -> int:
+def measure_gradients(model_wrapped) -> int:
     """Bytes of gradients this rank holds right before its optimizer step: the parameters' .grad (their local shard),
     and under DeepSpeed ZeRO the optimizer's gradient partitions and the fp32 masters' .grad."""
     seen: set = set()

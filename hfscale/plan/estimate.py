@@ -116,27 +116,36 @@ def micro_batches(value: str) -> list[int] | None:
     return sizes
 
 
+def device_memory_bytes(device: str, device_memory_gb: float | None) -> float:
+    """Memory per GPU: --device_memory_gb, else the --device name's."""
+    from ..formulas.peaks import DEVICES, device_memory_gb as memory_of
+
+    _positive("device_memory_gb", device_memory_gb)
+    if device_memory_gb is not None:
+        return device_memory_gb * GB
+    try:
+        return memory_of(device) * GB
+    except KeyError:
+        raise one_of("device", device, DEVICES) from None
+
+
+def check_attention(attention: str) -> None:
+    if attention not in ATTENTION:
+        raise one_of("attention implementation", attention, ATTENTION)
+
+
 def check(opts, shape: ModelShape) -> tuple[int, float]:
     """(seq_len, device memory in bytes) after every check of the numbers."""
-    from ..formulas.peaks import DEVICES, device_memory_gb
+    from ..run.models import resolve_seq_len
 
-    for name in ("gpus", "gpus_per_node", "seq_len", "device_memory_gb", "host_memory_gb"):
+    for name in ("gpus", "gpus_per_node", "seq_len", "host_memory_gb"):
         _positive(name, getattr(opts, name))
     if opts.gpus % opts.gpus_per_node and opts.gpus > opts.gpus_per_node:
         raise HfscaleError(f"--gpus {opts.gpus} is not a multiple of --gpus_per_node {opts.gpus_per_node}")
-    if opts.attn_implementation not in ATTENTION:
-        raise one_of("attention implementation", opts.attn_implementation, ATTENTION)
+    check_attention(opts.attn_implementation)
     if opts.bf16 and opts.fp16:
         raise HfscaleError("--bf16 and --fp16 are exclusive")
-    seq = opts.seq_len or min(shape.positions, 1024)
-    if seq > shape.positions:
-        raise HfscaleError(f"--seq_len {seq} is longer than the model's {shape.positions} positions")
-    if opts.device_memory_gb is not None:
-        return seq, opts.device_memory_gb * GB
-    try:
-        return seq, device_memory_gb(opts.device) * GB
-    except KeyError:
-        raise one_of("device", opts.device, DEVICES) from None
+    return resolve_seq_len(shape, opts.seq_len), device_memory_bytes(opts.device, opts.device_memory_gb)
 
 
 def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:

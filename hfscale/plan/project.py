@@ -172,12 +172,11 @@ def baseline_from_results(path: Path) -> Baseline:
 
 
 def baseline_from_flags(opts) -> Baseline:
+    from ..run.models import resolve_seq_len
     from .estimate import model_shape
 
     shape = model_shape(opts)
-    seq = opts.seq_len or min(shape.positions, 1024)
-    if seq > shape.positions:
-        raise HfscaleError(f"--seq_len {seq} is longer than the model's {shape.positions} positions")
+    seq = resolve_seq_len(shape, opts.seq_len)
     tokens_per_micro = opts.micro_batch_size * seq
     if opts.tokens_per_s_per_gpu is not None:
         micro_s = tokens_per_micro / opts.tokens_per_s_per_gpu

@@ -84,12 +84,15 @@ def _csv(text: str, valid, flag: str) -> list[str]:
 def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     """Every configuration, pruned ones with their reason. Returns (candidates, shape, seq)."""
     from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, memory_layout
-    from .estimate import check as check_sizes
-    from .estimate import model_shape
+    from ..run.models import resolve_seq_len
+    from .estimate import check_attention, device_memory_bytes, model_shape
 
     shape = model_shape(opts)
-    opts.gpus_per_node, opts.host_memory_gb, opts.fp16 = opts.gpus, None, False
-    seq, device_bytes = check_sizes(opts, shape)
+    if opts.seq_len is not None and opts.seq_len <= 0:
+        raise HfscaleError(f"--seq_len must be positive, got {opts.seq_len}")
+    check_attention(opts.attn_implementation)
+    seq = resolve_seq_len(shape, opts.seq_len)
+    memory_per_gpu = device_memory_bytes(opts.device, opts.device_memory_gb)
     strategies = _csv(opts.strategies, all_strategies(), "strategy")
     optims = _csv(opts.optims, OPTIMIZERS, "optimizer")
     try:
@@ -120,8 +123,8 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
         mem = rank_memory(shape, memory_layout(all_strategies()[name], shape.hidden), optim=optim,
                           precision="bf16" if opts.bf16 else "fp32", ranks=opts.gpus, micro_batch=mbs, seq=seq,
                           checkpointing=ckpt, attention=opts.attn_implementation)
-        if mem.device_total > device_bytes:
-            out.append(Candidate(run, "pruned", f"estimate {mem.device_total / GB:.2f} GB > {device_bytes / GB:g} GB "
+        if mem.device_total > memory_per_gpu:
+            out.append(Candidate(run, "pruned", f"estimate {mem.device_total / GB:.2f} GB > {memory_per_gpu / GB:g} GB "
                                  "per GPU", mem.device_total / GB))
             continue
         out.append(Candidate(run, "planned", None, mem.device_total / GB))

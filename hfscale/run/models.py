@@ -72,6 +72,14 @@ def validate_shape(shape: ModelShape) -> None:
         raise HfscaleError(f"BLOOM's MLP is fixed at 4 x hidden ({4 * shape.hidden}); --ffn_hidden_size is GPT-2 only")
 
 
+def resolve_seq_len(shape: ModelShape, requested: int | None) -> int:
+    """Tokens per sample: as asked, else the model's positions up to 1024; never longer than the model's positions."""
+    seq_len = requested or min(shape.positions, 1024)
+    if seq_len > shape.positions:
+        raise HfscaleError(f"--seq_len {seq_len} is longer than the model's {shape.positions} positions")
+    return seq_len
+
+
 def hf_config(shape: ModelShape, dropout: float = 0.0, **extra):
     """The transformers config of a shape (imports transformers lazily: this module stays cheap to import).
 

@@ -158,14 +158,14 @@ class StrategyCallback(TrainerCallback):
 
         def step(*args, **kwargs):
             if self.gradient_bytes is None:
-                self.gradient_bytes = verify.measure_gradients(engine, self.trainer.optimizer)
+                self.gradient_bytes = verify.measure_gradients(engine)
             return real_step(*args, **kwargs)
 
         engine.step = step
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.gradient_bytes is None and not hasattr(self.trainer.model_wrapped, "zero_optimization_stage"):
-            self.gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped, self.trainer.optimizer)
+            self.gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1:
