@@ -46,13 +46,76 @@ def test_slow_inter_node_link_without_accumulation_makes_two_nodes_slower_and_ga
 def test_zero3_moves_one_and_a_half_times_zero1_per_micro_step():
     P = param_count(SHAPE)
     for ranks in (2, 8, 64):
-        z1 = comm.comm_pattern("deepspeed", 1, param_bytes=2 * P, grad_bytes=2 * P, ranks=ranks)
-        z3 = comm.comm_pattern("deepspeed", 3, param_bytes=2 * P, grad_bytes=2 * P, ranks=ranks)
-        ddp = comm.comm_pattern("ddp", None, param_bytes=2 * P, grad_bytes=2 * P, ranks=ranks)
+        states = dict(param_bytes=2 * P, grad_bytes=2 * P, ranks=ranks, token_count_gather=False)
+        z1 = comm.comm_pattern("deepspeed", 1, **states)
+        z3 = comm.comm_pattern("deepspeed", 3, **states)
+        ddp = comm.comm_pattern("ddp", None, **states)
         assert z3.bytes_per_step(1, ranks) == pytest.approx(1.5 * z1.bytes_per_step(1, ranks))
         assert z1.bytes_per_step(1, ranks) == pytest.approx(ddp.bytes_per_step(1, ranks))  # 2(n-1)/n Ψ each
         # with accumulation ZeRO-1 (and DDP) still communicate once per step, ZeRO-3 every micro-step
         assert z3.bytes_per_step(16, ranks) == pytest.approx(16 * 1.5 * z1.bytes_per_step(16, ranks))
+
+
+def test_every_strategy_pays_the_trainers_per_step_token_count_gather():
+    for engine, stage in (("ddp", None), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", None)):
+        pattern = comm.comm_pattern(engine, stage, param_bytes=4e6, grad_bytes=4e6, ranks=4)
+        gathers = [c for c in pattern.collectives if c.what == "token count"]
+        assert len(gathers) == 1 and gathers[0].per == "step" and gathers[0].overlaps == "none"
+        assert gathers[0].size_bytes == 4 * comm.TOKEN_COUNT_BYTES_PER_RANK
+
+
+def test_expected_maximum_of_normals_against_closed_forms_and_sampling():
+    import random
+
+    assert comm.expected_max_std_normal(1) == 0.0
+    assert comm.expected_max_std_normal(2) == pytest.approx(1 / 3.141592653589793 ** 0.5, rel=1e-6)
+    assert comm.expected_max_std_normal(3) == pytest.approx(3 / (2 * 3.141592653589793 ** 0.5), rel=1e-6)
+    rng = random.Random(0)
+    for n in (8, 64):
+        sampled = sum(max(rng.gauss(0, 1) for _ in range(n)) for _ in range(20000)) / 20000
+        assert comm.expected_max_std_normal(n) == pytest.approx(sampled, abs=0.03)
+    st = comm.step_time(comm.CommPattern(), micro_compute_s=1.0, grad_accum=1, ranks=2, gpus_per_node=8, links=FAST,
+                        step_sd_s=0.1)
+    assert st.straggler_s == pytest.approx(0.1 / 3.141592653589793 ** 0.5) and st.total_s == pytest.approx(1 + st.straggler_s)
+
+
+def test_step_noise_from_logging_intervals_recovers_the_per_step_sd():
+    import random
+
+    from hfscale.plan.project import step_noise_s
+
+    rng = random.Random(1)
+    estimates = []
+    for _ in range(200):  # intervals of 10 steps of N(0.1 s, 0.01 s): sd of each interval mean is 0.01/sqrt(10)
+        history = [{"step": 10 * i, "s_per_iter": sum(rng.gauss(0.1, 0.01) for _ in range(10)) / 10}
+                   for i in range(1, 12)]
+        estimates.append(step_noise_s(history))
+    assert sum(estimates) / len(estimates) == pytest.approx(0.01, rel=0.1)
+    assert step_noise_s(history[:3]) == 0.0  # too few intervals: no estimate
+
+
+def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
+    from hfscale.plan.bandwidth import fit_latency_bandwidth
+
+    latency, busbw, ranks = 30e-6, 2e9, 4
+    rows = [{"kind": "all_reduce", "size_bytes": s, "time_s": 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * s / busbw}
+            for s in (4096, 65536, 1 << 20, 16 << 20)]
+    fit = fit_latency_bandwidth(rows, "all_reduce", ranks)
+    assert fit["latency_s"] == pytest.approx(latency, rel=1e-6) and fit["busbw"] == pytest.approx(busbw, rel=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_projection_from_one_process_lands_within_25_percent_of_a_real_two_process_run():
+    """Two 1-process runs side by side (the compute conditions of one rank of a 2-process run on 2 cores), the
+    loopback bandwidth measured with that step's compute between collectives, the projection from the first run to 2
+    processes, and a real 2-process run with the same per-rank work: benchmarks/projection_vs_real.py, which prints
+    the same figures for people."""
+    proc = run([sys.executable, "benchmarks/projection_vs_real.py", "--json", "--steps", "80"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps({k: figures[k] for k in ("ratio", "all_reduce_fit")}))
+    assert figures["projected"]["exposed_comm_s"] > 0 and figures["projected"]["straggler_s"] > 0
+    assert 0.75 <= figures["ratio"] <= 1.25, figures
 
 
 def test_ring_collective_time():

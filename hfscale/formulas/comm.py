@@ -4,8 +4,13 @@ and what is left exposed after overlap with compute: the model behind `hfscale p
 Collectives are timed as rings, the way nccl-tests reports bus bandwidth: over n ranks an all-reduce of S bytes
 moves 2(n-1)/n·S per rank in 2(n-1) latency-bound steps, an all-gather or a reduce-scatter (n-1)/n·S in n-1 steps.
 A ring that crosses nodes runs at the inter-node bus bandwidth per GPU (its slowest link).
+
+Synchronous data parallelism also waits: every optimizer step ends in a collective that no rank can leave before
+the slowest arrives, so a step over n ranks takes the *maximum* of n noisy step times, not their mean. With per-step
+noise of standard deviation sigma (measured on the baseline run) that costs sigma x E[max of n standard normals].
 """
 
+import math
 from dataclasses import dataclass, field
 
 # What each collective moves per rank, as a fraction of the full message S, and its ring steps, for n ranks.
@@ -43,12 +48,33 @@ def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, l
     return volume(ranks) * size_bytes / bw + steps(ranks) * latency
 
 
+def expected_max_std_normal(n: int, points: int = 4001) -> float:
+    """E[max of n independent standard normals] = integral of x * n * phi(x) * Phi(x)^(n-1) dx (0 for n = 1,
+    1/sqrt(pi) for n = 2, ~sqrt(2 ln n) for large n); trapezoidal rule over [-10, 10]."""
+    if n <= 1:
+        return 0.0
+    h = 20.0 / (points - 1)
+    total = 0.0
+    for i in range(points):
+        x = -10.0 + i * h
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * math.erfc(-x / math.sqrt(2))
+        total += (0.5 if i in (0, points - 1) else 1.0) * x * n * pdf * cdf ** (n - 1)
+    return total * h
+
+
+def straggler_s(step_sd_s: float, ranks: int) -> float:
+    """Seconds per optimizer step spent waiting for the slowest of `ranks` ranks at the step's closing collective."""
+    return step_sd_s * expected_max_std_normal(ranks)
+
+
 @dataclass(frozen=True)
 class Collective:
     kind: str  # all_reduce | all_gather | reduce_scatter | h2d | d2h (host<->device copies, per rank)
     size_bytes: float  # the full message (the whole tensor set), not the per-rank share
     per: str  # "step" (once per optimizer step) or "micro" (every micro-batch)
     overlaps: str  # what compute hides it: "backward", "forward_backward" or "none"
+    what: str = ""  # what moves, for the docs and the tests
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,11 @@ class CommPattern:
                 total += times * RING[c.kind][0](ranks) * c.size_bytes
         return total
 
+
+# transformers' Trainer (average_tokens_across_devices, on by default in v5) all-gathers each rank's count of target
+# tokens once per optimizer step (Trainer._get_num_items_in_batch) to normalise the loss: one int64 per rank,
+# latency-bound, and a synchronisation point of its own.
+TOKEN_COUNT_BYTES_PER_RANK = 8
 
 POWERSGD_MIN_COMPRESSION_RATE = 2  # torch PowerSGDState's default: compress only where it saves more than 2x
 
@@ -88,10 +119,13 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
 
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
-                 powersgd_bytes: float | None = None) -> CommPattern:
+                 powersgd_bytes: float | None = None, token_count_gather: bool = True) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
-    gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks)."""
+    gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
+    `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK)."""
     out = []
+    if token_count_gather:
+        out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", "token count"))
     if engine == "ddp":
         if powersgd_bytes is not None:  # two all-reduces (P, Q) plus the vectors; not overlapped (P waits for Q)
             out.append(Collective("all_reduce", powersgd_bytes, "step", "none"))
@@ -124,17 +158,20 @@ class StepTime:
     comm_s: float  # all communication, serialised
     exposed_s: float  # what overlap leaves on the critical path
     total_s: float
+    straggler_s: float = 0.0  # waiting for the slowest rank (in total_s)
 
 
 def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, ranks: int, gpus_per_node: int,
-              links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3, overlap: bool = True) -> StepTime:
+              links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3, overlap: bool = True,
+              step_sd_s: float = 0.0) -> StepTime:
     """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide.
 
     Overlap windows, per micro-batch: collectives marked "backward" hide under its backward (backward_share of its
     compute), those marked "forward_backward" under the whole micro-batch, and all of them together under no more
     than the micro-batch's compute. A per-step "backward" collective (DDP's all-reduce, after no_sync) hides under the
     last micro-batch's backward only. "none" is always exposed. Host copies run at host_bw (bytes/s).
-    overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute)."""
+    overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
+    step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
     seconds = {}
     for c in pattern.collectives:
         s = c.size_bytes / host_bw if c.kind in ("h2d", "d2h") else collective_s(c.kind, c.size_bytes, ranks,
@@ -151,4 +188,5 @@ def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, 
     comm = grad_accum * (micro_bw + micro_fb + micro_none) + step_bw + step_fb + step_none
     exposed = grad_accum * exposed_micro + exposed_step
     compute = grad_accum * micro_compute_s
-    return StepTime(compute, comm, exposed, compute + exposed)
+    wait = straggler_s(step_sd_s, ranks)
+    return StepTime(compute, comm, exposed, compute + exposed + wait, wait)

@@ -5,7 +5,10 @@ for all-gather and reduce-scatter), so `hfscale project --bandwidth_file` can us
     hfscale bandwidth --nproc 2 --out runs/bandwidth.json        # this node (gloo on CPU, NCCL on GPUs)
     srun ... torchrun --nnodes 2 ... -m hfscale.plan.bandwidth --worker --out bw.json   # across nodes
 
-Each size is timed `--iters` times after a warm-up, with a barrier before each; the median is reported.
+Each size is timed `--iters` times after a warm-up, with a barrier before each. The mean is reported, as nccl-tests
+reports it (a training step pays every slow collective, not the typical one; the median is kept beside it), and a
+latency-bandwidth line T(S) = steps x latency + volume x S / busbw is fitted per collective over the sizes (relative
+least squares): `hfscale project --bandwidth_file` uses the all-reduce fit.
 """
 
 import json
@@ -26,7 +29,17 @@ def bus_factor(kind: str, ranks: int) -> float:
     return 2 * (ranks - 1) / ranks if kind == "all_reduce" else (ranks - 1) / ranks
 
 
-def _time_collective(kind: str, size_bytes: int, iters: int, device) -> float:
+def _busy(seconds: float, work) -> None:
+    """Compute on this rank's device for `seconds` (wall clock), as a training step does between its collectives."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        work @ work
+
+
+def _time_collective(kind: str, size_bytes: int, iters: int, device, compute_s: float = 0.0) -> tuple[float, float]:
+    """(mean, median) seconds of one collective of `size_bytes`. compute_s > 0: each one follows that much compute
+    on every rank and no barrier, as in a training step (it then pays the ranks' skew and the wake-up of idle
+    communication threads, which back-to-back timing never sees)."""
     import torch
     import torch.distributed as dist
 
@@ -40,17 +53,45 @@ def _time_collective(kind: str, size_bytes: int, iters: int, device) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     run()
     sync()
+    work = torch.randn(256, 256, device=device)
     times = []
     for _ in range(iters):
-        dist.barrier()
+        if compute_s > 0:
+            _busy(compute_s, work)
+            sync()
+        else:
+            dist.barrier()
         start = time.perf_counter()
         run()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.fmean(times), statistics.median(times)
 
 
-def worker(sizes: list[int], iters: int, out: str | None) -> None:
+def fit_latency_bandwidth(rows: list[dict], kind: str, ranks: int) -> dict:
+    """Fit time = ring_steps x latency + volume x size / busbw to the rows of one collective, minimising relative
+    errors (so the small, latency-bound sizes count as much as the large ones). Latency is per ring step."""
+    from ..formulas.comm import RING
+
+    volume, steps = RING[kind]
+    pts = [(steps(ranks), volume(ranks) * r["size_bytes"], r["time_s"]) for r in rows if r["kind"] == kind]
+    # weighted normal equations for t = a*x + b*y with weights 1/t^2
+    sxx = sum(x * x / t ** 2 for x, y, t in pts)
+    syy = sum(y * y / t ** 2 for x, y, t in pts)
+    sxy = sum(x * y / t ** 2 for x, y, t in pts)
+    sxt = sum(x / t for x, y, t in pts)
+    syt = sum(y / t for x, y, t in pts)
+    det = sxx * syy - sxy * sxy
+    a, b = ((syy * sxt - sxy * syt) / det, (sxx * syt - sxy * sxt) / det) if det > 0 else (0.0, 0.0)
+    if a < 0:  # no measurable latency: bandwidth alone
+        a, b = 0.0, syt / syy
+    if b <= 0:  # time does not grow with size (noise): each term bounded by the extremes, a pessimistic reading
+        smallest, largest = min(pts, key=lambda p: p[1]), max(pts, key=lambda p: p[1])
+        a, b = smallest[2] / smallest[0], largest[2] / largest[1]
+    return {"latency_s": a, "busbw": 1 / b}
+
+
+def worker(sizes: list[int], iters: int, out: str | None, compute_s: float = 0.0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -63,16 +104,17 @@ def worker(sizes: list[int], iters: int, out: str | None) -> None:
     rows = []
     for kind in KINDS:
         for size in sizes:
-            seconds = _time_collective(kind, size, iters, device)
+            seconds, median = _time_collective(kind, size, iters, device, compute_s)
             algbw = size / seconds
-            rows.append({"kind": kind, "size_bytes": size, "time_s": seconds, "algbw": algbw,
-                         "busbw": algbw * bus_factor(kind, ranks)})
+            rows.append({"kind": kind, "size_bytes": size, "time_s": seconds, "time_median_s": median,
+                         "algbw": algbw, "busbw": algbw * bus_factor(kind, ranks)})
     if dist.get_rank() == 0:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
-        report = {"ranks": ranks, "ranks_per_node": local, "nodes": max(1, ranks // local),
+        report = {"ranks": ranks, "ranks_per_node": local, "compute_s_between": compute_s, "nodes": max(1, ranks // local),
                   "backend": dist.get_backend(), "device": torch.cuda.get_device_name() if on_cuda else "cpu",
                   "rows": rows, "busbw_largest": {k: max((r for r in rows if r["kind"] == k),
-                                                         key=lambda r: r["size_bytes"])["busbw"] for k in KINDS}}
+                                                         key=lambda r: r["size_bytes"])["busbw"] for k in KINDS},
+                  "fit": {k: fit_latency_bandwidth(rows, k, ranks) for k in KINDS}}
         print(table(report), flush=True)
         if out:
             atomic_write_text(Path(out), json.dumps(report, indent=2) + "\n")
@@ -82,10 +124,13 @@ def worker(sizes: list[int], iters: int, out: str | None) -> None:
 
 def table(report: dict) -> str:
     lines = [f"{report['ranks']} ranks ({report['nodes']} node(s)), {report['backend']} on {report['device']}",
-             f"{'collective':<15} {'size':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+             f"{'collective':<15} {'size':>10} {'mean (us)':>11} {'median (us)':>12} {'algbw (GB/s)':>13} "
+             f"{'busbw (GB/s)':>13}"]
     for r in report["rows"]:
-        lines.append(f"{r['kind']:<15} {r['size_bytes']:>10} {r['time_s'] * 1e6:>11.1f} {r['algbw'] / 1e9:>13.3f} "
-                     f"{r['busbw'] / 1e9:>13.3f}")
+        lines.append(f"{r['kind']:<15} {r['size_bytes']:>10} {r['time_s'] * 1e6:>11.1f} "
+                     f"{r['time_median_s'] * 1e6:>12.1f} {r['algbw'] / 1e9:>13.3f} {r['busbw'] / 1e9:>13.3f}")
+    for kind, f in report["fit"].items():
+        lines.append(f"fit {kind}: {f['latency_s'] * 1e6:.1f} us per ring step, bus bandwidth {f['busbw'] / 1e9:.3f} GB/s")
     return "\n".join(lines)
 
 
@@ -108,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=None, help="processes on this node (default: every GPU, or 2 on CPU)")
     parser.add_argument("--min_bytes", type=int, default=1 << 12)
     parser.add_argument("--max_bytes", type=int, default=None, help="largest message (default 256 MB on GPU, 16 MB on CPU)")
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="write the figures here (JSON) for `hfscale project --bandwidth_file`")
+    parser.add_argument("--compute_ms", type=float, default=0.0,
+                        help="compute this long before each collective instead of a barrier, as training does (e.g. "
+                             "the step time of the run you project from); 0: back to back, like nccl-tests")
     parser.add_argument("--worker", action="store_true", help="run as one rank of an already launched group")
     opts = parser.parse_args(argv)
+    if not 0 <= opts.compute_ms < float("inf"):
+        raise HfscaleError(f"--compute_ms must be >= 0, got {opts.compute_ms}")
     for name in ("nproc", "min_bytes", "max_bytes", "iters"):
         value = getattr(opts, name)
         if value is not None and value <= 0:
@@ -127,14 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(size)
         size *= 4
     if opts.worker:
-        worker(sizes, opts.iters, opts.out)
+        worker(sizes, opts.iters, opts.out, opts.compute_ms / 1e3)
         return 0
     nproc = opts.nproc or torch.cuda.device_count() or 2
     if nproc < 2:
         raise HfscaleError("--nproc must be at least 2: a collective over one rank moves nothing")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "hfscale.plan.bandwidth", "--worker", "--min_bytes", str(opts.min_bytes), "--max_bytes",
-           str(max_bytes), "--iters", str(opts.iters), *(["--out", opts.out] if opts.out else [])]
+           str(max_bytes), "--iters", str(opts.iters), "--compute_ms", str(opts.compute_ms),
+           *(["--out", opts.out] if opts.out else [])]
     return subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 

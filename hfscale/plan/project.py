@@ -43,6 +43,7 @@ class Baseline:
     source: str
     powersgd_rank: int | None = None
     overlap: bool = True  # communication hides under compute (GPUs); not on a CPU, where gloo shares the cores
+    step_sd_s: float = 0.0  # per-step noise of the step time (the straggler term), from the run's logging intervals
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Point:
     days_low: float
     days_high: float
     exposed_comm_s: float
+    straggler_s: float  # waiting for the slowest rank per iteration
     comm_bytes_per_gpu: float
     efficiency: float  # tokens/s per GPU relative to the measured point's
 
@@ -83,9 +85,9 @@ def micro_compute_s(strategy, base: Baseline, s_per_iter: float, links: Links) -
     pattern = _pattern(strategy, base, base.gpus)
     compute = s_per_iter / base.grad_accum
     for _ in range(50):
-        exposed = step_time(pattern, micro_compute_s=compute, grad_accum=base.grad_accum, ranks=base.gpus,
-                            gpus_per_node=base.gpus_per_node, links=links, overlap=base.overlap).exposed_s
-        compute = max(s_per_iter - exposed, 1e-3 * s_per_iter) / base.grad_accum
+        st = step_time(pattern, micro_compute_s=compute, grad_accum=base.grad_accum, ranks=base.gpus,
+                       gpus_per_node=base.gpus_per_node, links=links, overlap=base.overlap, step_sd_s=base.step_sd_s)
+        compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / base.grad_accum
     return compute
 
 
@@ -104,14 +106,15 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
                 gas = global_batch // (base.micro_batch * n)
             pattern = _pattern(strategy, base, n)
             times = [step_time(pattern, micro_compute_s=c, grad_accum=gas, ranks=n, gpus_per_node=gpus_per_node,
-                               links=link, overlap=base.overlap) for c, link in zip(computes, links)]
+                               links=link, overlap=base.overlap, step_sd_s=base.step_sd_s)
+                     for c, link in zip(computes, links)]
             gbs = base.micro_batch * gas * n
             tokens = gbs * base.seq
             days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
             tps = tokens / times[0].total_s
             reference_tps = reference_tps or tps / n
             points.append(Point(strategy.name, n, max(1, -(-n // gpus_per_node)), gas, gbs, times[0].total_s, tps,
-                                days[0], days[0] * n, min(days), max(days), times[0].exposed_s,
+                                days[0], days[0] * n, min(days), max(days), times[0].exposed_s, times[0].straggler_s,
                                 pattern.bytes_per_step(gas, n), tps / n / reference_tps))
     return points
 
@@ -149,6 +152,19 @@ def _positive_ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def step_noise_s(history: list[dict]) -> float:
+    """Per-step standard deviation of the step time, from the logging intervals of a run (`perf_history`): an interval
+    of k steps averages k step times, so its mean varies with sd sigma/sqrt(k); sigma^2 is estimated as the k-weighted
+    squared deviation of the interval means. The first interval (its start is the end of warm-up, its length unknown)
+    is left out; fewer than 3 intervals give 0 (no estimate)."""
+    pts = [(float(b["step"] - a["step"]), float(b["s_per_iter"])) for a, b in zip(history, history[1:])
+           if b["step"] > a["step"]]
+    if len(pts) < 3:
+        return 0.0
+    mean = sum(k * x for k, x in pts) / sum(k for k, _ in pts)
+    return (sum(k * (x - mean) ** 2 for k, x in pts) / (len(pts) - 1)) ** 0.5
+
+
 def baseline_from_results(path: Path) -> Baseline:
     from ..files import load_json
 
@@ -161,12 +177,14 @@ def baseline_from_results(path: Path) -> Baseline:
         shape = ModelShape(model["family"], model["n_layer"], model["hidden"], model["n_head"], model["vocab"],
                            model["positions"], model.get("ffn"))
         s = float(perf["s_per_iter"])
-        spread = [float(x["s_per_iter"]) for x in data.get("perf_history", []) if x.get("s_per_iter")]
+        history = [x for x in data.get("perf_history", []) if x.get("s_per_iter")]
+        spread = [float(x["s_per_iter"]) for x in history]
         nodes = (data.get("environment") or {}).get("nodes", 1) or 1
         return Baseline(shape, data["strategy"], cfg["seq_len"], cfg["micro_batch_size"], cfg["grad_accum"],
                         cfg["world_size"], max(1, cfg["world_size"] // nodes), cfg.get("precision", "fp32"),
                         [s, min(spread + [s]), max(spread + [s])], str(path), cfg.get("powersgd_rank"),
-                        overlap=(data.get("environment") or {}).get("device_type") != "cpu")
+                        overlap=(data.get("environment") or {}).get("device_type") != "cpu",
+                        step_sd_s=step_noise_s(history))
     except (KeyError, TypeError, ValueError) as err:
         raise HfscaleError(f"{path}: not an hfscale results file with measured throughput (missing {err})") from None
 
@@ -230,10 +248,13 @@ def links_from(opts) -> tuple[Links, Links, Links]:
         from .bandwidth import read_bandwidth_file
 
         measured = read_bandwidth_file(opts.bandwidth_file)
-        bw = measured["busbw_largest"]["all_reduce"]
+        if "fit" in measured:  # the latency-bandwidth line fitted over every size
+            bw, intra_lat = measured["fit"]["all_reduce"]["busbw"], measured["fit"]["all_reduce"]["latency_s"]
+        else:  # an older file: its largest message's bandwidth and its smallest message's latency
+            bw = measured["busbw_largest"]["all_reduce"]
+            smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
+            intra_lat = smallest["time_s"] / (2 * (measured["ranks"] - 1))
         intra = (bw, bw, bw)
-        smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
-        intra_lat = smallest["time_s"] / (2 * (measured["ranks"] - 1))
     return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6) for i in range(3))
 
 
@@ -276,11 +297,12 @@ def run_projection(opts):
 
 def markdown(points: list[Point], knees: dict, budget: float) -> str:
     lines = [f"| strategy | GPUs | nodes | GAS | GBS | s/it | tokens/s | days to {budget / 1e9:g}B | band | GPU-days | "
-             "exposed comm s/it | comm GB/GPU/it | scaling eff. |", "|" + "---|" * 13]
+             "exposed comm s/it | straggler s/it | comm GB/GPU/it | scaling eff. |", "|" + "---|" * 14]
     for p in points:
         lines.append(f"| {p.strategy} | {p.gpus} | {p.nodes} | {p.grad_accum} | {p.global_batch} | {p.s_per_iter:.4g} | "
                      f"{p.tokens_per_s:,.0f} | {p.days:,.2f} | {p.days_low:,.2f}–{p.days_high:,.2f} | "
-                     f"{p.gpu_days:,.1f} | {p.exposed_comm_s:.3g} | {p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} |")
+                     f"{p.gpu_days:,.1f} | {p.exposed_comm_s:.3g} | {p.straggler_s:.3g} | "
+                     f"{p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} |")
     lines.append("")
     for name, n in knees.items():
         lines.append(f"- {name}: " + (f"doubling past {n} GPUs saves less than the threshold" if n else
@@ -318,6 +340,9 @@ def main(argv: list[str]) -> None:
                    f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
                    f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
                    f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
+                   (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
+                    "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else
+                    "per-step noise unknown (fewer than 4 logging intervals, or no run): no straggler term"),
                    "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
                    "own exposed communication); docs/project.md lists what overlaps"
                    + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores")]
