@@ -129,7 +129,8 @@ def peak_tflops(args, env: dict) -> tuple[float | None, str, float | None]:
     return measured, "measured matmul peak on this device", measured
 
 
-def load_data(model_args, data_args, args, vocab_size: int, seq_len: int):
+def load_data(model_args, data_args, args, vocab_size: int, seq_len: int, validation: dict | None):
+    """(tokenizer, training blocks, validation blocks or None). The default tokenizer learns from all the text."""
     from hfscale.run import data
 
     with args.main_process_first(local=True, desc="tokenize and pack"):
@@ -139,8 +140,12 @@ def load_data(model_args, data_args, args, vocab_size: int, seq_len: int):
         if len(tokenizer) > vocab_size:
             raise HfscaleError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary is {vocab_size}; "
                                "pass --vocab_size or another --tokenizer_name")
-        blocks = data.packed_dataset(data_args, tokenizer, raw, seq_len)
-    return tokenizer, blocks
+        train_raw, val_raw = data.split_raw_text(raw, data_args, validation)
+        held_out = validation is not None and "percentage" in validation
+        blocks = data.packed_dataset(data_args, tokenizer, train_raw, seq_len, {"train": validation} if held_out else None)
+        eval_blocks = None if val_raw is None else data.packed_dataset(
+            data_args, tokenizer, val_raw, seq_len, {"validation": validation}, what="the validation text")
+    return tokenizer, blocks, eval_blocks
 
 
 def build(model_args, args, shape, tokenizer):
@@ -182,6 +187,7 @@ def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
                    "max_steps": args.max_steps, "seed": args.seed, "learning_rate": args.learning_rate,
                    "recipe": state.recipe,
                    "token_budget": args.token_budget, "dataset": data_args.train_files or data_args.dataset,
+                   "validation": state.validation,
                    "powersgd_rank": args.powersgd_rank, "powersgd_warmup_steps": args.powersgd_warmup_steps},
         "environment": env,
         "estimate": memory_estimate(args, state, model),
@@ -205,7 +211,12 @@ def memory_estimate(args, state, model) -> dict:
     return {**mem.as_dict(), "attention": attention}
 
 
-def make_trainer(model_args, args, state, model, blocks, env, record):
+def evaluating(eval_strategy) -> bool:
+    """An evaluation schedule is set (--eval_strategy steps|epoch)."""
+    return str(getattr(eval_strategy, "value", eval_strategy)) != "no"
+
+
+def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record):
     from transformers import default_data_collator
 
     from hfscale.run.measure import Meter, MeasureCallback, StepMemory, TensorBoardWriter
@@ -227,7 +238,8 @@ def make_trainer(model_args, args, state, model, blocks, env, record):
         tensorboard = TensorBoardWriter(args.output_dir, {**record.data["config"], "strategy": strategy.name,
                                                           "optim": state.optim, "model": model_args.name})
     step_memory = StepMemory(env["device_type"] == "cuda")
-    trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
+    trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, eval_dataset=eval_blocks,
+                             data_collator=default_data_collator,
                              strategy=strategy, meter=meter, step_memory=step_memory,
                              tokens_per_step=tokens_per_step(args.per_device_train_batch_size,
                                                              args.gradient_accumulation_steps, args.world_size,
@@ -315,10 +327,13 @@ def check_args(argv: list[str] | None):
     from hfscale.run.models import resolve_seq_len
     from hfscale.run.recipes import apply_defaults
 
+    from hfscale.run.data import validation_plan
+
     model_args, data_args, training, decided = parse_args(argv)
     shape = model_shape(model_args)
     training, recipe = apply_defaults(training, decided["explicit"], param_count(shape), decided["optim"])
-    state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), recipe=recipe, **decided)
+    state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), recipe=recipe,
+                     validation=validation_plan(data_args, evaluating(training["eval_strategy"])), **decided)
     return model_args, data_args, training, state
 
 
@@ -342,15 +357,18 @@ def run(argv: list[str] | None) -> None:
 
     resume = resume_checkpoint(args, state)
     set_seed(args.seed)
-    tokenizer, blocks = load_data(model_args, data_args, args, state.shape.vocab, state.seq_len)
+    tokenizer, blocks, eval_blocks = load_data(model_args, data_args, args, state.shape.vocab, state.seq_len,
+                                               state.validation)
     model = build(model_args, args, state.shape, tokenizer)
     env = environment(args)
     record = RunRecord(args.output_dir, base_record(model_args, data_args, args, state, model, env),
                        args.process_index == 0)
-    trainer, meter = make_trainer(model_args, args, state, model, blocks, env, record)
+    trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record)
     record.update(resumed_from=resume)
     try:
         output = trainer.train(resume_from_checkpoint=resume)
+        if eval_blocks is not None and not evaluating(args.eval_strategy):
+            trainer.evaluate()  # validation text given, no evaluation schedule: the final model's eval loss
     except HfscaleError as err:
         record.update(status="refused", error=str(err))
         record.flush()

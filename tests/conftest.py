@@ -1,14 +1,22 @@
 """Helpers shared by the tests: run hfscale as real subprocesses (as a user would), on CPU, on a free port."""
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from hfscale.launch import launch_command
+# One fresh data cache per test session, set before hfscale is imported: no test passes on tokenizers or packed blocks
+# an older checkout built (~/.cache/hfscale is left alone); within the session the runs share it, as a user's do.
+os.environ["HFSCALE_CACHE_DIR"] = tempfile.mkdtemp(prefix="hfscale-test-cache-")
+atexit.register(shutil.rmtree, os.environ["HFSCALE_CACHE_DIR"], ignore_errors=True)
+
+from hfscale.launch import launch_command  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 # Small enough for 2 cores: a 2-layer GPT-2, 64-token blocks, 4 samples per rank.
@@ -16,7 +24,7 @@ TINY = ["--model", "tiny", "--seq_len", "64", "--per_device_train_batch_size", "
         "--learning_rate", "1e-3", "--logging_steps", "1"]
 
 
-def env(tmp_cache: Path | None = None) -> dict:
+def env() -> dict:
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     e.pop("WORLD_SIZE", None)
     return e

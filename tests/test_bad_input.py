@@ -34,6 +34,13 @@ CASES = {
     "infinite logging interval": (["--logging_steps", "inf"], "--logging_steps must be a finite number, got inf"),
     "NaN token budget": (["--token_budget", "nan"], "--token_budget must be a finite number, got nan"),
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
+    "validation share of everything": (["--validation_split_percentage", "100"],
+                                       "--validation_split_percentage must be between 0 and 100, got 100"),
+    "two validation sources": (["--validation_split_percentage", "5", "--validation_split", "validation"],
+                               "give one of --validation_files, --validation_split, --validation_split_percentage"),
+    "hub split of local text": (["--eval_strategy", "steps", "--validation_split", "validation"],
+                                "--validation_split names a split of a Hub --dataset"),
+    "missing validation file": (["--validation_files", "/nonexistent/val.txt"], "data file not found: /nonexistent/val.txt"),
 }
 
 

@@ -3,12 +3,15 @@
 Runs are compared only with runs that share the model, the data and the sequence length (a group); within a group
 the loss is read at the largest token count every run reached, and each run's tokens (and measured seconds) to reach
 the target loss - by default the highest final loss of the group, so every run reaches it. Curves may be smoothed
-first (`--smooth W`: TensorBoard's exponential moving average, debiased).
+first (`--smooth W`: TensorBoard's exponential moving average, debiased). With `hfscale report --days_at_gpus N` each
+point also carries `projected_days`: the days the run's configuration would take at N GPUs to reach that point
+(hfscale project, same global batch, so the loss per token is unchanged), and runs are compared per projected day.
 """
 
 from dataclasses import dataclass
 
-X_AXES = {"step": "optimizer step", "tokens": "tokens seen", "elapsed_s": "wall-clock seconds (measured)"}
+X_AXES = {"step": "optimizer step", "tokens": "tokens seen", "elapsed_s": "wall-clock seconds (measured)",
+          "projected_days": "projected days"}
 
 
 def smooth(values: list[float], weight: float) -> list[float]:
@@ -60,34 +63,39 @@ class Convergence:
     tokens_to_target: float | None
     seconds_to_target: float | None
     final_loss: float | None
+    final_eval_loss: float | None = None
+    projected_days_to_target: float | None = None
 
 
-def compare_runs(runs: list[tuple[str, str, list[dict]]], weight: float = 0.0,
-                 target_loss: float | None = None) -> list[Convergence]:
-    """runs: (group, run name, loss history with tokens). Groups of one run are compared with nothing and left out."""
+def compare_runs(runs: list[tuple], weight: float = 0.0, target_loss: float | None = None) -> list[Convergence]:
+    """runs: (group, run name, loss history with tokens[, eval history]). Groups of one run are compared with nothing
+    and left out."""
     groups: dict[str, list] = {}
-    for group, name, history in runs:
+    for group, name, history, *rest in runs:
         xs, ys = curve(history, "tokens", weight)
+        evals = [p["loss"] for p in (rest[0] if rest else []) if p.get("loss") is not None]
         if xs:
-            groups.setdefault(group, []).append((name, xs, ys, curve(history, "elapsed_s", weight)))
+            groups.setdefault(group, []).append((name, xs, ys, curve(history, "elapsed_s", weight),
+                                                 curve(history, "projected_days", weight), evals[-1] if evals else None))
     out = []
     for group, members in groups.items():
         if len(members) < 2:
             continue
-        common = min(xs[-1] for _, xs, _, _ in members)
-        target = target_loss if target_loss is not None else max(ys[-1] for _, _, ys, _ in members)
-        for name, xs, ys, (ts, tys) in members:
-            seconds = first_reach(ts, tys, target) if ts else None
+        common = min(m[1][-1] for m in members)
+        target = target_loss if target_loss is not None else max(m[2][-1] for m in members)
+        for name, xs, ys, (ts, tys), (ds, dys), final_eval in members:
             out.append(Convergence(group, name, common, value_at(xs, ys, common), target, first_reach(xs, ys, target),
-                                   seconds, ys[-1]))
+                                   first_reach(ts, tys, target) if ts else None, ys[-1], final_eval,
+                                   first_reach(ds, dys, target) if ds else None))
     return out
 
 
-def markdown(rows: list[Convergence]) -> str:
+def markdown(rows: list[Convergence], days_at_gpus: int | None = None) -> str:
     if not rows:
         return "No group of two or more runs with the same model, data and sequence length logged tokens.\n"
-    lines = ["| group | run | loss at equal tokens | at tokens | tokens to target | seconds to target | target loss | final loss |",
-             "|---|---|---|---|---|---|---|---|"]
+    days = f"projected days to target at {days_at_gpus} GPUs" if days_at_gpus else "projected days to target"
+    lines = ["| group | run | loss at equal tokens | at tokens | tokens to target | seconds to target | "
+             f"{days} | target loss | final loss | final eval loss |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, spec):
         return "" if x is None else format(x, spec)
@@ -96,5 +104,6 @@ def markdown(rows: list[Convergence]) -> str:
     for r in ranked:
         lines.append(f"| {r.group} | {r.run} | {f(r.loss_at_common, '.4f')} | {r.tokens_common:,.0f} | "
                      f"{f(r.tokens_to_target, ',.0f') or 'not reached'} | {f(r.seconds_to_target, '.1f')} | "
-                     f"{r.target_loss:.4f} | {f(r.final_loss, '.4f')} |")
+                     f"{f(r.projected_days_to_target, ',.3g')} | {r.target_loss:.4f} | {f(r.final_loss, '.4f')} | "
+                     f"{f(r.final_eval_loss, '.4f')} |")
     return "\n".join(lines) + "\n"

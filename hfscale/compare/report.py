@@ -8,7 +8,7 @@ import base64
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
@@ -44,6 +44,7 @@ class Row:
     loss_history: list
     path: str
     group: str = ""  # model, data and sequence length: runs of one group can be compared by convergence
+    eval_history: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +108,8 @@ def to_row(path: Path) -> Row:
         tflops=perf.get("tflops_per_gpu_bigscience") if ok else None, mfu=perf.get("mfu") if ok else None,
         mem_gb=mem.get("peak_allocated_gb", mem.get("peak_rss_gb")), mem_kind=mem_kind, tokens_per_s=tokens_per_s,
         days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None, notes=_notes(results, status),
-        loss_history=results.get("loss_history") or [], path=str(path.parent),
+        loss_history=results.get("loss_history") or [], eval_history=results.get("eval_history") or [],
+        path=str(path.parent),
         group=f"{model.get('name', '?')} · {cfg.get('dataset', '?')} · seq {cfg.get('seq_len', '?')}")
 
 
@@ -151,7 +153,7 @@ def _label(row: Row) -> str:
     return f"{row.strategy}/{row.optim}"
 
 
-def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0) -> list[Path]:
+def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: int | None = None) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,19 +188,27 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0) -> list[Path]:
     from .convergence import X_AXES, curve
 
     # One loss plot per x-axis: steps hold different numbers of tokens when GAS or GPUs differ, so runs are
-    # compared by tokens seen and by wall-clock too.
-    for x, name in (("step", "loss_curves.png"), ("tokens", "loss_vs_tokens.png"), ("elapsed_s", "loss_vs_time.png")):
-        curves = [(r, curve(r.loss_history, x, smooth_weight)) for r in rows]
-        curves = [(r, xy) for r, xy in curves if xy[0]]
+    # compared by tokens seen, by wall-clock and by projected days too. Eval loss (dashed, dots) beside training loss.
+    for x, name in (("step", "loss_curves.png"), ("tokens", "loss_vs_tokens.png"), ("elapsed_s", "loss_vs_time.png"),
+                    ("projected_days", "loss_vs_projected_days.png")):
+        curves = [(r, curve(r.loss_history, x, smooth_weight), curve(r.eval_history, x)) for r in rows]
+        curves = [c for c in curves if c[1][0] or c[2][0]]
         if not curves:
             continue
         fig, ax = plt.subplots(figsize=(8.5, 4.5))
-        for r, (xs, ys) in curves:
-            ax.plot(xs, ys, label=r.run, linewidth=1)
+        for r, (xs, ys), (exs, eys) in curves:
+            line = ax.plot(xs, ys, label=r.run, linewidth=1)
+            if exs:
+                ax.plot(exs, eys, linestyle="--", marker=".", linewidth=1, color=line[0].get_color(),
+                        label=f"{r.run} (eval)")
         smoothing = f", smoothed {smooth_weight:g}" if smooth_weight else ""
-        ax.set(xlabel=X_AXES[x], ylabel="training loss", title=f"Training loss against {X_AXES[x]}{smoothing}")
+        axis = X_AXES[x] + (f" at {days_at_gpus} GPUs" if x == "projected_days" and days_at_gpus else "")
+        evals = any(c[2][0] for c in curves)
+        ax.set(xlabel=axis, ylabel="loss" + (" (train solid, eval dashed)" if evals else " (train)"),
+               title=f"Loss against {axis}{smoothing}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6, ncol=1 + len(curves) // 16, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(fontsize=6, ncol=1 + (len(curves) * (2 if evals else 1)) // 16, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0))
         finish(fig, name)
 
     for name, attr, xlabel, title in (
@@ -234,20 +244,46 @@ def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{figures}</body></html>\n")
 
 
+def add_projected_days(rows: list[Row], gpus: int, gpus_per_node: int, links) -> list[str]:
+    """Give every loss and eval point of each finished run `projected_days`: tokens / the run's projected tokens/s at
+    `gpus` GPUs (hfscale project, same global batch). Returns one note per run that cannot be projected."""
+    from ..plan.project import tokens_per_s_at
+    from ..formulas.metrics import SECONDS_PER_DAY
+
+    notes = []
+    for r in rows:
+        if not r.ok:
+            continue
+        try:
+            tps = tokens_per_s_at(Path(r.path) / RESULTS_FILE, gpus, gpus_per_node, links)
+        except HfscaleError as err:
+            notes.append(f"- {r.run}: not projected to {gpus} GPUs ({str(err).split(': ', 1)[-1]})")
+            continue
+        for point in (*r.loss_history, *r.eval_history):
+            if point.get("tokens") is not None:
+                point["projected_days"] = point["tokens"] / tps / SECONDS_PER_DAY
+    return notes
+
+
 def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bool = False,
-                 smooth_weight: float = 0.0, target_loss: float | None = None) -> tuple[list[Row], list[Path]]:
+                 smooth_weight: float = 0.0, target_loss: float | None = None,
+                 days_at: tuple | None = None) -> tuple[list[Row], list[Path]]:
+    """days_at: (GPUs, GPUs per node, links) to put the loss curves on projected days too."""
     from .convergence import compare_runs
     from .convergence import markdown as convergence_markdown
 
     rows = collect(paths)
+    notes = add_projected_days(rows, *days_at) if days_at else []
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
     atomic_write_text(out / "report.md", table)
     atomic_write_text(out / "report.csv", csv_text(rows))
-    converged = compare_runs([(r.group, r.run, r.loss_history) for r in rows if r.ok], smooth_weight, target_loss)
-    atomic_write_text(out / "convergence.md", convergence_markdown(converged))
+    converged = compare_runs([(r.group, r.run, r.loss_history, r.eval_history) for r in rows if r.ok], smooth_weight,
+                             target_loss)
+    atomic_write_text(out / "convergence.md", convergence_markdown(converged, days_at[0] if days_at else None)
+                      + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     written = [out / "report.md", out / "report.csv", out / "convergence.md"]
-    images = plots(rows, out, smooth_weight) if with_plots else []
+    images = plots(rows, out, smooth_weight, days_at[0] if days_at else None) if with_plots else []
     written += images
     if html:
         atomic_write_text(out / "report.html", html_page(table, rows, images))
@@ -265,10 +301,24 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--smooth", type=float, default=0.0, help="TensorBoard-style smoothing of the loss curves, 0 to <1")
     parser.add_argument("--target_loss", type=float, help="convergence.md: tokens to this loss (default: the group's "
                         "highest final loss, which every run reaches)")
+    parser.add_argument("--days_at_gpus", type=int, help="also plot loss against the days each run's configuration "
+                        "would take at this many GPUs (hfscale project, same global batch); the link flags as there")
+    from ..plan.project import add_link_flags, links_from
+
+    add_link_flags(parser)
     opts = parser.parse_args(argv)
     if not 0 <= opts.smooth < 1:
         raise HfscaleError(f"--smooth must be in [0, 1), got {opts.smooth}")
+    days_at = None
+    if opts.days_at_gpus is not None:
+        if opts.days_at_gpus <= 0 or opts.gpus_per_node <= 0:
+            raise HfscaleError(f"--days_at_gpus and --gpus_per_node must be positive, got {opts.days_at_gpus} and "
+                               f"{opts.gpus_per_node}")
+        if opts.days_at_gpus > opts.gpus_per_node and opts.days_at_gpus % opts.gpus_per_node:
+            raise HfscaleError(f"--days_at_gpus {opts.days_at_gpus} is not a multiple of --gpus_per_node "
+                               f"{opts.gpus_per_node}")
+        days_at = (opts.days_at_gpus, opts.gpus_per_node, links_from(opts))
     out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
-    rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss)
+    rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss, days_at)
     print(markdown_table(rows))
     print("wrote " + ", ".join(str(p) for p in written))

@@ -224,18 +224,39 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--strategy", help="comma-separated or `all` (default: the run's)")
     p.add_argument("--gpus", default=DEFAULT_GPUS, help=f"GPU counts (default {DEFAULT_GPUS})")
-    p.add_argument("--gpus_per_node", type=int, default=8)
     p.add_argument("--global_batch_size", type=int, help="hold the global batch (samples) fixed instead of the per-GPU work")
-    p.add_argument("--intra_bw", default="150", help="intra-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 150, assumed)")
-    p.add_argument("--inter_bw", default="12.5", help="inter-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 12.5, assumed)")
-    p.add_argument("--intra_latency_us", type=float, default=5.0)
-    p.add_argument("--inter_latency_us", type=float, default=20.0)
-    p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
+    add_link_flags(p)
     p.add_argument("--token_budget", type=float, default=1e11)
     p.add_argument("--gain_threshold", type=float, default=0.25, help="report where doubling GPUs saves less than this share of the days")
     p.add_argument("--out", type=Path, help="write projection.{md,csv,json} and days_vs_gpus.png here")
     p.add_argument("--json", action="store_true")
     return p
+
+
+def add_link_flags(p) -> None:
+    """The links of the communication model (`hfscale project`, `hfscale report --days_at_gpus`)."""
+    p.add_argument("--gpus_per_node", type=int, default=8)
+    p.add_argument("--intra_bw", default="150", help="intra-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 150, assumed)")
+    p.add_argument("--inter_bw", default="12.5", help="inter-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 12.5, assumed)")
+    p.add_argument("--intra_latency_us", type=float, default=5.0)
+    p.add_argument("--inter_latency_us", type=float, default=20.0)
+    p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
+
+
+def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) -> float:
+    """Projected tokens/s of a finished run's configuration at `gpus` GPUs with the same global batch (so its loss
+    per token is unchanged). Raises HfscaleError when the batch does not split over that many GPUs."""
+    from ..parallel.strategies import all_strategies
+
+    base = baseline_from_results(results_path)
+    global_batch = base.micro_batch * base.grad_accum * base.gpus
+    strategy = all_strategies().get(base.strategy)
+    if strategy is None:
+        raise HfscaleError(f"{results_path}: strategy {base.strategy!r} is not one hfscale projects")
+    points = project(base, [strategy], [gpus], gpus_per_node, links, 1.0, global_batch)
+    if not points:
+        raise HfscaleError(f"its global batch {global_batch} is not a multiple of MBS {base.micro_batch} x {gpus} GPUs")
+    return points[0].tokens_per_s
 
 
 def links_from(opts) -> tuple[Links, Links, Links]:

@@ -25,7 +25,7 @@ from ..parallel.strategies import (OPTIMIZERS, Strategy, all_strategies, check_o
 from .data import EMBEDDED
 from .models import PRESETS, resolve_shape
 
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
+DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
 
 def require_finite(values: dict) -> None:
@@ -68,9 +68,12 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "Stream the Hub dataset instead of downloading it (needs --max_steps)."})
     train_files: list[str] | None = field(default=None, metadata={"help": "Local .txt/.jsonl/.json/.parquet files instead of a dataset."})
     seq_len: int | None = field(default=None, metadata={"help": "Tokens per sample (default: the model's positions, at most 1024)."})
+    validation_files: list[str] | None = field(default=None, metadata={"help": "Local files of validation text (same format as the training files)."})
+    validation_split: str | None = field(default=None, metadata={"help": "The Hub dataset's validation split, e.g. validation."})
+    validation_split_percentage: float | None = field(default=None, metadata={"help": "Hold out this share of the training documents for evaluation (default 5 when evaluating without --validation_files/--validation_split; 0 < p < 100)."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Any HF tokenizer; default: the model's, else a byte-level BPE trained on the corpus."})
     default_tokenizer_vocab: int = field(default=8192, metadata={"help": "Vocabulary of the default BPE tokenizer (capped by the model's)."})
-    cache_dir: str = field(default=DEFAULT_CACHE, metadata={"help": "Where tokenizers and packed datasets are cached (once per machine)."})
+    cache_dir: str = field(default=DEFAULT_CACHE, metadata={"help": "Where tokenizers and packed datasets are cached (once per machine; default $HFSCALE_CACHE_DIR, else ~/.cache/hfscale)."})
 
     def __post_init__(self):
         require_finite(vars(self))
@@ -132,6 +135,7 @@ class RunState:
     recipe: dict = field(default_factory=dict)  # {name: [value, "flag" | "default"]} of the pretraining recipe
     checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
     resume_from: str | None = None  # the complete checkpoint this run resumes from
+    validation: dict | None = None  # where validation text comes from (run/data.validation_plan), None: no evaluation
 
 
 def plan_training(training: dict) -> tuple[dict, dict]:

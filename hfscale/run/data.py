@@ -2,6 +2,11 @@
 
 The embedded default is the Python standard library's own source files — real text on every machine, no network.
 Tokenizing and packing happen once per machine (the local main process builds, the others load the cache).
+
+Validation text (for eval loss and perplexity) comes from `--validation_files`, the Hub dataset's
+`--validation_split`, or `--validation_split_percentage` of the training documents held out before packing (whole
+documents, a seeded choice: no block straddles train and validation). Evaluating without naming one holds out
+DEFAULT_VALIDATION_PERCENTAGE.
 """
 
 import hashlib
@@ -17,6 +22,8 @@ from ..files import atomic_write_dir
 EMBEDDED = "python-stdlib"
 EOS = "<|endoftext|>"
 PACKING_VERSION = 1  # part of the packed-data cache key: bump it whenever pack() changes what it produces
+DEFAULT_VALIDATION_PERCENTAGE = 5.0  # as transformers' run_clm.py holds out when a dataset has no validation split
+VALIDATION_SEED = 0  # which documents are held out does not depend on the training seed
 LOCAL_FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -55,27 +62,78 @@ def source_fingerprint(data_args) -> dict:
     return {"embedded": sys.version, "files": [(p.name, p.stat().st_size) for p in embedded_files()]}
 
 
-def load_raw_text(data_args):
-    """A datasets.Dataset (or IterableDataset when streaming) with the text column."""
+def validation_plan(data_args, evaluating: bool) -> dict | None:
+    """Where validation text comes from: {"files": [...]}, {"split": name} or {"percentage": p}; None for none.
+    Pure: checks the choice against the training source before anything is loaded or written."""
+    given = {k: v for k, v in (("files", data_args.validation_files), ("split", data_args.validation_split),
+                                ("percentage", data_args.validation_split_percentage)) if v}
+    if len(given) > 1:
+        raise HfscaleError("give one of --validation_files, --validation_split, --validation_split_percentage")
+    if "percentage" in given and not 0 < given["percentage"] < 100:
+        raise HfscaleError(f"--validation_split_percentage must be between 0 and 100, got {given['percentage']}")
+    if "split" in given and (data_args.train_files or data_args.dataset == EMBEDDED):
+        raise HfscaleError("--validation_split names a split of a Hub --dataset; for local or embedded text use "
+                           "--validation_files or --validation_split_percentage")
+    if "files" in given:
+        kind = check_local_files(given["files"])
+        if data_args.train_files and kind != check_local_files(data_args.train_files):
+            raise HfscaleError("--validation_files must have the same format as --train_files")
+    if not given and evaluating:
+        given = {"percentage": DEFAULT_VALIDATION_PERCENTAGE}
+    if "percentage" in given and data_args.streaming:
+        raise HfscaleError("a streamed dataset cannot hold out a percentage; pass --validation_split or "
+                           "--validation_files")
+    return given or None
+
+
+def _load_local(files: list[str], streaming: bool):
+    import datasets
+
+    return datasets.load_dataset(check_local_files(files), data_files=list(files), split="train", streaming=streaming)
+
+
+def load_raw_text(data_args, split: str | None = None):
+    """A datasets.Dataset (or IterableDataset when streaming) with the text column. `split`: the Hub dataset's split
+    (default --dataset_split)."""
     import datasets
 
     if data_args.train_files:
-        builder = check_local_files(data_args.train_files)
-        ds = datasets.load_dataset(builder, data_files=list(data_args.train_files), split="train",
-                                   streaming=data_args.streaming)
+        ds = _load_local(data_args.train_files, data_args.streaming)
     elif data_args.dataset == EMBEDDED:
         texts = [p.read_text(encoding="utf-8", errors="replace") for p in embedded_files()]
         return datasets.Dataset.from_dict({data_args.text_column: texts})
     else:
         try:
             ds = datasets.load_dataset(data_args.dataset, data_args.dataset_config,
-                                       split=data_args.dataset_split, streaming=data_args.streaming)
+                                       split=split or data_args.dataset_split, streaming=data_args.streaming)
         except Exception as err:  # the Hub raises many types; the user needs the first line
             raise HfscaleError(f"cannot load dataset {data_args.dataset!r}: {str(err).splitlines()[0]}") from None
-    columns = ds.column_names or []
-    if data_args.text_column not in columns:
-        raise HfscaleError(f"dataset has no text column {data_args.text_column!r}; its columns: {columns}")
+    check_text_column(ds, data_args.text_column, "dataset")
     return ds
+
+
+def check_text_column(ds, column: str, what: str) -> None:
+    columns = ds.column_names or []
+    if column not in columns:
+        raise HfscaleError(f"{what} has no text column {column!r}; its columns: {columns}")
+
+
+def split_raw_text(raw, data_args, plan: dict | None):
+    """(training text, validation text or None) as the validation plan says."""
+    if not plan:
+        return raw, None
+    if "percentage" in plan:
+        if len(raw) < 2:
+            raise HfscaleError(f"--validation_split_percentage needs at least 2 documents; the data has {len(raw)}")
+        held = max(1, round(len(raw) * plan["percentage"] / 100))
+        parts = raw.train_test_split(test_size=min(held, len(raw) - 1), seed=VALIDATION_SEED, shuffle=True)
+        return parts["train"], parts["test"]
+    if "files" in plan:
+        val = _load_local(plan["files"], data_args.streaming)
+    else:
+        val = load_raw_text(data_args, split=plan["split"])
+    check_text_column(val, data_args.text_column, "the validation data")
+    return raw, val
 
 
 def train_default_tokenizer(texts, vocab_size: int, out_dir: Path):
@@ -135,18 +193,24 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return _digest(backend.to_str() if backend is not None else [tokenizer.name_or_path, len(tokenizer)])
 
 
-def packed_dataset(data_args, tokenizer, raw, seq_len: int):
-    """Packed blocks, from the cache when this machine already built them."""
+def packed_dataset(data_args, tokenizer, raw, seq_len: int, part: dict | None = None, what: str = "the dataset"):
+    """Packed blocks, from the cache when this machine already built them. `part`: which share of the source these
+    documents are ({"train": plan} / {"validation": plan}); part of the cache key (absent for all of it)."""
     import datasets
 
     if data_args.streaming:
         return pack(raw, tokenizer, data_args.text_column, seq_len)
-    key = _digest([source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len,
-                   PACKING_VERSION])
-    out = Path(data_args.cache_dir) / f"packed-{key}"
+    identity = [source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len,
+                PACKING_VERSION]
+    if part:
+        identity.append({**part, "validation_seed": VALIDATION_SEED, "files": [
+            (str(Path(f).resolve()), os.path.getsize(f), os.path.getmtime(f)) for f in
+            (part.get("validation") or {}).get("files", [])]})
+    out = Path(data_args.cache_dir) / f"packed-{_digest(identity)}"
     if not out.is_dir():
         atomic_write_dir(out, pack(raw, tokenizer, data_args.text_column, seq_len).save_to_disk)
     blocks = datasets.load_from_disk(str(out))
     if len(blocks) == 0:
-        raise HfscaleError(f"the dataset yields no full block of seq_len {seq_len} tokens; use more text or a shorter --seq_len")
+        raise HfscaleError(f"{what} yields no full block of seq_len {seq_len} tokens; use more text or a shorter "
+                           "--seq_len" + (" (or a larger validation share)" if what != "the dataset" else ""))
     return blocks.with_format("torch")

@@ -218,7 +218,8 @@ class TensorBoardWriter:
         self.writer.close()
 
 
-TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/lr"}
+TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/lr",
+                 "eval_loss": "eval/loss", "eval_perplexity": "eval/perplexity"}
 
 
 class MeasureCallback(TrainerCallback):
@@ -236,6 +237,8 @@ class MeasureCallback(TrainerCallback):
         for logs in state.log_history:  # resumed: the losses logged before the checkpoint
             if "loss" in logs and "step" in logs:
                 self.record.add_loss(logs["step"], logs)
+            if "eval_loss" in logs and "step" in logs:
+                self.record.add_eval(logs["step"], logs)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter:
@@ -269,12 +272,15 @@ class MeasureCallback(TrainerCallback):
             if self.step_memory:  # this rank's figures (rank 0); the results file has every rank's
                 values.update(self.step_memory.window(self._logged_step))
             self._logged_step = state.global_step
+        if "eval_loss" in logs:
+            self.record.add_eval(state.global_step, logs)
         if self.tb and self.is_main:
             self.tb.scalars(values, state.global_step)
-            if "loss" in logs and logs.get("tokens") is not None:  # the same loss against tokens and wall-clock
-                self.tb.scalars({"train_by_tokens/loss": logs["loss"]}, int(logs["tokens"]))
-                if logs.get("elapsed_s") is not None:
-                    self.tb.scalars({"train_by_time_ms/loss": logs["loss"]}, int(logs["elapsed_s"] * 1000))
+            for key, split in (("loss", "train"), ("eval_loss", "eval")):  # the same loss against tokens and time
+                if key in logs and logs.get("tokens") is not None:
+                    self.tb.scalars({f"{split}_by_tokens/loss": logs[key]}, int(logs["tokens"]))
+                    if logs.get("elapsed_s") is not None:
+                        self.tb.scalars({f"{split}_by_time_ms/loss": logs[key]}, int(logs["elapsed_s"] * 1000))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.tb:
@@ -302,6 +308,7 @@ def format_summary(results: dict) -> str:
         + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
            if "peak_allocated_gb" in mem else ""),
         loss_line(results),
+        *([eval_line(results)] if results.get("eval_history") else []),
         memory_line(results),
         f"  {results['config']['token_budget'] / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
         f"{cfg['world_size']} GPU(s) = {f('gpu_days_to_budget', '{:,.1f}')} GPU-days",
@@ -317,6 +324,12 @@ def loss_line(results: dict) -> str:
     first, last = points[0], points[-1]
     tokens = f" ({last['tokens']:,} tokens)" if last.get("tokens") else ""
     return f"  loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}{tokens}"
+
+
+def eval_line(results: dict) -> str:
+    last = results["eval_history"][-1]
+    return (f"  eval loss {last['loss']:.3f} (perplexity {last['perplexity']:,.1f}) at step {last['step']} over "
+            f"{len(results['eval_history'])} evaluation(s)")
 
 
 def memory_line(results: dict) -> str:

@@ -124,7 +124,17 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     if attn_implementation:
         config._attn_implementation = attn_implementation
     model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
-    return model_cls(config)
+    return declare_causal_lm_loss(model_cls(config))
+
+
+def declare_causal_lm_loss(model):
+    """Name the loss the model really computes. transformers derives `loss_type` from the class name, which finds
+    nothing in "GPT2LMHeadModel" (BloomForCausalLM is found); the model still uses ForCausalLMLoss, but the Trainer
+    then counts every label as a prediction target (`_loss_shifts_labels` is false), one per row too many: train
+    and eval losses (and gradients) come out scaled by (seq-1)/seq. Found by tests/test_eval.py."""
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> ModelShape:
@@ -145,4 +155,4 @@ def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_imp
     shape = pretrained_shape(name_or_path, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
-    return model, shape
+    return declare_causal_lm_loss(model), shape

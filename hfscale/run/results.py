@@ -3,7 +3,8 @@
 Schema (version 1) — documented in docs/results.md:
   schema_version, status ("running" | "ok" | "fail" | "refused"), error, run_name, strategy, optim,
   started_at, finished_at, model{...}, config{...}, environment{...}, strategy_check{...},
-  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr, tokens, elapsed_s}]
+  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr, tokens, elapsed_s}],
+  eval_history[{step, loss, perplexity, tokens, elapsed_s}]
 """
 
 import json
@@ -33,7 +34,8 @@ class RunRecord:
 
     def __init__(self, output_dir: Path, base: dict, is_main: bool):
         self.output_dir, self.is_main = Path(output_dir), is_main
-        self.data = {"status": "running", "error": None, "loss_history": [], "checkpoints": [], **base}
+        self.data = {"status": "running", "error": None, "loss_history": [], "eval_history": [], "checkpoints": [],
+                     **base}
 
     def add_loss(self, step: int, logs: dict) -> None:
         self.data["loss_history"].append(
@@ -41,6 +43,11 @@ class RunRecord:
              "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s"),
              **({"tokens_counted": logs["num_input_tokens_seen"]} if "num_input_tokens_seen" in logs else {})}
         )
+
+    def add_eval(self, step: int, logs: dict) -> None:
+        self.data["eval_history"].append(
+            {"step": step, "loss": logs["eval_loss"], "perplexity": logs.get("eval_perplexity"),
+             "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")})
 
     def note_checkpoint(self, step: int, save_s: float | None = None, size_gb: float | None = None) -> None:
         self.data["checkpoints"].append({"step": step, "save_s": save_s, "size_gb": size_gb})

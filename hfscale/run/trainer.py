@@ -4,10 +4,12 @@ In order: (1) on a CPU-only machine, FSDP is forced onto accelerate's state when
 (accelerate would silently use DDP); (2) at train begin, after the model is wrapped, the StrategyCallback
 registers PowerSGD and proves the wrapper, world size and sharding; (3) right before the first optimizer step it
 counts the gradients each rank holds, and after it proves where optimizer states live and how many each rank holds,
-and counts every rank's model-state bytes (the memory estimate's check); (4) every log adds the perf/* figures.
+and counts every rank's model-state bytes (the memory estimate's check); (4) every log adds the perf/* figures;
+(5) evaluation reports the exact mean token cross-entropy over the validation blocks (see `prediction_step`).
 """
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -23,6 +25,13 @@ logger = logging.getLogger("hfscale")
 STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
 
 
+def token_weighted_eval_loss(prediction) -> dict:
+    """eval_loss = all validation cross-entropy / all predicted tokens (from HfscaleTrainer.prediction_step)."""
+    stats = prediction.predictions
+    tokens = float(stats[:, 1].sum())
+    return {"loss": float(stats[:, 0].sum()) / tokens, "tokens_evaluated": int(tokens)}
+
+
 class HfscaleTrainer(Trainer):
     def __init__(self, *args, strategy, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
                  tokens_per_step: int = 0, **kwargs):
@@ -30,8 +39,11 @@ class HfscaleTrainer(Trainer):
         self.tokens_per_step = tokens_per_step  # global: MBS x GAS x DP x seq
         self._clock_start = None  # wall clock of the first micro-batch of this process's training
         self._elapsed_before = 0.0  # training seconds before a resume (from the checkpoint's log history)
+        self._paused_s = 0.0  # evaluations and checkpoint saves since the clock started: not training time
+        self._eval_start = None
         self.checkpoint_identity, self.on_checkpoint = checkpoint_identity or {}, on_checkpoint
         self.powersgd_state = None  # set by StrategyCallback; saved with every checkpoint
+        kwargs.setdefault("compute_metrics", token_weighted_eval_loss)
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
         self.batch_digests: list[list[int]] = []  # [step, sum of input ids] per micro-batch, with --record_batches
         super().__init__(*args, **kwargs)
@@ -50,6 +62,25 @@ class HfscaleTrainer(Trainer):
                 self.batch_digests.append([self.state.global_step + 1, digest])
         return super().training_step(model, inputs, *args, **kwargs)
 
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Per validation block: (sum of next-token cross-entropies, number of predicted tokens), returned as the
+        "predictions". The Trainer's own eval loss is a mean of per-batch means, re-weighted by the gathered token
+        counts; when the blocks do not divide evenly over ranks x eval batch, accelerate pads the last batches with
+        repeated blocks that stay inside those means, and the figure drifts. Per-block sums are gathered with the
+        padding dropped (gather_for_metrics), so token_weighted_eval_loss is exact for any world size and batch."""
+        import torch
+        import torch.nn.functional as F
+
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs["labels"][..., 1:]
+        with torch.no_grad(), self.compute_loss_context_manager():
+            logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits[..., :-1, :]
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                             reduction="none").view(labels.shape)
+        counted = labels.ne(-100)
+        stats = torch.stack([(ce * counted).sum(-1), counted.sum(-1).float()], dim=-1)
+        return None, stats, torch.zeros(len(stats), device=stats.device)
+
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's save, then: every rank done -> rank 0 marks the checkpoint complete (run/checkpoints.py)."""
         import torch.distributed as dist
@@ -65,6 +96,8 @@ class HfscaleTrainer(Trainer):
         if dist.is_initialized():
             dist.barrier()
         seconds = time.perf_counter() - start
+        if self._clock_start is not None:
+            self._paused_s += seconds
         info = {"step": step, "save_s": round(seconds, 4), "size_gb": None}
         if self.args.process_index == 0 and folder.is_dir():
             if not (folder / "config.json").is_file():  # sharded saves keep no config; export needs one
@@ -86,11 +119,23 @@ class HfscaleTrainer(Trainer):
             force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args)
             self.is_fsdp_enabled = True
 
-    def log(self, logs: dict, *args, **kwargs) -> None:
-        if "loss" in logs:  # where this point lies in tokens seen and in wall-clock (kept in the checkpoint's history)
-            logs["tokens"] = self.state.global_step * self.tokens_per_step
+    def evaluate(self, *args, **kwargs):
+        self._eval_start = time.perf_counter()
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
             if self._clock_start is not None:
-                logs["elapsed_s"] = round(self._elapsed_before + time.perf_counter() - self._clock_start, 3)
+                self._paused_s += time.perf_counter() - self._eval_start
+            self._eval_start = None
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        if "loss" in logs or "eval_loss" in logs:  # where the point lies in tokens seen and training seconds (kept
+            logs["tokens"] = self.state.global_step * self.tokens_per_step  # in the checkpoint's history)
+            if self._clock_start is not None:
+                now = self._eval_start if "eval_loss" in logs and self._eval_start else time.perf_counter()
+                logs["elapsed_s"] = round(self._elapsed_before + now - self._clock_start - self._paused_s, 3)
+        if "eval_loss" in logs:  # mean token cross-entropy (nats) over the validation blocks
+            logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 700.0))
         if self.meter is not None and "loss" in logs:
             figures = self.meter.interval(self.state.global_step)
             if figures is not None:
