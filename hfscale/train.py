@@ -177,7 +177,10 @@ def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"name": model_args.name, **shape.__dict__, "ffn_size": shape.ffn_size,
                   "params_formula": param_count(shape),
-                  "params_bigscience": param_count_bigscience(shape.n_layer, shape.hidden, shape.positions, shape.vocab),
+                  # the BigScience size formula; BLOOM (ALiBi) has no position table, so no s x h term for it
+                  "params_bigscience": param_count_bigscience(shape.n_layer, shape.hidden,
+                                                              shape.positions if shape.family == "gpt2" else 0,
+                                                              shape.vocab),
                   "params_model": sum(p.numel() for p in model.parameters()),
                   "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
         "config": {"world_size": args.world_size, "micro_batch_size": args.per_device_train_batch_size,
@@ -211,6 +214,12 @@ def memory_estimate(args, state, model) -> dict:
     return {**mem.as_dict(), "attention": attention}
 
 
+def reentrant_checkpointing(args) -> bool:
+    """--gradient_checkpointing_kwargs '{"use_reentrant": true}': the whole block is recomputed (formulas/metrics.py)."""
+    kwargs = getattr(args, "gradient_checkpointing_kwargs", None) or {}
+    return bool(kwargs.get("use_reentrant", False))
+
+
 def evaluating(eval_strategy) -> bool:
     """An evaluation schedule is set (--eval_strategy steps|epoch)."""
     return str(getattr(eval_strategy, "value", eval_strategy)) != "no"
@@ -230,7 +239,8 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, recor
     meter = Meter(state.shape, micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
                   gpus=args.world_size, seq=state.seq_len, checkpointing=activation_checkpointing(args),
                   token_budget=args.token_budget,
-                  peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda") \
+                  peak_tflops=peak, warmup_steps=args.perf_warmup_steps, on_cuda=env["device_type"] == "cuda",
+                  full_recompute=reentrant_checkpointing(args)) \
         if args.measure else None
     is_main = args.process_index == 0
     tensorboard = None

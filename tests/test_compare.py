@@ -59,6 +59,37 @@ def test_log_without_iterations_is_a_failed_row():
     assert parse_log("nothing here")["iteration_s"] == []
 
 
+HEADER_LOG = DATA / "104B-megatron-mbs-1-pp16-dp-1-gas-2048-300001.out"  # TP 4, ramp-up, Megatron-DeepSpeed
+
+
+def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
+    """The file name has no TP (so it reads as TP 1, DP 1, 16 GPUs); the header says 64 GPUs = TP 4 x PP 16 x DP 1,
+    seq 2048, checkpointing, a batch ramp-up from 16 to 2048, and DeepSpeed."""
+    warnings = []
+    record = import_log(HEADER_LOG, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1,
+                        warnings=warnings)
+    cfg, perf = record["config"], record["perf"]
+    assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"]) == (64, 4, 16, 1)
+    assert record["strategy"] == "megatron-deepspeed-tp4-pp16" and cfg["global_batch_size"] == 2048
+    assert cfg["rampup_batch_size"] and cfg["seq_len"] == 2048 and cfg["checkpointing"] is True
+    # only iterations at GBS 2048 count (3 of them), the first of those skipped: (110 + 112) / 2 s
+    assert perf["iterations_averaged"] == 2 and perf["s_per_iter"] == pytest.approx(111.0)
+    assert perf["tflops_per_gpu_bigscience"] == pytest.approx(104e9 * 4 * 2 * 2048 * 2048 / (111.0 * 64 * 1e12))
+    assert warnings == []  # the name says nothing the log contradicts
+    flagged = import_log(HEADER_LOG, gpus=32, seq_len=1024, params=None, checkpointing=False, skip_first=1,
+                         warnings=warnings)
+    assert flagged["config"]["world_size"] == 64 and flagged["config"]["seq_len"] == 2048  # the log wins
+    assert len(warnings) == 3 and all(w.startswith(HEADER_LOG.name) for w in warnings)
+
+
+def test_every_imported_row_names_its_log_file(tmp_path):
+    proc = hfscale("import-logs", GOOD_LOG, HEADER_LOG, "--out", tmp_path / "meg")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "megatron" in line]
+    assert len(rows) == 2 and all(any(f.name in row for f in (GOOD_LOG, HEADER_LOG)) for row in rows)
+    assert "Megatron-DeepSpeed log, TP 4 PP 16 DP 1" in proc.stdout and "after ramp-up" in proc.stdout
+
+
 def test_import_logs_cli_and_bad_log_name(tmp_path):
     proc = hfscale("import-logs", GOOD_LOG, OOM_LOG, "--out", tmp_path / "meg")
     assert proc.returncode == 0, proc.stderr
@@ -154,8 +185,11 @@ def test_report_table_csv_plots_and_html(tmp_path):
     assert "| ddp |" in oom and "OOM: Tried to allocate" in oom
     ddp8 = next(r for r in rows if r.run == "ddp-8")
     assert ddp8.days == pytest.approx(100e9 / 400_000 / 86400)  # days/100B column
+    ddp8_line = next(line for line in table if line.startswith("| 8 |") and "| ddp |" in line)
+    assert "| 100.0 |" in ddp8_line  # TFLOPs with one decimal always, as the BigScience tables print them
     parsed = list(csv.DictReader(io.StringIO((tmp_path / "report" / "report.csv").read_text())))
     assert {r["status"] for r in parsed} == {"ok", "OOM"} and len(parsed) == 5
+    assert next(r for r in parsed if r["run"] == "ddp-8")["tflops_per_gpu_bigscience"] == "100.0"  # same rule
     for name in ("days_vs_gpus.png", "loss_curves.png", "memory.png", "throughput.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "report" / "report.html").read_text()

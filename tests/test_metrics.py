@@ -49,12 +49,23 @@ def test_exact_flops_match_torch_flop_counter(shape, seq):
     assert counter.get_total_flops() == pytest.approx(2 * model_flops, rel=0.01)
 
 
-def test_recompute_adds_one_forward_of_the_blocks():
-    shape, seq = SHAPES[0], 64
-    fwd = metrics.forward_flops_per_sequence(shape, seq)
-    model, hardware = metrics.training_flops_per_sequence(shape, seq, recompute=True)
-    assert model == 3 * sum(fwd.values())
-    assert hardware - model == sum(fwd.values()) - fwd["lm_head"]
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant (default)", "reentrant"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.family}-h{s.hidden}-f{s.ffn_size}")
+def test_hardware_flops_with_checkpointing_match_torch_flop_counter(shape, reentrant):
+    """HFU's numerator, checked against what torch counts when activation checkpointing really recomputes: a
+    forward + backward with transformers' gradient checkpointing on, as the Trainer enables it (its default is
+    torch's non-reentrant checkpoint, whose early stop never recomputes the MLP's output projection)."""
+    seq = 64
+    model = _model(shape)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    ids = torch.randint(0, shape.vocab, (2, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    model_flops, hardware_flops = metrics.training_flops_per_sequence(shape, seq, recompute=True,
+                                                                      full_recompute=reentrant)
+    assert counter.get_total_flops() == pytest.approx(2 * hardware_flops, rel=0.01)
+    assert hardware_flops > 1.1 * model_flops  # the recomputation is really there, and counted
 
 
 def test_bigscience_worked_example():
@@ -115,3 +126,33 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_why():
     assert peak is None and measured is None and "unknown device" in source and "--peak_tflops" in source
     peak, source, _ = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA H100 NVL"})
     assert peak == 835.5 and source.startswith("datasheet")
+
+
+def test_tflops_label_one_decimal_always_and_never_zero_for_a_real_figure():
+    from hfscale.formulas.metrics import tflops_label
+
+    assert [tflops_label(x) for x in (40, 40.04, 148.96, 1.0)] == ["40.0", "40.0", "149.0", "1.0"]
+    assert tflops_label(0.0352) == "0.035" and tflops_label(None) == ""
+
+
+def test_measure_peak_leaves_no_trace_on_a_faked_gpu(monkeypatch):
+    """On a GPU the probe flips TF32 for its own GEMMs and allocates two 8k matrices: afterwards the run's TF32 setting
+    is what it was and the allocator's peak no longer holds the probe (faked device: CPU tensors, recorded calls)."""
+    import torch
+
+    from hfscale.formulas.peaks import measure_peak_tflops
+
+    calls = []
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=dtype))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert measure_peak_tflops("cuda:0", "tf32", size=64, seconds=0.01) > 0
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert calls == ["empty_cache", ("reset", "cuda:0")]

@@ -1,4 +1,5 @@
-"""The README's main command runs (shortened) as written, so it cannot rot."""
+"""The README's main command runs (shortened) as written, so it cannot rot; the docs name only what exists and
+document every key a run writes."""
 
 import json
 import re
@@ -24,6 +25,38 @@ def test_readme_main_command_runs(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "ok" and results["config"]["world_size"] == 2
     assert "tokens/s" in proc.stdout and "days on 2 GPU(s)" in proc.stdout
+    assert_documented(results)
+
+
+def assert_documented(results: dict) -> None:
+    """Every key of a real results.json, top level and one level down, is named in docs/results.md."""
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", (REPO / "docs" / "results.md").read_text()))
+    missing = [k for k in results if k not in named]
+    missing += [f"{section}.{k}" for section, value in results.items() if isinstance(value, dict)
+                and section not in ("final_weights", "trainer_metrics") for k in value if k not in named]
+    assert not missing, f"docs/results.md does not document: {missing}"
+
+
+# Paths the docs name, in backticks or as relative links: every one must exist.
+_PATH = re.compile(r"`((?:hfscale|docs|benchmarks|tests|accelerate_configs|ds_configs|strategies)/[\w./-]*\w)`"
+                   r"|\]\(((?!https?:)[\w./-]+\.(?:md|png|json|csv|py|yaml))\)")
+
+
+def test_every_file_the_docs_name_exists():
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for code, link in _PATH.findall(doc.read_text()):
+            target = REPO / code if code else doc.parent / link
+            template = re.search(r"/[A-Z]+(\.|/|$)", code or "") or "*" in (code or "")  # strategies/NAME.yaml
+            if code and not target.exists() and not template:
+                missing.append(f"{doc.name}: {code}")
+            elif link and not target.exists():
+                missing.append(f"{doc.name}: ({link})")
+    for module in sorted((REPO / "hfscale").rglob("*.py")):  # docstrings and messages that send the reader elsewhere
+        for ref in re.findall(r"\b((?:docs|benchmarks|hfscale)/[\w/-]+\.(?:md|py))\b", module.read_text()):
+            if not (REPO / ref).exists():
+                missing.append(f"{module.relative_to(REPO)}: {ref}")
+    assert not missing, missing
 
 
 def test_ci_runs_the_readme_test_command():

@@ -27,7 +27,8 @@ def statuses(out) -> dict:
 def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     main = sweep(out, "--strategies", "ddp,zero2_offload", "--optims", "adamw,adafactor", "--nprocs", "2")
-    hung = sweep(out, "--strategies", "zero1", "--nprocs", "2", "--timeout", "4")  # start-up alone takes longer
+    # a run that cannot finish in 4 s however fast the machine starts it: a million steps
+    hung = sweep(out, "--strategies", "zero1", "--nprocs", "2", "--timeout", "4", fixed=[*FIXED, "--max_steps", "1000000"])
     refused = sweep(out, "--strategies", "ddp", "--nprocs", "1", "--mbs", "3", fixed=[*FIXED, "--seq_len", "100000"])
     return out, main, hung, refused
 

@@ -3,14 +3,18 @@
 A log's iteration lines look like
     iteration      200/  292968 | ... | elapsed time per iteration (ms): 61236.4 | ... | global batch size:   512 |
     lm loss: 6.527E+00 | ...
-Sizes come from BigScience-style file names (`61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out`: model size, MBS,
-PP, DP, GAS, job id; TP as `tp-4` when present) or from flags. The iteration time is averaged over the logged
-iterations after the first `--skip_first` (the first interval includes start-up and compilation); TFLOPs per GPU use
-the BigScience formula, the only one a log allows. A log with no iteration line becomes a `fail` row (`OOM` when
-the log says it ran out of memory).
+The run's shape comes from the log's own header first - Megatron's "using world size: 64, data-parallel-size: 1,
+tensor-model-parallel size: 4, pipeline-model-parallel size: 16" line and its "arguments" block (seq_length,
+global/micro batch size, checkpoint_activations or recompute_*, rampup_batch_size, deepspeed) - then from
+BigScience-style file names (`61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out`: model size, MBS, PP, DP, GAS, job
+id; TP as `tp-4`) where the log is silent, then from flags; a file name that contradicts the log is warned about.
+With a batch-size ramp-up only the iterations at the final global batch size are averaged (after the first
+`--skip_first` of them: start-up and compilation). TFLOPs per GPU use the BigScience formula, the only one a log
+allows. A log with no iteration line becomes a `fail` row (`OOM` when the log says it ran out of memory).
 """
 
 import re
+import sys
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
@@ -24,6 +28,14 @@ LM_LOSS = re.compile(r"lm loss:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
 NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE) for key in ("mbs", "gas", "pp", "dp", "tp")}
 NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
+# "using world size: 16, data-parallel-size: 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 16"
+# (newer Megatron: "data-parallel size", and a context-parallel size)
+HEADER_SIZES = re.compile(r"(world|data-parallel|tensor-model-parallel|pipeline-model-parallel)[- ]size:\s*(\d+)")
+HEADER_KEYS = {"world": "world", "data-parallel": "dp", "tensor-model-parallel": "tp", "pipeline-model-parallel": "pp"}
+ARGUMENT = re.compile(r"^\s*([a-z_][a-z0-9_]*) \.{2,} (.*?)\s*$")  # "  seq_length ....... 2048" in the arguments block
+ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_model_parallel_size": "tp",
+                 "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
+                 "micro_batch_size": "mbs"}
 
 
 def parse_name(name: str) -> dict:
@@ -37,10 +49,40 @@ def parse_name(name: str) -> dict:
     return fields
 
 
+def _truthy(value: str) -> bool:
+    return value.strip().lower() not in ("false", "none", "0", "", "[]")
+
+
+def parse_header(text: str) -> dict:
+    """What the log says about its own run: world/dp/tp/pp, seq_len, gbs, mbs, checkpointing, rampup, deepspeed."""
+    found = {}
+    for line in text.splitlines():
+        if "iteration" in line and "elapsed time" in line:
+            break  # the header is over
+        if line.lstrip().startswith("using world size"):
+            for key, value in HEADER_SIZES.findall(line):
+                found.setdefault(HEADER_KEYS[key], int(value))
+        arg = ARGUMENT.match(line)
+        if not arg:
+            continue
+        key, value = arg.groups()
+        if key in ARGUMENT_KEYS and value.strip().isdigit():
+            found.setdefault(ARGUMENT_KEYS[key], int(value))
+        elif key in ("checkpoint_activations", "recompute_activations"):
+            found["checkpointing"] = found.get("checkpointing", False) or _truthy(value)
+        elif key == "recompute_granularity" and _truthy(value):
+            found["checkpointing"] = True
+        elif key == "rampup_batch_size" and _truthy(value):
+            found["rampup"] = value.strip()
+        elif key == "deepspeed" and _truthy(value):
+            found["deepspeed"] = True
+    return found
+
+
 def parse_log(text: str) -> dict:
     from ..launch import OOM_MARKERS
 
-    times, losses, gbs = [], [], None
+    times, losses, batches = [], [], []
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
     for line in text.splitlines():
         match = ITERATION_TIME.search(line)
@@ -48,44 +90,72 @@ def parse_log(text: str) -> dict:
             continue
         times.append(float(match.group(1)) / 1000.0)
         step, loss, batch = ITERATION.search(line), LM_LOSS.search(line), GLOBAL_BATCH.search(line)
-        if batch:
-            gbs = int(batch.group(1))
+        batches.append(int(batch.group(1)) if batch else None)
         if step and loss:
             losses.append({"step": int(step.group(1)), "loss": float(loss.group(1)), "grad_norm": None, "lr": None})
-    return {"iteration_s": times, "loss_history": losses, "global_batch_size": gbs, "oom": oom}
+    final = next((b for b in reversed(batches) if b), None)
+    return {"iteration_s": times, "iteration_gbs": batches, "loss_history": losses, "global_batch_size": final,
+            "oom": oom, "header": parse_header(text)}
 
 
-def import_log(path: Path, *, gpus: int | None, seq_len: int, params: float | None, checkpointing: bool,
-               skip_first: int, token_budget: float = 1e11) -> dict:
-    """One results record (same schema as a training run's, `source: megatron-log`)."""
+def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[str]):
+    """The log's value, else the flag's, else the file name's; disagreements become warnings."""
+    value = header.get(key)
+    for source, other in (("file name", name.get(key)), ("flag", flag)):
+        if value is not None and other is not None and other != value:
+            warnings.append(f"{path.name}: the {source} says {key} {other}, the log says {value}; using the log's")
+    if value is None:
+        value = flag if flag is not None else name.get(key)
+    return value
+
+
+def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: float | None,
+               checkpointing: bool | None, skip_first: int, token_budget: float = 1e11,
+               warnings: list[str] | None = None) -> dict:
+    """One results record (same schema as a training run's, `source: megatron-log`). seq_len/checkpointing None:
+    from the log's header, else 2048 / on (the BigScience runs' settings). Warnings are appended to `warnings`."""
     path = Path(path)
+    warnings = [] if warnings is None else warnings
     if not path.is_file():
         raise HfscaleError(f"{path}: log file not found")
     name = parse_name(path.name)
     log = parse_log(path.read_text(errors="replace"))
+    header = log["header"]
     n_params = int(params) if params else name.get("params")
     if not n_params:
         raise HfscaleError(f"{path.name}: no model size in the file name (like '61B-...'); pass --params")
-    tp, pp, dp = name.get("tp", 1), name.get("pp", 1), name.get("dp")
-    world = gpus or (tp * pp * dp if dp else None)
+    tp = _pick("tp", header, name, None, path, warnings) or 1
+    pp = _pick("pp", header, name, None, path, warnings) or 1
+    dp = _pick("dp", header, name, None, path, warnings)
+    world = _pick("world", header, {}, gpus, path, warnings) or (tp * pp * dp if dp else None)
     if not world:
-        raise HfscaleError(f"{path.name}: no DP in the file name (like '-dp-4-'); pass --gpus")
-    if dp is None:
-        if world % (tp * pp):
-            raise HfscaleError(f"{path.name}: --gpus {world} is not a multiple of TP x PP = {tp * pp}")
+        raise HfscaleError(f"{path.name}: no world size in the log and no DP in the file name (like '-dp-4-'); "
+                           "pass --gpus")
+    if world % (tp * pp):
+        raise HfscaleError(f"{path.name}: {world} GPUs is not a multiple of TP x PP = {tp * pp}")
+    if dp is None or dp * tp * pp != world:
         dp = world // (tp * pp)
-    mbs, gas = name.get("mbs"), name.get("gas")
-    gbs = log["global_batch_size"] or (mbs * gas * dp if mbs and gas else None)
+    seq = _pick("seq_len", header, {}, seq_len, path, warnings) or 2048
+    ckpt = _pick("checkpointing", header, {}, checkpointing, path, warnings)
+    ckpt = True if ckpt is None else ckpt  # the BigScience runs recomputed activations
+    mbs = _pick("mbs", header, name, None, path, warnings)
+    gas = name.get("gas")
+    gbs = log["global_batch_size"] or header.get("gbs") or (mbs * gas * dp if mbs and gas else None)
+    if gbs and mbs and gas is None:
+        gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
+    engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
     record = {
         "source": "megatron-log", "log_file": str(path.resolve()), "run_name": path.stem,
-        "strategy": f"megatron-tp{tp}-pp{pp}", "optim": "?",
+        "strategy": f"{engine}-tp{tp}-pp{pp}", "optim": "?",
         "model": {"name": name.get("size") or size_label(n_params), "params_model": n_params},
         "config": {"world_size": world, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs, "grad_accum": gas,
-                   "global_batch_size": gbs, "seq_len": seq_len, "checkpointing": checkpointing,
-                   "token_budget": token_budget},
+                   "global_batch_size": gbs, "seq_len": seq, "checkpointing": ckpt, "token_budget": token_budget,
+                   "rampup_batch_size": header.get("rampup"), "from_header": sorted(header)},
         "memory": {}, "loss_history": log["loss_history"], "checkpoints": [],
     }
-    measured = log["iteration_s"][skip_first:] if len(log["iteration_s"]) > skip_first else log["iteration_s"]
+    # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged)
+    at_final = [t for t, b in zip(log["iteration_s"], log["iteration_gbs"]) if b in (None, gbs)]
+    measured = at_final[skip_first:] if len(at_final) > skip_first else at_final
     if not measured:
         if log["oom"]:
             return {**record, "status": "OOM", "error": log["oom"][:300], "perf": {}}
@@ -93,11 +163,11 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int, params: float | No
     if not gbs:
         raise HfscaleError(f"{path.name}: no global batch size in the log or MBS/GAS in the name; rename or pass them")
     s_per_iter = sum(measured) / len(measured)
-    tokens_per_s = gbs * seq_len / s_per_iter
+    tokens_per_s = gbs * seq / s_per_iter
     days, gpu_days = days_to_train(token_budget, tokens_per_s, world)
     perf = {"s_per_iter": s_per_iter, "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world,
             "samples_per_s": gbs / s_per_iter,
-            "tflops_per_gpu_bigscience": bigscience_tflops_per_gpu(n_params, seq_len, gbs, s_per_iter, world, checkpointing),
+            "tflops_per_gpu_bigscience": bigscience_tflops_per_gpu(n_params, seq, gbs, s_per_iter, world, ckpt),
             "days_to_budget": days, "gpu_days_to_budget": gpu_days, "iterations_averaged": len(measured),
             "iterations_skipped": len(log["iteration_s"]) - len(measured)}
     return {**record, "status": "ok", "error": None, "perf": perf}
@@ -109,10 +179,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("runs/megatron"), help="default runs/megatron")
     parser.add_argument("--gpus", type=int, help="total GPUs (default TP x PP x DP from the file name)")
-    parser.add_argument("--seq_len", type=int, default=2048, help="sequence length (default 2048)")
+    parser.add_argument("--seq_len", type=int, help="sequence length (default: the log's seq_length, else 2048)")
     parser.add_argument("--params", type=float, help="model parameters (default: the size in the file name)")
     parser.add_argument("--no_checkpointing", action="store_true",
-                        help="the runs did not recompute activations (F = 3 instead of 4 in the TFLOPs formula)")
+                        help="the runs did not recompute activations (F = 3 instead of 4 in the TFLOPs formula); "
+                             "default: what the log's arguments say, else on")
     parser.add_argument("--skip_first", type=int, default=1, help="logged iterations left out of the average (default 1)")
     opts = parser.parse_args(argv)
     for name, value in (("--gpus", opts.gpus), ("--seq_len", opts.seq_len), ("--params", opts.params)):
@@ -120,8 +191,12 @@ def main(argv: list[str]) -> None:
             raise HfscaleError(f"{name} must be positive, got {value}")
     if opts.skip_first < 0:
         raise HfscaleError(f"--skip_first must be >= 0, got {opts.skip_first}")
+    warnings: list[str] = []
     records = [import_log(f, gpus=opts.gpus, seq_len=opts.seq_len, params=opts.params,
-                          checkpointing=not opts.no_checkpointing, skip_first=opts.skip_first) for f in opts.files]
+                          checkpointing=False if opts.no_checkpointing else None, skip_first=opts.skip_first,
+                          warnings=warnings) for f in opts.files]
+    for line in warnings:
+        print(f"hfscale: warning: {line}", file=sys.stderr)
     from .report import collect, markdown_table
 
     dirs = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..formulas.metrics import days_to_train, size_label
+from ..formulas.metrics import days_to_train, size_label, tflops_label
 from ..files import atomic_path, atomic_write_text
 from ..run.results import RESULTS_FILE, read_results
 
@@ -73,9 +73,12 @@ def _notes(results: dict, status: str) -> str:
         return f"{status}: {error}"[:160] if error else status
     cfg, env = results.get("config", {}), results.get("environment", {})
     notes = []
-    if results.get("source") == "megatron-log":
-        notes.append(f"Megatron log, TP {cfg.get('tp', 1)} PP {cfg.get('pp', 1)}, "
-                     f"{results['perf'].get('iterations_averaged')} iterations")
+    if results.get("source") == "megatron-log":  # the file first, as the BigScience one-liner printed it
+        engine = "Megatron-DeepSpeed" if str(results.get("strategy", "")).startswith("megatron-deepspeed") else "Megatron"
+        ramp = ", at the final GBS after ramp-up" if cfg.get("rampup_batch_size") else ""
+        notes.append(f"{Path(results.get('log_file') or '?').name}: {engine} log, TP {cfg.get('tp', 1)} PP "
+                     f"{cfg.get('pp', 1)} DP {cfg.get('dp', '?')}, {results['perf'].get('iterations_averaged')} "
+                     f"iterations{ramp}")
     if cfg.get("checkpointing"):
         notes.append("act. ckpt")
     if cfg.get("precision"):
@@ -125,7 +128,7 @@ def _fmt(value, spec: str) -> str:
 def cells(row: Row) -> list[str]:
     speed = _fmt(row.s_per_iter, ".4g") if row.ok else row.status if row.status != "running" else "running"
     return [_fmt(row.gpus, "d"), size_label(row.params), row.strategy, row.optim, _fmt(row.dp, "d"), _fmt(row.mbs, "d"),
-            _fmt(row.gas, "d"), _fmt(row.gbs, "d"), speed, _fmt(row.tflops, ".3g"),
+            _fmt(row.gas, "d"), _fmt(row.gbs, "d"), speed, tflops_label(row.tflops),
             _fmt(row.mfu, ".1%") if row.mfu is not None else "", _fmt(row.mem_gb, ".2f"), _fmt(row.tokens_per_s, ",.0f"),
             _fmt(row.days, ",.1f"), row.notes]
 
@@ -143,7 +146,7 @@ def csv_text(rows: list[Row]) -> str:
                      "tflops_per_gpu_bigscience", "mfu", "mem_gb", "mem_kind", "tokens_per_s", "days_to_100B", "notes", "path"])
     for r in rows:
         writer.writerow([r.run, r.status, r.gpus, r.params, r.strategy, r.optim, r.dp, r.mbs, r.gas, r.gbs, r.s_per_iter,
-                         r.tflops, r.mfu, r.mem_gb, r.mem_kind, r.tokens_per_s, r.days, r.notes, r.path])
+                         tflops_label(r.tflops), r.mfu, r.mem_gb, r.mem_kind, r.tokens_per_s, r.days, r.notes, r.path])
     return buf.getvalue()
 
 

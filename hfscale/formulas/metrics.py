@@ -54,6 +54,14 @@ def size_label(params: float | None) -> str:
     return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
 
 
+def tflops_label(tflops: float | None) -> str:
+    """TFLOPs as the BigScience tables print them: one decimal always (40.0, not 40). Below 1 TFLOP (a CPU run) two
+    significant figures instead, so a real figure never prints as 0.0. The one rule for tables, CSV and summaries."""
+    if tflops is None:
+        return ""
+    return f"{tflops:.1f}" if abs(tflops) >= 1 else f"{tflops:.2g}"
+
+
 def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
     """Matmul FLOPs of one forward pass over one sequence of `seq` tokens, by component.
 
@@ -71,18 +79,22 @@ def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
     }
 
 
-def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool) -> tuple[int, int]:
+def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool,
+                                full_recompute: bool = False) -> tuple[int, int]:
     """(model FLOPs, hardware FLOPs) of one training step over one sequence.
 
     Model FLOPs = forward + backward (2 x forward) = 3 x forward: the work the model needs (MFU).
-    Hardware FLOPs add what activation checkpointing recomputes: one more forward of the decoder blocks
-    (the LM head is outside the checkpointed blocks) — the work the device actually does (HFU).
+    Hardware FLOPs add what activation checkpointing recomputes (HFU): the forward of the decoder blocks (the LM
+    head is outside them) less the MLP's output projection - torch's non-reentrant checkpoint, transformers'
+    default, stops recomputing once the last activation the backward needs is rebuilt (early stop), and nothing
+    needs that matmul's output. `full_recompute`: the reentrant checkpoint (use_reentrant=True), which reruns the
+    whole block. Both checked against torch's FlopCounterMode (tests/test_metrics.py).
     """
     parts = forward_flops_per_sequence(shape, seq)
     forward = sum(parts.values())
     model = 3 * forward
-    hardware = model + (forward - parts["lm_head"] if recompute else 0)
-    return model, hardware
+    recomputed = forward - parts["lm_head"] - (0 if full_recompute else parts["mlp"] // 2)
+    return model, model + (recomputed if recompute else 0)
 
 
 def bigscience_tflops_per_gpu(
@@ -142,10 +154,11 @@ def step_figures(
     checkpointing: bool,
     token_budget: float,
     peak_tflops: float | None,
+    full_recompute: bool = False,
 ) -> StepFigures:
     global_batch = micro_batch * grad_accum * gpus
     tokens = tokens_per_step(micro_batch, grad_accum, gpus, seq)
-    model_flops, hardware_flops = training_flops_per_sequence(shape, seq, checkpointing)
+    model_flops, hardware_flops = training_flops_per_sequence(shape, seq, checkpointing, full_recompute)
     model_tflops = tflops_per_gpu(model_flops * global_batch, s_per_iter, gpus)
     hardware_tflops = tflops_per_gpu(hardware_flops * global_batch, s_per_iter, gpus)
     tokens_per_s = tokens / s_per_iter

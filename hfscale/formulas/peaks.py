@@ -80,25 +80,35 @@ def table_peak(device_name: str, dtype: str) -> float | None:
 
 
 def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | None = None, seconds: float = 1.0) -> float:
-    """Best matmul throughput actually reached: repeated size x size GEMMs for about `seconds`."""
+    """Best matmul throughput actually reached: repeated size x size GEMMs for about `seconds`. Leaves no trace:
+    the TF32 switch is restored, the matrices freed and (on CUDA) the allocator's peak reset, so neither the run's
+    precision nor its measured peak memory carries this probe."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}[dtype]
     on_cuda = device.startswith("cuda")
     size = size or (8192 if on_cuda else 1024)
-    if on_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    a = torch.randn(size, size, device=device, dtype=torch_dtype)
-    b = torch.randn(size, size, device=device, dtype=torch_dtype)
-    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
-    best = 0.0
-    torch.matmul(a, b)  # warm-up: kernel selection, allocation
-    sync()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(4):
-            torch.matmul(a, b)
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        if on_cuda:
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        a = torch.randn(size, size, device=device, dtype=torch_dtype)
+        b = torch.randn(size, size, device=device, dtype=torch_dtype)
+        sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+        best = 0.0
+        torch.matmul(a, b)  # warm-up: kernel selection, allocation
         sync()
-        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start) / 1e12)
-    return best
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            for _ in range(4):
+                torch.matmul(a, b)
+            sync()
+            best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start) / 1e12)
+        del a, b
+        return best
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+        if on_cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)

@@ -113,9 +113,10 @@ class Meter:
     """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures."""
 
     def __init__(self, shape, *, micro_batch, grad_accum, gpus, seq, checkpointing, token_budget, peak_tflops,
-                 warmup_steps, on_cuda):
+                 warmup_steps, on_cuda, full_recompute: bool = False):
         self.fixed = dict(micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, seq=seq,
-                          checkpointing=checkpointing, token_budget=token_budget, peak_tflops=peak_tflops)
+                          checkpointing=checkpointing, token_budget=token_budget, peak_tflops=peak_tflops,
+                          full_recompute=full_recompute)
         self.shape, self.warmup_steps, self.on_cuda = shape, warmup_steps, on_cuda
         self.start_step = self.start_time = None  # the end of the warm-up: where the whole-run average starts
         self.mark_step = self.mark_time = None  # the last logging step: where the current interval starts
@@ -293,6 +294,9 @@ def format_summary(results: dict) -> str:
     def f(key, fmt="{:.3g}"):
         value = perf.get(key)
         return fmt.format(value) if isinstance(value, (int, float)) else "n/a"
+
+    def t(key):
+        return metrics.tflops_label(perf[key]) if isinstance(perf.get(key), (int, float)) else "n/a"
     lines = [
         f"hfscale run {results['run_name']}  [{results['status']}]",
         f"  strategy {results['strategy']} · optim {results['optim']} · model {model['name']} "
@@ -301,9 +305,9 @@ def format_summary(results: dict) -> str:
         f"{cfg['global_batch_size']} · seq {cfg['seq_len']} · checkpointing {cfg['checkpointing']} · {cfg['precision']}",
         f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.get('measured_steps', 0)} steps · "
         f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per GPU)",
-        f"  TFLOPs/GPU: exact {f('tflops_per_gpu_model')} · hardware {f('tflops_per_gpu_hardware')} · "
-        f"BigScience {f('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
-        f"(peak {f('peak_tflops')} TFLOPs, {perf.get('peak_source', 'n/a')})",
+        f"  TFLOPs/GPU: exact {t('tflops_per_gpu_model')} · hardware {t('tflops_per_gpu_hardware')} · "
+        f"BigScience {t('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
+        f"(peak {t('peak_tflops')} TFLOPs, {perf.get('peak_source', 'n/a')})",
         f"  memory: peak RSS {mem.get('peak_rss_gb', 0):.2f} GB"
         + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
            if "peak_allocated_gb" in mem else ""),
