@@ -25,13 +25,45 @@ from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
 logger = logging.getLogger("hfscale")
 
 
+# Library output that says nothing about the run, each matched precisely (every other warning stays visible):
+WARNING_NOISE = [
+    # torch 2.13 deprecates the *_tensor collectives that DeepSpeed 0.19 and FSDP2 still call, on every step
+    (FutureWarning, r"`torch\.distributed\.\w+` is deprecated"),
+]
+LOG_NOISE = {
+    # bitsandbytes' optional CPU 4-bit kernels (the `kernels` package); hfscale uses no 4-bit layers
+    "bitsandbytes.backends.cpu.ops": "kernels-community",
+}
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def quiet_libraries() -> None:
+    """Drop the library noise above, before the libraries are imported."""
+    import warnings
+
+    for category, pattern in WARNING_NOISE:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    for name, fragment in LOG_NOISE.items():
+        logging.getLogger(name).addFilter(_DropMessage(fragment))
+
+
 def setup_logging(args) -> None:
+    """hfscale's lines at INFO on rank 0; the libraries at WARNING (transformers' INFO is a config dump per model and
+    per save), errors only on the other ranks."""
     import datasets
     import transformers
 
     level = logging.INFO if args.process_index == 0 else logging.WARNING
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, stream=sys.stdout)
-    transformers.utils.logging.set_verbosity(level if args.process_index == 0 else logging.ERROR)
+    transformers.utils.logging.set_verbosity(logging.WARNING if args.process_index == 0 else logging.ERROR)
     datasets.utils.logging.set_verbosity(logging.WARNING)
     datasets.disable_progress_bars()
 
@@ -306,6 +338,7 @@ def finish(trainer, meter, record, args, env, trainer_metrics: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     from hfscale.parallel.distributed import shutdown
 
+    quiet_libraries()
     try:
         run(argv)
     except BaseException:

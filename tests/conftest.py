@@ -51,7 +51,7 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
     assert proc.returncode == 0, f"run failed ({strategy}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "ok"
-    results["_stdout"] = proc.stdout
+    results["_stdout"], results["_stderr"] = proc.stdout, proc.stderr
     return results
 
 

@@ -164,12 +164,17 @@ def test_offload_strategies(runs_dir, strategy):
     check = res["strategy_check"]
     assert check["optimizer_states"]["devices"] == ["cpu"]
     assert check["parameters"]["devices"] == ["cpu"]
+    # on a CPU machine "device == cpu" proves nothing: the engines' own offload settings must differ from the
+    # non-offload strategy's (its parity run), and ZeRO-Offload must step in DeepSpeed's CPU Adam
+    plain = parity_run(runs_dir, strategy.replace("_offload", ""))["strategy_check"]
     if strategy.startswith("zero"):
-        assert check["offload_optimizer"] is True
-        assert check["offload_param"] is (strategy == "zero3_offload")
+        assert check["offload_optimizer"] is True and plain["offload_optimizer"] is False
+        assert check["offload_param"] is (strategy == "zero3_offload") and plain["offload_param"] is False
         assert check["optimizer_states"]["optimizer"].endswith("DeepSpeedCPUAdam")
+        assert plain["optimizer_states"]["optimizer"] == "torch.optim.adamw.AdamW"
     else:
         assert check["parameters"]["dtensor"]
+        assert check["fsdp_offload_policy"] == ["CPUOffloadPolicy"] and plain["fsdp_offload_policy"] == ["OffloadPolicy"]
     assert math.isclose(check["optimizer_states"]["elements_local"] / check["optimizer_states"]["elements_unsharded"], 0.5, abs_tol=0.02)
 
 
@@ -223,6 +228,10 @@ def test_metrics_reach_tensorboard_and_results(parity, runs_dir):
     assert model["params_formula"] == model["params_model"] == model["params_trainable"]
     assert res["perf"]["peak_source"].startswith("measured")  # a CPU never gets a GPU datasheet peak
     assert "hfscale run" in res["_stdout"] and "days on 2 GPU(s)" in res["_stdout"]
+    # clean logs: hfscale's lines, the progress bar and the summary; no config dumps or library deprecations
+    output = res["_stdout"] + res["_stderr"]
+    for noise in ("Model config", "Generate config", "is deprecated", "kernels-community", "Configuration saved in"):
+        assert noise not in output, noise
 
 
 # ---- every strategy x optimizer pair: runs for real with 2 processes, or is refused before launch ---------------------

@@ -103,3 +103,20 @@ def test_powersgd_on_gloo_registers_the_ordered_hook(tmp_path):
         assert state.iter == 4 and state.p_memory_dict
     finally:
         dist.destroy_process_group()
+
+
+def test_offload_proofs_refuse_an_engine_that_does_not_offload():
+    """The checks behind fsdp_offload/zero*_offload read the engines' own settings, not tensor devices."""
+    from hfscale.parallel.verify import StrategyMismatch, check_optimizer_engine, check_wrapper
+
+    fsdp_facts = {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP", "parameters": {"dtensor": True}}
+    check_wrapper({**fsdp_facts, "fsdp_offload_policy": ["CPUOffloadPolicy"]}, get_strategy("fsdp_offload"), 2)
+    with pytest.raises(StrategyMismatch, match="built with \\['OffloadPolicy'\\]"):
+        check_wrapper({**fsdp_facts, "fsdp_offload_policy": ["OffloadPolicy"]}, get_strategy("fsdp_offload"), 2)
+    with pytest.raises(StrategyMismatch, match="CPUOffloadPolicy"):
+        check_wrapper({**fsdp_facts, "fsdp_offload_policy": ["CPUOffloadPolicy"]}, get_strategy("fsdp"), 2)
+    check_optimizer_engine("deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam", get_strategy("zero2_offload"))
+    with pytest.raises(StrategyMismatch, match="not DeepSpeed's DeepSpeedCPUAdam"):
+        check_optimizer_engine("torch.optim.adamw.AdamW", get_strategy("zero3_offload"))
+    with pytest.raises(StrategyMismatch, match="on the host"):
+        check_optimizer_engine("deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam", get_strategy("zero2"))

@@ -143,6 +143,9 @@ def inspect_wrapper(model_wrapped) -> dict:
     if hasattr(model_wrapped, "_get_fsdp_state"):  # FSDP2 root module
         dtype = model_wrapped._get_fsdp_state()._mp_policy.param_dtype
         facts["fsdp_param_dtype"] = _dtype_name(dtype) if dtype is not None else "float32"
+        # the offload policy each fully_shard unit was built with (OffloadPolicy: none; CPUOffloadPolicy: host)
+        groups = [m._get_fsdp_state()._fsdp_param_group for m in model_wrapped.modules() if hasattr(m, "_get_fsdp_state")]
+        facts["fsdp_offload_policy"] = sorted({type(g.offload_policy).__name__ for g in groups if g is not None})
     return facts
 
 
@@ -172,6 +175,9 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
                  f"parameter offload is {facts['offload_param']}", strategy)
     elif strategy.engine == "fsdp":
         require(facts["parameters"]["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
+        want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
+        require(facts.get("fsdp_offload_policy") == want,
+                f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
     elif world_size > 1:
         require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
 
@@ -200,6 +206,20 @@ def check_sharded(kind: str, local: int, total: int, world_size: int, strategy: 
         ok = fraction >= 1 - SHARD_TOLERANCE
         what = f"{kind} are unexpectedly sharded: this rank holds {fraction:.0%} ({local:,} of {total:,})"
     require(ok, what, strategy)
+
+
+CPU_ADAM = "DeepSpeedCPUAdam"
+
+
+def check_optimizer_engine(optimizer_class: str, strategy: Strategy) -> None:
+    """ZeRO-Offload steps on the host in DeepSpeed's CPU Adam; the other DeepSpeed strategies must not."""
+    if strategy.engine != "deepspeed":
+        return
+    on_host = optimizer_class.endswith(CPU_ADAM)
+    if strategy.offloads_state("optimizer_states"):
+        require(on_host, f"the optimizer step runs in {optimizer_class}, not DeepSpeed's {CPU_ADAM}", strategy)
+    else:
+        require(not on_host, f"the optimizer step runs in {optimizer_class} on the host", strategy)
 
 
 def check_placement(kind: str, devices: list[str], strategy: Strategy, on_accelerator: bool) -> None:

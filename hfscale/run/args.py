@@ -174,10 +174,11 @@ def _apply_strategy(kw: dict, strategy: Strategy) -> None:
         kw["deepspeed"] = path
     elif kw["deepspeed"]:
         raise HfscaleError(f"--deepspeed is for the zero* strategies; {strategy.name!r} is {strategy.engine}")
-    if strategy.engine == "fsdp":
-        kw["fsdp"] = strategy.fsdp
+    if strategy.engine == "fsdp":  # transformers' current form: fsdp=True, everything in fsdp_config
+        offload = {"cpu_offload": True} if "offload" in strategy.fsdp.split() else {}
+        kw["fsdp"] = True
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             **(kw["fsdp_config"] or {})}
+                             **offload, **(kw["fsdp_config"] or {})}
     elif kw["fsdp"]:
         raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
     if kw["ddp_find_unused_parameters"] is None:

@@ -246,6 +246,7 @@ class StrategyCallback(TrainerCallback):
             verify.check_sharded("optimizer_states", states["elements_local"], states["elements_unsharded"],
                                  world, strategy)
         verify.check_placement("optimizer_states", states["devices"], strategy, self.on_accelerator)
+        verify.check_optimizer_engine(states["optimizer"], strategy)
         if self.optim == "adamw_8bit":
             verify.require("uint8" in states["dtypes"], f"8-bit Adam states are {states['dtypes']}", strategy)
         if self.optim == "adafactor" and strategy.engine != "deepspeed":
