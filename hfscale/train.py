@@ -366,7 +366,7 @@ def check_args(argv: list[str] | None):
     names exist, the choices fit together, the sizes are possible. Pure; raises HfscaleError (and only that).
     Returns (model args, data args, TrainingArguments keywords, RunState)."""
     from hfscale.formulas.metrics import param_count
-    from hfscale.run.args import RunState, parse_args
+    from hfscale.run.args import RunState, check_hyperparameters, parse_args
     from hfscale.run.models import resolve_seq_len
     from hfscale.run.recipes import apply_defaults
 
@@ -375,6 +375,7 @@ def check_args(argv: list[str] | None):
     model_args, data_args, training, decided = parse_args(argv)
     shape = model_shape(model_args)
     training, recipe = apply_defaults(training, decided["explicit"], param_count(shape), decided["optim"])
+    check_hyperparameters(training)
     state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), recipe=recipe,
                      validation=validation_plan(data_args, evaluating(training["eval_strategy"])), **decided)
     return model_args, data_args, training, state

@@ -41,7 +41,49 @@ CASES = {
     "hub split of local text": (["--eval_strategy", "steps", "--validation_split", "validation"],
                                 "--validation_split names a split of a Hub --dataset"),
     "missing validation file": (["--validation_files", "/nonexistent/val.txt"], "data file not found: /nonexistent/val.txt"),
+    "negative learning rate": (["--learning_rate=-0.001"], "--learning_rate must be >= 0, got -0.001"),
+    "beta2 of one": (["--adam_beta2", "1.0"], "--adam_beta2 must be in [0, 1), got 1.0"),
+    "negative epsilon": (["--adam_epsilon=-1e-8"], "--adam_epsilon must be >= 0"),
+    "adafactor with negative decay": (["--optim", "adafactor", "--weight_decay=-0.1"], "--weight_decay must be >= 0"),
+    "negative clipping": (["--max_grad_norm=-1"], "--max_grad_norm must be >= 0"),
+    "negative warmup": (["--warmup_steps=-5"], "--warmup_steps must be >= 0"),
 }
+
+# Files whose *content* is wrong (built in the test's folder): (file name, bytes, flag, expected message)
+BAD_FILES = {
+    "random bytes as text": ("corpus.txt", bytes(range(128, 256)) * 4, "--train_files", "is not UTF-8 text"),
+    "UTF-16 text": ("corpus.txt", "text".encode("utf-16"), "--train_files", "is not UTF-8 text"),
+    "blank text": ("corpus.txt", b"  \n\n \n", "--train_files", "holds no text (only blank lines)"),
+    "numbers in the text column": ("corpus.jsonl", b'{"text": 1}\n{"text": 2}\n', "--train_files", "'text' is int, not text"),
+    "broken JSON lines": ("corpus.jsonl", b'{"text": "a"\n{', "--train_files", "is not JSON lines or JSON"),
+    "JSON without the column": ("corpus.json", b'[{"body": "a"}]', "--train_files", "has no text column 'text'"),
+    "not parquet": ("corpus.parquet", b"PAR1 not really", "--train_files", "is not a parquet file"),
+    "bad validation file": ("val.txt", b"\xff\xfe", "--validation_files", "is not UTF-8 text"),
+    "a file as tokenizer": ("tok.json", b"{}", "--tokenizer_name", "is not a tokenizer directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_file_content_is_one_line(case, tmp_path):
+    name, content, flag, expected = BAD_FILES[case]
+    (tmp_path / name).write_bytes(content)
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "train", flag, str(tmp_path / name), "--max_steps", "1",
+                "--output_dir", str(out)])
+    _check_refused(proc, expected, out)
+
+
+def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path):
+    foreign, half = tmp_path / "foreign", tmp_path / "half"
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"hidden": 3}')
+    half.mkdir()
+    (half / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}')
+    for path, expected in ((foreign, "Unrecognized model"), (half, "has a config but no weights")):
+        out = tmp_path / f"out-{path.name}"
+        proc = run([sys.executable, "-m", "hfscale", "train", "--model_name_or_path", str(path), "--max_steps", "1",
+                    "--output_dir", str(out)])
+        _check_refused(proc, expected, out)
 
 
 def _check_refused(proc, expected: str, out_dir):

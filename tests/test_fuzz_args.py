@@ -101,3 +101,82 @@ def test_any_sweep_spec_is_accepted_or_refused_in_one_line(tmp_path_factory, spe
         parse_sweep(["--spec", str(path)])
     except HfscaleError as err:
         assert str(err) and "\n" not in str(err)
+
+
+hyper = st.one_of(st.sampled_from([0.0, 1.0, 0.999, 1e-8, -1e-8, 2.0, -0.5]), st.floats(-2, 2, allow_nan=False),
+                  st.floats(allow_nan=True, allow_infinity=True))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(optim=st.sampled_from(["adamw", "adafactor", "adamw_8bit"]),
+       values=st.dictionaries(st.sampled_from(["--learning_rate", "--adam_beta1", "--adam_beta2", "--adam_epsilon",
+                                               "--weight_decay", "--max_grad_norm", "--warmup_steps"]), hyper, max_size=4))
+def test_optimizer_values_are_refused_up_front_or_work(offline_parser, optim, values):
+    """Whatever optimizer and scheduler values a user passes, either hfscale refuses them in one line before anything
+    is written, or the optimizer the Trainer builds from them (torch / bitsandbytes / transformers), its scheduler and
+    gradient clipping really run a step - never a library error inside a launched run."""
+    import torch
+    from transformers import Trainer
+    from transformers.optimization import get_scheduler
+
+    argv = ["--optim", optim, "--max_steps", "10", *[f"{k}={v}" for k, v in values.items()]]
+    try:
+        args = offline_parser([*argv, "--output_dir", "/tmp/hfscale-fuzz-never-written"])
+    except HfscaleError as err:
+        assert str(err) and "\n" not in str(err)
+        return
+    model = torch.nn.Linear(4, 4)
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    optimizer = cls(model.parameters(), **kwargs)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(10),
+                              num_training_steps=10, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    model(torch.ones(2, 4)).sum().backward()
+    if args.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+
+
+json_value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=30)),
+                          lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                          max_leaves=6)
+record = st.one_of(json_value, st.fixed_dictionaries({"text": st.one_of(st.text(max_size=200), json_value)}))
+
+
+@st.composite
+def data_file(draw) -> tuple[str, bytes]:
+    suffix = draw(st.sampled_from([".txt", ".jsonl", ".json", ".parquet"]))
+    kind = draw(st.sampled_from(["bytes", "text", "records", "records"]))
+    if kind == "bytes":
+        content = draw(st.binary(min_size=1, max_size=400))
+    elif kind == "text":
+        content = draw(st.text(max_size=400)).encode("utf-8", errors="surrogatepass")
+    else:
+        import json
+
+        rows = draw(st.lists(record, min_size=1, max_size=6))
+        content = "\n".join(json.dumps(r) for r in rows).encode()
+    return suffix, content
+
+
+@settings(max_examples=40, deadline=None)
+@given(file=data_file())
+def test_any_data_file_is_read_or_refused_in_one_line(tmp_path_factory, file):
+    """Random bytes, text and JSON of every shape under every suffix: hfscale refuses the file in one line when the
+    run is parsed (before anything is launched or written), or tokenizes and packs it - or refuses there in one
+    line (too little text for a block) - never a library traceback."""
+    from hfscale.run import data
+    from hfscale.run.args import DataArguments
+
+    suffix, content = file
+    tmp = tmp_path_factory.mktemp("data")
+    path = tmp / f"corpus{suffix}"
+    path.write_bytes(content)
+    try:
+        args = DataArguments(train_files=[str(path)], seq_len=8, cache_dir=str(tmp / "cache"),
+                             default_tokenizer_vocab=300)
+        raw = data.load_raw_text(args)
+        tokenizer = data.load_tokenizer(args, None, 300, raw, False)
+        data.packed_dataset(args, tokenizer, raw, 8)
+    except HfscaleError as err:
+        assert str(err) and "\n" not in str(err)

@@ -79,10 +79,18 @@ class DataArguments:
         require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
-        if self.train_files:
-            from .data import check_local_files
+        from .data import check_file_content, check_local_files
 
-            check_local_files(self.train_files)
+        if self.tokenizer_name and Path(self.tokenizer_name).exists() and not (
+                Path(self.tokenizer_name).is_dir() and any(Path(self.tokenizer_name).glob("tokenizer*"))):
+            raise HfscaleError(f"--tokenizer_name {self.tokenizer_name} is not a tokenizer directory (no tokenizer.json "
+                               "or tokenizer_config.json)")
+
+        for files in (self.train_files, self.validation_files):
+            if files:
+                check_local_files(files)
+                for path in files:
+                    check_file_content(path, self.text_column)
 
 
 @dataclass
@@ -216,6 +224,32 @@ def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
     tensorboard = "tensorboard" in backends or "all" in backends
     others = [b for b in backends if b not in ("tensorboard", "none")]
     return tensorboard, others or "none"
+
+
+# What torch's AdamW, bitsandbytes' AdamW8bit, transformers' Adafactor and the Trainer's schedulers accept; checked
+# before anything is written, for every optimizer (each refuses the same ranges, deep inside a launched run).
+HYPERPARAMETER_RANGES = {
+    "learning_rate": (0.0, None, "must be >= 0"),
+    "adam_beta1": (0.0, 1.0, "must be in [0, 1)"),
+    "adam_beta2": (0.0, 1.0, "must be in [0, 1)"),
+    "adam_epsilon": (0.0, None, "must be >= 0"),
+    "weight_decay": (0.0, None, "must be >= 0"),
+    "max_grad_norm": (0.0, None, "must be >= 0 (0 turns clipping off)"),
+    "warmup_steps": (0.0, None, "must be >= 0 (a number of steps, or a fraction of them below 1)"),
+}
+
+
+def check_hyperparameters(kw: dict) -> None:
+    """Optimizer and scheduler values in their ranges: one line naming the flag, never a traceback from a library."""
+    for name, (low, high, rule) in HYPERPARAMETER_RANGES.items():
+        value = kw.get(name)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value) or value < low or (high is not None and value >= high):
+            raise HfscaleError(f"--{name} {rule}, got {value}")
+    min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
+    if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
+        raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:

@@ -52,6 +52,72 @@ def check_local_files(files: list[str]) -> str:
     return kinds.pop()
 
 
+CONTENT_SAMPLE_BYTES = 1 << 20  # what a content check reads of each file (the libraries read the rest)
+
+
+def check_file_content(path: str, text_column: str) -> None:
+    """The start of a local data file is what its suffix says, holds text in `text_column`, and is not all blank:
+    checked by every rank before anything is launched or written (the libraries would fail deep inside a run)."""
+    kind = LOCAL_FORMATS.get(Path(path).suffix.lower())
+    with open(path, "rb") as f:
+        head = f.read(CONTENT_SAMPLE_BYTES)
+    whole = len(head) < CONTENT_SAMPLE_BYTES
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as err:  # pyarrow raises several types for a file that is not parquet
+            raise HfscaleError(f"data file {path} is not a parquet file ({str(err).splitlines()[0]})") from None
+        if text_column not in schema.names:
+            raise HfscaleError(f"data file {path} has no text column {text_column!r}; its columns: {schema.names}")
+        column_type = str(schema.field(text_column).type)
+        if column_type not in ("string", "large_string"):
+            raise HfscaleError(f"data file {path}: column {text_column!r} holds {column_type}, not text")
+        return
+    if not whole:  # a multi-byte character may straddle the sample's end
+        head = head[: len(head) - 4] + head[len(head) - 4:].decode("utf-8", errors="ignore").encode()
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HfscaleError(f"data file {path} is not UTF-8 text (byte 0x{head[err.start]:02x} at offset "
+                           f"{err.start})") from None
+    if kind == "text":
+        if whole and not text.strip():
+            raise HfscaleError(f"data file {path} holds no text (only blank lines)")
+        return
+    records = _json_records(path, text, whole)
+    if not records:
+        raise HfscaleError(f"data file {path} holds no JSON records")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or text_column not in record:
+            found = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise HfscaleError(f"data file {path}: record {i + 1} has no text column {text_column!r} ({found})")
+        if not isinstance(record[text_column], str):
+            raise HfscaleError(f"data file {path}: record {i + 1}'s {text_column!r} is "
+                               f"{type(record[text_column]).__name__}, not text")
+    if whole and not any(r[text_column].strip() for r in records):
+        raise HfscaleError(f"data file {path} holds no text (every {text_column!r} is blank)")
+
+
+def _json_records(path: str, text: str, whole: bool) -> list:
+    """The records at the start of a JSON-lines file, or of a JSON array (read whole when it is small)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not whole and lines:
+        lines = lines[:-1]  # the sample may end mid-line
+    try:
+        return [json.loads(line) for line in lines]
+    except json.JSONDecodeError as line_err:
+        if whole:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise HfscaleError(f"data file {path} is not JSON lines or JSON (line {err.lineno}: {err.msg})") from None
+            data = data.get("data", data) if isinstance(data, dict) else data  # datasets' {"data": [...]} form
+            return data if isinstance(data, list) else [data]
+        raise HfscaleError(f"data file {path} is not JSON lines (line {line_err.lineno}: {line_err.msg})") from None
+
+
 def source_fingerprint(data_args) -> dict:
     """What identifies the raw text, for the cache key."""
     if data_args.train_files:
@@ -89,7 +155,13 @@ def validation_plan(data_args, evaluating: bool) -> dict | None:
 def _load_local(files: list[str], streaming: bool):
     import datasets
 
-    return datasets.load_dataset(check_local_files(files), data_files=list(files), split="train", streaming=streaming)
+    builder = check_local_files(files)
+    try:
+        return datasets.load_dataset(builder, data_files=list(files), split="train", streaming=streaming)
+    except Exception as err:  # past the content checks (they read each file's start): a fault further in
+        cause = err.__cause__ or err
+        raise HfscaleError(f"cannot read {', '.join(files)} as {builder}: {type(cause).__name__}: "
+                           f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
 
 
 def load_raw_text(data_args, split: str | None = None):
@@ -160,7 +232,7 @@ def load_tokenizer(data_args, model_name_or_path, vocab_size: int, raw, trust_re
     if name:
         try:
             return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # missing/unreachable, or a directory without tokenizer files
             raise HfscaleError(f"cannot load tokenizer {name!r}: {str(err).splitlines()[0]}") from None
     if data_args.streaming:
         raise HfscaleError("a streamed dataset needs --tokenizer_name (the default tokenizer is trained on the corpus)")
@@ -208,9 +280,9 @@ def packed_dataset(data_args, tokenizer, raw, seq_len: int, part: dict | None = 
             (part.get("validation") or {}).get("files", [])]})
     out = Path(data_args.cache_dir) / f"packed-{_digest(identity)}"
     if not out.is_dir():
-        atomic_write_dir(out, pack(raw, tokenizer, data_args.text_column, seq_len).save_to_disk)
-    blocks = datasets.load_from_disk(str(out))
-    if len(blocks) == 0:
-        raise HfscaleError(f"{what} yields no full block of seq_len {seq_len} tokens; use more text or a shorter "
-                           "--seq_len" + (" (or a larger validation share)" if what != "the dataset" else ""))
-    return blocks.with_format("torch")
+        packed = pack(raw, tokenizer, data_args.text_column, seq_len)
+        if len(packed) == 0:  # checked before caching: datasets cannot load a saved dataset of no rows
+            raise HfscaleError(f"{what} yields no full block of seq_len {seq_len} tokens; use more text or a shorter "
+                               "--seq_len" + (" (or a larger validation share)" if what != "the dataset" else ""))
+        atomic_write_dir(out, packed.save_to_disk)
+    return datasets.load_from_disk(str(out)).with_format("torch")

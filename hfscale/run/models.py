@@ -4,6 +4,7 @@ A preset is only a ModelShape; the model is built from a transformers config so 
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 from ..errors import HfscaleError, one_of
 from ..formulas.metrics import ModelShape
@@ -137,14 +138,21 @@ def declare_causal_lm_loss(model):
     return model
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> ModelShape:
     """The shape of a pretrained checkpoint, read from its config alone."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # missing, unreachable, or a config.json of no known model type
         raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
+    local = Path(name_or_path)
+    if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
+        raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
+                           f"({' or '.join(WEIGHT_FILES)})")
     return shape_from_config(config)
 
 
