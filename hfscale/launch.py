@@ -1,7 +1,8 @@
 """Run one training as its own process tree through the real launcher (`accelerate launch`), and say how it ended.
 
 Used by `hfscale sweep` and `hfscale parity`: a run that runs out of memory, crashes, hangs or is refused becomes
-an outcome with a status and the tail of its log; the caller goes on.
+an outcome with a status and the tail of its log; the caller goes on. Every route (`hfscale launch`, sweep, parity)
+builds its command in `strategy_launch`: the strategy's shipped launcher config, checked.
 """
 
 import os
@@ -123,8 +124,9 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("WORLD_SIZE", None)  # a sweep started inside a launched job must not inherit its world
     start, timed_out = time.perf_counter(), False
+    cmd = strategy_launch([*train_args, "--output_dir", str(output_dir)], nproc)  # the strategy's own config
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(launch_command([*train_args, "--output_dir", str(output_dir)], nproc),
+        proc = subprocess.Popen(cmd,
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
@@ -180,17 +182,54 @@ def _deepspeed_json(config: dict, config_path: Path) -> str | None:
 
 
 def default_num_processes() -> int:
+    """Processes on one node by default: every visible GPU; on a CPU machine, 2."""
     import torch
 
-    return torch.cuda.device_count() or 2  # every GPU on this node; on a CPU machine, 2 processes
+    return torch.cuda.device_count() or 2
+
+
+def strategy_launch(train_args: list[str], nproc: int | None, config_file: str | None = None,
+                    machines: int = 1, launcher_flags: list[str] = (), free_main_port: bool = True) -> list[str]:
+    """The `accelerate launch` command of one training run, as `hfscale launch`, sweep and parity start it: the
+    launcher config (default: the strategy's shipped accelerate_configs/<strategy>.yaml, so a user's default accelerate
+    config never leaks in) checked and agreeing with --strategy, its DeepSpeed JSON found, and `nproc` processes in all
+    over `machines` machines (accelerate's --num_processes is the total; None: the config's, else every local GPU on
+    each machine) - refused when a node would run more processes than it has GPUs."""
+    from .errors import HfscaleError
+    from .files import load_json
+    from .parallel.distributed import check_agree, check_local_processes, config_strategy
+    from .parallel.strategies import get_strategy
+
+    asked = flag_value(train_args, "--strategy")
+    if asked is not None:
+        get_strategy(asked)  # an unknown name: the list of valid ones
+    config_path = Path(config_file) if config_file else get_strategy(asked or "ddp").accelerate_config_path
+    config = check_accelerate_config(config_path)
+    deepspeed_json = _deepspeed_json(config, config_path)
+    if config_file:
+        try:
+            launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
+        except HfscaleError as err:
+            raise HfscaleError(f"{config_path}: {err}") from None
+        if asked is not None:
+            check_agree(asked, launched)
+        nproc = nproc or config.get("num_processes")
+    if machines <= 0:
+        raise HfscaleError(f"--num_machines must be positive, got {machines}")
+    nproc = nproc or default_num_processes() * machines
+    if nproc <= 0:
+        raise HfscaleError(f"--num_processes must be positive, got {nproc}")
+    if nproc % machines:
+        raise HfscaleError(f"--num_processes {nproc} (processes in all) does not split over {machines} machines")
+    check_local_processes(nproc // machines)
+    launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
+    launcher_args += [*(["--num_machines", str(machines)] if machines > 1 else []), *launcher_flags]
+    return launch_command(train_args, nproc, str(config_path), launcher_args, free_main_port=free_main_port)
 
 
 def main(argv: list[str]) -> int:
     """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
-    from .files import load_json
-    from .parallel.distributed import check_agree, config_strategy
-    from .errors import ArgumentParser, HfscaleError
-    from .parallel.strategies import get_strategy
+    from .errors import ArgumentParser
 
     parser = ArgumentParser(
         prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours
@@ -198,38 +237,20 @@ def main(argv: list[str]) -> int:
                     "--config_file (default: the strategy's shipped accelerate_configs/<strategy>.yaml) must be "
                     "valid and agree with --strategy. Every other flag goes to the training script.")
     parser.add_argument("--config_file", help="an accelerate config (YAML)")
-    parser.add_argument("--num_processes", type=int, help="processes on this machine x machines "
-                        "(default: the config's, or every local GPU, or 2 on a CPU machine)")
-    parser.add_argument("--num_machines", type=int, default=None)
+    parser.add_argument("--num_processes", type=int, help="processes on all machines together, as accelerate counts "
+                        "them (default: the config's, or every local GPU x --num_machines, or 2 on a CPU machine)")
+    parser.add_argument("--num_machines", type=int, default=1)
     parser.add_argument("--machine_rank", type=int, default=None)
     parser.add_argument("--main_process_ip", default=None)
     parser.add_argument("--main_process_port", type=int, default=None)
     parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
     opts, train_args = parser.parse_known_args(argv)
-    asked = flag_value(train_args, "--strategy")
-    if asked is not None:
-        get_strategy(asked)  # an unknown name: the list of valid ones
-    config_path = Path(opts.config_file) if opts.config_file else get_strategy(asked or "ddp").accelerate_config_path
-    config = check_accelerate_config(config_path)
-    deepspeed_json = _deepspeed_json(config, config_path)
-    if opts.config_file:
-        try:
-            launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
-        except HfscaleError as err:
-            raise HfscaleError(f"{config_path}: {err}") from None
-        if asked is not None:
-            check_agree(asked, launched)
-        nproc = opts.num_processes or config.get("num_processes") or default_num_processes()
-    else:
-        nproc = opts.num_processes or default_num_processes()
-    if nproc <= 0:
-        raise HfscaleError(f"--num_processes must be positive, got {nproc}")
-    launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
-    for flag in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+    flags = []
+    for flag in ("machine_rank", "main_process_ip", "main_process_port"):
         if getattr(opts, flag) is not None:
-            launcher_args += [f"--{flag}", str(getattr(opts, flag))]
-    cmd = launch_command(train_args, nproc, str(config_path), launcher_args,
-                         free_main_port=opts.main_process_port is None and (opts.num_machines or 1) == 1)
+            flags += [f"--{flag}", str(getattr(opts, flag))]
+    cmd = strategy_launch(train_args, opts.num_processes, opts.config_file, opts.num_machines, flags,
+                          free_main_port=opts.main_process_port is None and opts.num_machines == 1)
     if opts.dry_run:
         import shlex
 

@@ -69,7 +69,12 @@ def setup_logging(args) -> None:
 
 
 def precision(args) -> str:
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
+    """The precision the run really computes in (parallel/distributed.run_precision): recorded, named in the run,
+    and the peak MFU divides by."""
+    from hfscale.parallel.distributed import run_precision, tf32_matmuls
+
+    return run_precision(args.bf16, args.fp16, getattr(args, "mixed_precision", None), args.tf32,
+                         tf32_matmuls(args.device.type == "cuda"))
 
 
 def run_name(model_args, args, state) -> str:
@@ -131,7 +136,7 @@ def environment(args) -> dict:
             versions[optional] = __import__(optional).__version__
         except Exception:  # an absent or broken optional library is reported, not fatal
             versions[optional] = None
-    on_cuda = torch.cuda.is_available()
+    on_cuda = args.device.type == "cuda"  # the route the run took (--use_cpu on a GPU host is a CPU run)
     return {
         "versions": versions,
         "hostname": socket.gethostname(),
@@ -387,7 +392,7 @@ def run(argv: list[str] | None) -> None:
     from hfscale.run.args import build_training_arguments
 
     model_args, data_args, training, state = check_args(argv)
-    args = build_training_arguments(training, setup_processes(state.strategy))  # the process group starts here
+    args = build_training_arguments(training, setup_processes(state.strategy, training["use_cpu"]))  # group starts
     setup_logging(args)
     logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, docs/compare.md): %s",
                 ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))

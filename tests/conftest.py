@@ -34,7 +34,7 @@ def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO) -> subprocess.Comp
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
-accelerate_launch = launch_command  # the launcher hfscale sweep/parity use
+accelerate_launch = launch_command  # plain `accelerate launch --multi_gpu` (no config), as the README starts a run
 
 
 def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: int = 4, config_file=None,

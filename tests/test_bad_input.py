@@ -193,7 +193,7 @@ def test_missing_text_column(tmp_path):
     out = tmp_path / "out"
     proc = run([sys.executable, "-m", "hfscale.train", "--train_files", str(data), "--output_dir", str(out),
                 "--cache_dir", str(tmp_path / "cache")])
-    _check_refused(proc, "dataset has no text column 'text'; its columns: ['body']", out)
+    _check_refused(proc, "record 1 has no text column 'text' (['body'])", out)  # found when the run is parsed
 
 
 def test_malformed_run_file(tmp_path):

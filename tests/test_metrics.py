@@ -121,7 +121,8 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_why():
 
     from hfscale.train import peak_tflops
 
-    args = SimpleNamespace(measure_peak=False, peak_tflops=None, bf16=True, fp16=False, tf32=False, local_process_index=0)
+    args = SimpleNamespace(measure_peak=False, peak_tflops=None, bf16=True, fp16=False, tf32=False, local_process_index=0,
+                           mixed_precision="bf16", device=SimpleNamespace(type="cuda"))
     peak, source, measured = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA RTX 6000 Ada Generation"})
     assert peak is None and measured is None and "unknown device" in source and "--peak_tflops" in source
     peak, source, _ = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA H100 NVL"})
@@ -148,11 +149,12 @@ def test_measure_peak_leaves_no_trace_on_a_faked_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
-    before = torch.backends.cuda.matmul.allow_tf32
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
+        matmul.fp32_precision = "ieee"
         assert measure_peak_tflops("cuda:0", "tf32", size=64, seconds=0.01) > 0
-        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert matmul.fp32_precision == "ieee"
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        matmul.fp32_precision = before
     assert calls == ["empty_cache", ("reset", "cuda:0")]

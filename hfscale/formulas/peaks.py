@@ -81,17 +81,19 @@ def table_peak(device_name: str, dtype: str) -> float | None:
 
 def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | None = None, seconds: float = 1.0) -> float:
     """Best matmul throughput actually reached: repeated size x size GEMMs for about `seconds`. Leaves no trace:
-    the TF32 switch is restored, the matrices freed and (on CUDA) the allocator's peak reset, so neither the run's
-    precision nor its measured peak memory carries this probe."""
+    the TF32 setting is restored, the matrices freed and (on CUDA) the allocator's peak reset, so neither the run's
+    precision nor its measured peak memory carries this probe. Uses torch's fp32_precision API, as transformers does
+    (torch refuses to read the legacy allow_tf32 flag once the new one was set)."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}[dtype]
     on_cuda = device.startswith("cuda")
     size = size or (8192 if on_cuda else 1024)
-    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    matmul = torch.backends.cuda.matmul
+    tf32_before = matmul.fp32_precision
     try:
         if on_cuda:
-            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            matmul.fp32_precision = "tf32" if dtype == "tf32" else "ieee"
         a = torch.randn(size, size, device=device, dtype=torch_dtype)
         b = torch.randn(size, size, device=device, dtype=torch_dtype)
         sync = torch.cuda.synchronize if on_cuda else (lambda: None)
@@ -108,7 +110,7 @@ def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | No
         del a, b
         return best
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+        matmul.fp32_precision = tf32_before
         if on_cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)

@@ -20,9 +20,49 @@ from .strategies import Strategy, all_strategies
 
 
 def has_accelerator() -> bool:
+    """A CUDA device is visible (whether the run uses it is `on_accelerator`)."""
     import torch
 
     return torch.cuda.is_available()
+
+
+def on_accelerator(use_cpu: bool = False) -> bool:
+    """The route of a run: GPU when a CUDA device is visible and the user did not pass --use_cpu. Every CPU/GPU
+    difference in hfscale is decided from this (docs/strategies.md, "CPU and GPU routes")."""
+    return has_accelerator() and not use_cpu
+
+
+def check_local_processes(nproc_per_node: int) -> None:
+    """On a GPU machine a node runs at most one process per visible GPU (two ranks on one GPU share its memory and
+    NCCL refuses them); a CPU machine runs any number (gloo, one core each at best)."""
+    import torch
+
+    if not has_accelerator():
+        return
+    visible = torch.cuda.device_count()
+    if nproc_per_node > visible:
+        raise HfscaleError(f"{nproc_per_node} processes per node but this node sees {visible} GPU(s) "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); launch at most "
+                           f"{visible} per node")
+
+
+def tf32_matmuls(on_cuda: bool) -> bool:
+    """torch's fp32 matmuls run in TF32 on this GPU (--tf32, or --torch_compile on Ampere+, which transformers switches
+    on by itself); never on a CPU."""
+    import torch
+
+    return on_cuda and torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def run_precision(bf16: bool, fp16: bool, mixed_precision: str | None, tf32_flag: bool | None, tf32_on: bool) -> str:
+    """What a run computes in, as the engines really set it: the Trainer's mixed precision - its flags, or
+    ACCELERATE_MIXED_PRECISION from a user's accelerate config, which transformers reads into `mixed_precision` and
+    accelerate turns into autocast - else TF32 where torch's matmuls use it, else fp32."""
+    if bf16 or mixed_precision == "bf16":
+        return "bf16"
+    if fp16 or mixed_precision == "fp16":
+        return "fp16"
+    return "tf32" if tf32_flag or tf32_on else "fp32"
 
 
 def free_port() -> int:
@@ -32,8 +72,13 @@ def free_port() -> int:
 
 
 def ensure_process_group_env() -> None:
-    """Give a process started without a launcher the environment of a one-process group."""
+    """Give a process started without a launcher the environment of a one-process group. A WORLD_SIZE without
+    LOCAL_RANK is no launcher's (accelerate, torchrun and srun-started torchrun set both): transformers would then
+    drive every visible GPU from one process with nn.DataParallel, which no strategy means."""
     if "WORLD_SIZE" in os.environ:
+        if "LOCAL_RANK" not in os.environ:
+            raise HfscaleError("WORLD_SIZE is set but LOCAL_RANK is not: start the run with a launcher (hfscale launch, "
+                               "accelerate launch, torchrun) or unset WORLD_SIZE")
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -128,17 +173,25 @@ def configure_state_for_cpu_deepspeed() -> dict:
     from accelerate import PartialState
 
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    # the CPU route on any host: with --use_cpu on a GPU machine accelerate would otherwise bind each rank to a GPU
+    os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
     PartialState(backend="gloo")
     return {"use_configured_state": True}
 
 
-def setup_processes(strategy: Strategy) -> dict:
+def setup_processes(strategy: Strategy, use_cpu: bool = False) -> dict:
     """Everything that must happen before the TrainingArguments build their device state: the one-process group
-    environment when no launcher started us, and on a CPU machine the DeepSpeed route above. Called once, explicitly,
-    by train.run(). Returns the TrainingArguments overrides this needs ({} on a GPU machine: the GPU route is left
-    alone)."""
+    environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs; on the CPU route,
+    the DeepSpeed set-up above. Called once, explicitly, by train.run(). Returns the TrainingArguments overrides this
+    needs."""
     ensure_process_group_env()
-    if has_accelerator():
+    if on_accelerator(use_cpu):
+        if strategy.engine == "fsdp" and strategy.offloads_state("parameters"):
+            # accelerate adds "cpu:gloo" to the process group (for the all-reduces of CPU-offloaded shards, e.g. the
+            # gradient norm) only when these are exported - by its launcher, from an FSDP config; not by torchrun,
+            # `python`, a --multi_gpu launch, or a sweep
+            os.environ["ACCELERATE_USE_FSDP"] = "true"
+            os.environ["FSDP_OFFLOAD_PARAMS"] = "true"
         return {}
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
     if strategy.engine == "deepspeed":

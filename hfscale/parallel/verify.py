@@ -162,6 +162,8 @@ def check_world(facts: dict, strategy: Strategy) -> None:
 
 def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
     wrapper = facts["wrapper"]
+    require(wrapper != "DataParallel", "the model is in nn.DataParallel (one process driving several GPUs); launch "
+            "one process per GPU", strategy)
     expected_type = {"deepspeed": "DEEPSPEED", "fsdp": "FSDP"}.get(strategy.engine)
     if expected_type:  # accelerate's own view, which decides its save, clipping and accumulation paths
         require(facts["distributed_type"] == expected_type,
@@ -186,7 +188,10 @@ def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> 
     """--bf16/--fp16 must reach the engine: DeepSpeed trains a copy of the weights in that dtype (fp32 masters live in
     its optimizer); FSDP2 has no autocast and computes in its mixed-precision policy's param_dtype."""
     want = "bfloat16" if bf16 else "float16" if fp16 else "float32"
-    if strategy.engine == "deepspeed":
+    if strategy.engine == "ddp":  # the module keeps fp32 master weights; --bf16/--fp16 is autocast around it
+        dtypes = facts["parameters"]["dtypes"]
+        require(dtypes == ["float32"], f"DDP trains {dtypes} weights, not fp32 masters (under autocast)", strategy)
+    elif strategy.engine == "deepspeed":
         dtypes = facts["parameters"]["dtypes"]
         require(dtypes == [want], f"DeepSpeed trains {dtypes} weights, not {want}", strategy)
     elif strategy.engine == "fsdp":

@@ -19,7 +19,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError
 from ..files import load_json, load_yaml
 from ..formulas.metrics import ModelShape
-from ..parallel.distributed import has_accelerator, launcher_deepspeed_config, launcher_world_size, resolve_strategy
+from ..parallel.distributed import launcher_deepspeed_config, launcher_world_size, on_accelerator, resolve_strategy
 from ..parallel.strategies import (OPTIMIZERS, Strategy, all_strategies, check_optimizer, check_pair, get_strategy,
                                    hf_optim_name, load_deepspeed_config)
 from .data import EMBEDDED
@@ -159,14 +159,15 @@ def plan_training(training: dict) -> tuple[dict, dict]:
     kw["strategy"] = resolve_strategy(kw["strategy"])
     strategy = get_strategy(kw["strategy"])
     check_pair(strategy.name, optim)
-    kw["optim"] = hf_optim_name(optim, has_accelerator())
+    gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
+    kw["optim"] = hf_optim_name(optim, gpu)
     _apply_strategy(kw, strategy)
     _apply_batch_sizes(kw)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
-    if kw["fp16"] and not has_accelerator():
+    if kw["fp16"] and not gpu:
         raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
-    if not has_accelerator():
+    if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     decided = dict(strategy=strategy, optim=optim, launcher_world_size=launcher_world_size(), tensorboard=tensorboard,
                    auto_output_dir=kw["output_dir"] is None)

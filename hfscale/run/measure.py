@@ -133,9 +133,12 @@ class Meter:
             self.start_step = self.mark_step = step
             self.start_time = self.mark_time = time.perf_counter()
 
-    def step_end(self, step: int, last: bool = False) -> None:
+    def step_end(self, step: int, last: bool = False, pause_follows: bool = False) -> None:
+        """pause_follows: a checkpoint save or an evaluation comes next. The clock is then read after the device has
+        finished this step's queued work - otherwise that work would drain inside the pause, be excluded as save
+        time, and the interval would look faster than it was (only on a GPU, where kernels run asynchronously)."""
         warm = step == self.first_step + self.warmup_steps
-        if warm or last:
+        if warm or last or pause_follows:
             _sync(self.on_cuda)
         now = time.perf_counter()
         if warm:
@@ -250,8 +253,9 @@ class MeasureCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.step_memory:
             self.step_memory.end(state.global_step)
-        if self.meter:
-            self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps)
+        if self.meter:  # the Trainer's flow callback has already decided whether a save or an evaluation follows
+            self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps,
+                                pause_follows=bool(control.should_save or control.should_evaluate))
 
     def on_save(self, args, state, control, **kwargs):
         if self.meter:

@@ -160,7 +160,12 @@ def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_imp
     """A pretrained checkpoint (local directory or Hub name) and its shape."""
     from transformers import AutoModelForCausalLM
 
+    import torch
+
     shape = pretrained_shape(name_or_path, trust_remote_code)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+    # fp32 master weights whatever the checkpoint stores: transformers 5 loads in the stored dtype by default
+    # (dtype="auto"), and a bf16 checkpoint would then train in pure bf16 under DDP while --bf16 means autocast
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
+                                                 dtype=torch.float32, **kwargs)
     return declare_causal_lm_loss(model), shape

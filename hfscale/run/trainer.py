@@ -23,6 +23,7 @@ logger = logging.getLogger("hfscale")
 # Optimizer state elements per parameter element when unsharded (exp_avg + exp_avg_sq); Adafactor's factored
 # states are not proportional to the parameters, so its sharding is reported, not checked.
 STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
+MAX_SKIPPED_STEPS = 50  # fp16 loss scaling from 2^16 halves per overflow: a healthy run steps long before this
 
 
 def token_weighted_eval_loss(prediction) -> dict:
@@ -156,6 +157,7 @@ class StrategyCallback(TrainerCallback):
         self.resume_from = resume_from
         self.facts: dict = {}
         self.gradient_bytes: int | None = None
+        self.states_checked = False  # optimizer states are checked after the first step that really ran
 
     @property
     def strategy(self):
@@ -181,7 +183,8 @@ class StrategyCallback(TrainerCallback):
         }
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)
-        verify.check_precision(self.facts, strategy, args.bf16, args.fp16)
+        running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
+        verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
         verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
@@ -213,9 +216,20 @@ class StrategyCallback(TrainerCallback):
             self.gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1:
+        if not self.states_checked and self._optimizer_has_stepped(state.global_step):
             self._check_optimizer_states()
             self._measure_model_states()
+            self.states_checked = True
+
+    def _optimizer_has_stepped(self, step: int) -> bool:
+        """States exist only once an optimizer step really ran: with fp16's dynamic loss scaling (DeepSpeed starts at
+        2^16, torch's GradScaler too) the first steps are often skipped as overflows, and checking states at step 1
+        would refuse a correct run. Refused when no step has run after MAX_SKIPPED_STEPS."""
+        if verify.inspect_optimizer_states(self.trainer.optimizer)["elements_local"] > 0:
+            return True
+        verify.require(step < MAX_SKIPPED_STEPS, f"the optimizer has not stepped in {step} steps (every step skipped "
+                       "as a loss-scale overflow?)", self.strategy)
+        return False
         if self.powersgd_state is not None:
             self.facts["powersgd"] = powersgd_facts(self.powersgd_state)
             if state.global_step == self.powersgd_state.start_powerSGD_iter + 1:
