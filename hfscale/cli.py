@@ -1,4 +1,4 @@
-"""`hfscale` console script: train | launch | sweep | report | parity | import-logs | export | estimate | project | bandwidth | tune | strategies | peak."""
+"""`hfscale` console script: train | launch | slurm | sweep | report | parity | import-logs | export | estimate | project | bandwidth | tune | strategies | peak."""
 
 import sys
 
@@ -42,6 +42,7 @@ def cmd_peak(argv: list[str]) -> None:
 COMMANDS = {
     "train": "train with a strategy and optimizer (every TrainingArguments flag works)",
     "launch": "accelerate launch of the training script, launcher config checked first",
+    "slurm": "an sbatch script for a multi-node run: one launcher per node, static rendezvous",
     "sweep": "run strategies x optimizers x processes x MBS x GAS x checkpointing; failures are rows",
     "report": "markdown/CSV table in the BigScience format, plots, optional HTML",
     "parity": "compare strategies' loss curves and final weights with ddp",
@@ -69,11 +70,11 @@ def main(argv: list[str] | None = None) -> None:
         from .train import main as train_main
 
         return train_main(rest)
-    if command in ("launch", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
+    if command in ("launch", "slurm", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
                    "bandwidth", "tune"):
         import importlib
 
-        module = {"launch": "launch", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
+        module = {"launch": "launch", "slurm": "cluster.slurm", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
                   "import-logs": "compare.megatron", "export": "run.export", "estimate": "plan.estimate",
                   "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune"}[command]
         sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)

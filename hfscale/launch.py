@@ -189,7 +189,8 @@ def default_num_processes() -> int:
 
 
 def strategy_launch(train_args: list[str], nproc: int | None, config_file: str | None = None,
-                    machines: int = 1, launcher_flags: list[str] = (), free_main_port: bool = True) -> list[str]:
+                    machines: int = 1, launcher_flags: list[str] = (), free_main_port: bool = True,
+                    check_gpus: bool = True) -> list[str]:
     """The `accelerate launch` command of one training run, as `hfscale launch`, sweep and parity start it: the
     launcher config (default: the strategy's shipped accelerate_configs/<strategy>.yaml, so a user's default accelerate
     config never leaks in) checked and agreeing with --strategy, its DeepSpeed JSON found, and `nproc` processes in all
@@ -221,9 +222,16 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
         raise HfscaleError(f"--num_processes must be positive, got {nproc}")
     if nproc % machines:
         raise HfscaleError(f"--num_processes {nproc} (processes in all) does not split over {machines} machines")
-    check_local_processes(nproc // machines)
+    if check_gpus:  # not when writing a job script for other machines (hfscale slurm)
+        check_local_processes(nproc // machines)
     launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
-    launcher_args += [*(["--num_machines", str(machines)] if machines > 1 else []), *launcher_flags]
+    if machines > 1:
+        # static rendezvous, as flags: accelerate launch ignores rdzv_backend/same_network when they come only from
+        # the config file, and c10d rendezvous ignores the machine rank (rank 0 may land on another node)
+        launcher_args += ["--num_machines", str(machines), "--rdzv_backend", "static", "--same_network"]
+        if config.get("distributed_type") == "DEEPSPEED":  # one launcher per node, no pdsh/ssh
+            launcher_args += ["--deepspeed_multinode_launcher", "standard"]
+    launcher_args += list(launcher_flags)
     return launch_command(train_args, nproc, str(config_path), launcher_args, free_main_port=free_main_port)
 
 

@@ -137,6 +137,7 @@ def environment(args) -> dict:
         except Exception:  # an absent or broken optional library is reported, not fatal
             versions[optional] = None
     on_cuda = args.device.type == "cuda"  # the route the run took (--use_cpu on a GPU host is a CPU run)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size)) or 1
     return {
         "versions": versions,
         "hostname": socket.gethostname(),
@@ -144,6 +145,9 @@ def environment(args) -> dict:
         "device_name": torch.cuda.get_device_name() if on_cuda else f"CPU ({platform.machine()}, {torch.get_num_threads()} threads/process)",
         "device_count": torch.cuda.device_count() if on_cuda else os.cpu_count(),
         "world_size": args.world_size,
+        # the launcher's view of the nodes (torchrun/accelerate set LOCAL_WORLD_SIZE: processes on this node)
+        "processes_per_node": per_node,
+        "nodes": max(1, args.world_size // per_node),
     }
 
 

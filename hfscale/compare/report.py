@@ -85,6 +85,8 @@ def _notes(results: dict, status: str) -> str:
         notes.append(cfg["precision"])
     if env.get("device_type") == "cpu":
         notes.append("CPU")
+    if (env.get("nodes") or 1) > 1:
+        notes.append(f"{env['nodes']} nodes x {env.get('processes_per_node')}")
     saves = [c for c in results.get("checkpoints", []) if c.get("save_s") is not None]
     if saves:
         notes.append(f"ckpt save {max(c['save_s'] for c in saves):.1f} s, {saves[-1].get('size_gb', 0):.2g} GB")

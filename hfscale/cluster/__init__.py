@@ -1,0 +1,1 @@
+"""Running at cluster scale: SLURM job scripts (slurm.py)."""

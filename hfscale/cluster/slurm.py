@@ -1,0 +1,138 @@
+"""`hfscale slurm`: an sbatch script for a multi-node hfscale run, ready for `sbatch` with no edits.
+
+    hfscale slurm --nodes 4 --gpus_per_node 8 --partition gpu --time 20:00:00 -- --strategy zero1 --model bloom-7b1 --bf16 > job.sbatch
+    sbatch job.sbatch
+
+One `hfscale launch` per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`), static rendezvous: the main address
+is the allocation's first host (`scontrol show hostnames`), one port, and each node's machine rank is
+`$SLURM_NODEID` expanded *on that node* (escaped in the srun line: expanded by the batch shell, every node would get
+0 and the job would hang). `--num_processes` is the total, nodes x GPUs per node, as accelerate counts it; DeepSpeed
+uses its `standard` multi-node launcher (no pdsh/ssh). `--strategies a,b --out DIR` writes one script per strategy.
+docs/multinode.md.
+"""
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import ArgumentParser, HfscaleError
+from ..files import atomic_write_text
+from ..launch import flag_value, split_train_args
+
+DEFAULT_PORT = 29500
+_NAME = re.compile(r"^[A-Za-z0-9_.,:+=@-]+$")  # partition, account, constraint, job name: one shell word, no spaces
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # SLURM's D-HH:MM:SS, HH:MM:SS, MM:SS, MM
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="hfscale slurm", allow_abbrev=False,
+                       description="An sbatch script for a multi-node hfscale run (training flags after `--`).")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus_per_node", type=int, required=True)
+    p.add_argument("--cpus_per_task", type=int, help="CPU cores per node for the launcher and its processes")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--constraint", help="e.g. v100-32g")
+    p.add_argument("--time", help="time limit, e.g. 20:00:00")
+    p.add_argument("--job_name", help="default: hfscale-<strategy>-<model>")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"rendezvous port on the first node (default {DEFAULT_PORT})")
+    p.add_argument("--setup", action="append", default=[], help="a line run before the launch on the batch host, "
+                   "e.g. 'module load cuda/12.4' or 'source ~/venvs/hfscale/bin/activate' (repeatable)")
+    p.add_argument("--python", default="python", help="the interpreter that has hfscale (default: python on PATH)")
+    p.add_argument("--config_file", help="an accelerate config instead of the strategy's shipped one")
+    p.add_argument("--strategies", help="comma-separated: one script per strategy (with --out)")
+    p.add_argument("--out", type=Path, help="write <job name>.sbatch files here instead of printing one")
+    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print the script (the default "
+                   "without --out)")
+    return p
+
+
+def check(opts) -> None:
+    for name in ("nodes", "gpus_per_node", "cpus_per_task"):
+        value = getattr(opts, name)
+        if value is not None and value <= 0:
+            raise HfscaleError(f"--{name} must be positive, got {value}")
+    if not 0 < opts.port < 65536:
+        raise HfscaleError(f"--port must be between 1 and 65535, got {opts.port}")
+    for name in ("partition", "account", "constraint", "job_name"):
+        value = getattr(opts, name)
+        if value is not None and not _NAME.match(value):
+            raise HfscaleError(f"--{name} {value!r} is not one SLURM name (letters, digits, _.,:+=@-; no spaces)")
+    if opts.time is not None and not _TIME.match(opts.time):
+        raise HfscaleError(f"--time {opts.time!r} is not a SLURM time limit (e.g. 20:00:00 or 2-00:00:00)")
+    if opts.strategies and not opts.out:
+        raise HfscaleError("--strategies writes one script per strategy: give --out DIR")
+
+
+def script(opts, train_args: list[str], job_name: str) -> str:
+    """The sbatch script. Only `$SLURM_NODEID` is left for each node's shell; the rest is fixed here."""
+    from ..launch import strategy_launch
+
+    total = opts.nodes * opts.gpus_per_node
+    # validates the strategy, the launcher config and the process arithmetic now, not on the cluster
+    strategy_launch(train_args, total, opts.config_file, opts.nodes, check_gpus=False)
+    launch = [opts.python, "-m", "hfscale", "launch", "--num_machines", str(opts.nodes), "--num_processes", str(total),
+              *(["--config_file", opts.config_file] if opts.config_file else [])]
+    header = [f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={opts.nodes}",
+              "#SBATCH --ntasks-per-node=1          # one launcher per node; it starts the GPU processes",
+              f"#SBATCH --gres=gpu:{opts.gpus_per_node}", "#SBATCH --hint=nomultithread",
+              "#SBATCH --output=%x-%j.out"]
+    for flag, value in (("cpus-per-task", opts.cpus_per_task), ("partition", opts.partition),
+                        ("account", opts.account), ("constraint", opts.constraint), ("time", opts.time)):
+        if value is not None:
+            header.append(f"#SBATCH --{flag}={value}")
+    node_command = (f"{_in_double_quotes(shlex.join(launch))} --machine_rank \\$SLURM_NODEID --main_process_ip "
+                    f"$MASTER_ADDR --main_process_port $MASTER_PORT {_in_double_quotes(shlex.join(train_args))}")
+    lines = ["#!/bin/bash", f"# generated by: hfscale slurm {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['slurm'] else ''}".rstrip(),
+             *header, "", "set -euo pipefail", *opts.setup,
+             'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+             f"export MASTER_PORT={opts.port}",
+             f"echo \"hfscale: {opts.nodes} nodes x {opts.gpus_per_node} GPUs, rendezvous $MASTER_ADDR:$MASTER_PORT\"",
+             "# \\$SLURM_NODEID is escaped: each node's own shell expands it to that node's machine rank",
+             f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "{node_command}"', ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    own, train_args = split_train_args(argv)
+    opts = build_parser().parse_args(own)
+    check(opts)
+    strategies = opts.strategies.split(",") if opts.strategies else [flag_value(train_args, "--strategy") or "ddp"]
+    scripts = []
+    for strategy in strategies:
+        args = ["--strategy", strategy, *_without(train_args, "--strategy")]
+        model = flag_value(args, "--model") or Path(flag_value(args, "--model_name_or_path") or "tiny").name
+        name = opts.job_name or f"hfscale-{strategy}-{model}"
+        if len(strategies) > 1:
+            name = f"{opts.job_name}-{strategy}" if opts.job_name else name
+        scripts.append((name, script(opts, args, name)))  # every script is built (and checked) before any is written
+    if not opts.out:
+        print(scripts[0][1], end="")
+        return 0
+    for name, text in scripts:
+        atomic_write_text(opts.out / f"{name}.sbatch", text)
+        print(f"wrote {opts.out / f'{name}.sbatch'}   (sbatch it)")
+    return 0
+
+
+def _in_double_quotes(text: str) -> str:
+    """Text that reaches each node's `bash -c` unchanged through the batch shell's double quotes."""
+    for char in ("\\", '"', "$", "`"):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """args less `flag V` / `flag=V`."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = True
+            continue
+        if not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
