@@ -44,6 +44,19 @@ def flag_value(args: list[str], name: str) -> str | None:
     return None
 
 
+def drop_flag(args: list[str], name: str) -> list[str]:
+    """args without `--name V` / `--name=V`."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
 def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the command's own flags, the training flags after `--`), as `hfscale sweep|parity|slurm ... -- TRAIN FLAGS`."""
     if "--" not in argv:

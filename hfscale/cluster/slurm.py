@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text
-from ..launch import flag_value, split_train_args
+from ..launch import drop_flag, flag_value, split_train_args
 
 DEFAULT_PORT = 29500
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+=@-]+$")  # partition, account, constraint, job name: one shell word, no spaces
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     strategies = opts.strategies.split(",") if opts.strategies else [flag_value(train_args, "--strategy") or "ddp"]
     scripts = []
     for strategy in strategies:
-        args = ["--strategy", strategy, *_without(train_args, "--strategy")]
+        args = ["--strategy", strategy, *drop_flag(train_args, "--strategy")]
         model = flag_value(args, "--model") or Path(flag_value(args, "--model_name_or_path") or "tiny").name
         name = opts.job_name or f"hfscale-{strategy}-{model}"
         if len(strategies) > 1:
@@ -121,18 +121,3 @@ def _in_double_quotes(text: str) -> str:
     for char in ("\\", '"', "$", "`"):
         text = text.replace(char, "\\" + char)
     return text
-
-
-def _without(args: list[str], flag: str) -> list[str]:
-    """args less `flag V` / `flag=V`."""
-    out, skip = [], False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if arg == flag:
-            skip = True
-            continue
-        if not arg.startswith(flag + "="):
-            out.append(arg)
-    return out

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..compare.sweep import RunSpec, run_one
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, load_yaml
+from ..launch import drop_flag
 from ..formulas.memory import GB, rank_memory
 from ..formulas.metrics import days_to_train
 from ..launch import split_train_args
@@ -187,19 +188,6 @@ def write_winner(best: Candidate, out: Path, fixed: list[str], model_flags: list
                       + shlex.join(command) + ' "$@"\n')
     (folder / "launch.sh").chmod(0o755)
     return folder
-
-
-def drop_flag(args: list[str], name: str) -> list[str]:
-    """args without `--name V` / `--name=V`."""
-    out, skip = [], False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-        elif arg == name:
-            skip = True
-        elif not arg.startswith(name + "="):
-            out.append(arg)
-    return out
 
 
 def table(cands: list[Candidate]) -> str:
