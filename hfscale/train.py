@@ -433,8 +433,17 @@ def run(argv: list[str] | None) -> None:
     finish(trainer, meter, record, args, env, output.metrics)
     record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()
+    measure_callback(trainer).close()  # the TensorBoard events are complete
     if args.process_index == 0:
         print_summary(record.data)
+    if args.push_to_hub:  # every rank: the Trainer's final save is collective under ZeRO-3/FSDP
+        trainer.push_to_hub(commit_message=f"hfscale {args.run_name}: model, results.json, TensorBoard events")
+
+
+def measure_callback(trainer):
+    from hfscale.run.measure import MeasureCallback
+
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, MeasureCallback))
 
 
 if __name__ == "__main__":

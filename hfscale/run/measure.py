@@ -288,6 +288,10 @@ class MeasureCallback(TrainerCallback):
                         self.tb.scalars({f"{split}_by_time_ms/loss": logs[key]}, int(logs["elapsed_s"] * 1000))
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self.tb:  # closed by close(), after the final evaluation (which logs after on_train_end)
+            self.tb.writer.flush()
+
+    def close(self) -> None:
         if self.tb:
             self.tb.close()
 
