@@ -30,7 +30,8 @@ _OFFLOAD_NEEDS_CPU_ADAM = (
 )
 _FSDP2 = {
     "adafactor": "transformers' Adafactor mixes plain tensors into the math on FSDP2's DTensor parameters "
-                 "(aten.add_ got mixed torch.Tensor and DTensor); use ddp or a zero* strategy for Adafactor",
+                 "(aten.add_ got mixed torch.Tensor and DTensor), and torch.optim.Adafactor (torch 2.13) fails too "
+                 "(in-place aten.pow_ on a _NormPartial DTensor); use ddp or a zero* strategy for Adafactor",
     "adamw_8bit": "bitsandbytes' optimizer kernels have no DTensor sharding rule, so 8-bit Adam cannot step FSDP2's "
                   "sharded parameters; use a zero* strategy (DeepSpeed steps flat local partitions) or ddp",
 }
