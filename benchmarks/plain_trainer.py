@@ -23,7 +23,7 @@ def main() -> None:
     shape = model_args.shape
     seq_len = resolve_seq_len(shape, data_args.seq_len)
     set_seed(args.seed)
-    tokenizer, blocks = load_data(model_args, data_args, args, shape.vocab, seq_len)
+    tokenizer, blocks, _ = load_data(model_args, data_args, args, shape.vocab, seq_len, validation=None)
     model = build(model_args, args, shape, tokenizer)
     trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator)
     metrics = trainer.train().metrics

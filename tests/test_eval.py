@@ -53,7 +53,9 @@ def test_eval_loss_is_the_mean_token_cross_entropy_of_the_validation_text(tmp_pa
 
     train_file, val_file = _corpus(tmp_path)
     out = tmp_path / "run"
+    cache = tmp_path / "cache"  # its own: the tokenizer trained on train.txt is the only one there
     results = train(out, "ddp", "--train_files", str(train_file), "--validation_files", str(val_file),
+                    "--cache_dir", str(cache),
                     "--eval_strategy", "steps", "--eval_steps", "5", "--save_strategy", "steps", "--save_steps", "10",
                     "--save_only_model", "true", "--per_device_eval_batch_size", "3", steps=10)
     evals = results["eval_history"]
@@ -70,8 +72,7 @@ def test_eval_loss_is_the_mean_token_cross_entropy_of_the_validation_text(tmp_pa
     assert [e.step for e in acc.Scalars("eval_by_tokens/loss")] == [e["tokens"] for e in evals]
     assert "eval/perplexity" in acc.Tags()["scalars"]
 
-    cache = Path(__import__("os").environ["HFSCALE_CACHE_DIR"])
-    tokenizer_dir = next(p for p in cache.glob("tokenizer-bpe*") if p.is_dir())  # only this test trains on train.txt here
+    [tokenizer_dir] = [p for p in cache.glob("tokenizer-bpe*") if p.is_dir()]
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     ids = []
     for line in val_file.read_text().splitlines():
