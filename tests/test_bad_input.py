@@ -239,3 +239,19 @@ def test_launch_without_config_uses_the_shipped_one(tmp_path):
     assert cmd[cmd.index("--deepspeed_config_file") + 1] == str(REPO / "ds_configs" / "zero2.json")
     assert cmd[cmd.index("--num_processes") + 1] == "3"
     assert cmd[-4:] == [str(REPO / "hfscale" / "train.py"), "--strategy", "zero2", "--model", "tiny"][-4:]
+
+
+def test_content_checks_refuse_nothing_valid_beyond_their_sample(tmp_path):
+    """The checks read each file's first MB: a large JSON array and a JSON-lines record longer than that are valid
+    data and must pass (datasets reads the rest)."""
+    from hfscale.run.data import CONTENT_SAMPLE_BYTES, check_file_content
+
+    array = tmp_path / "big.json"
+    array.write_text(json.dumps([{"text": "word " * 50} for _ in range(CONTENT_SAMPLE_BYTES // 200)]))
+    long_record = tmp_path / "long.jsonl"
+    long_record.write_text(json.dumps({"text": "x" * (2 * CONTENT_SAMPLE_BYTES)}) + "\n")
+    text = tmp_path / "big.txt"
+    text.write_text("é" * CONTENT_SAMPLE_BYTES)  # two-byte characters straddle the sample's end
+    for path in (array, long_record, text):
+        assert path.stat().st_size > CONTENT_SAMPLE_BYTES
+        check_file_content(str(path), "text")

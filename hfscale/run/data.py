@@ -86,6 +86,8 @@ def check_file_content(path: str, text_column: str) -> None:
         if whole and not text.strip():
             raise HfscaleError(f"data file {path} holds no text (only blank lines)")
         return
+    if not whole and (text.lstrip().startswith("[") or "\n" not in text):
+        return  # a large JSON array, or a first record longer than the sample: datasets reads it (errors in one line)
     records = _json_records(path, text, whole)
     if not records:
         raise HfscaleError(f"data file {path} holds no JSON records")
