@@ -58,3 +58,16 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
 @pytest.fixture(scope="session")
 def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
+
+
+_LAUNCHER_VARS = ("ACCELERATE_", "FSDP_", "DS_", "PARALLELISM_CONFIG_", "WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_")
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_environment_leaks():
+    """Every launch a later test makes inherits this process's environment: a test that leaves a launcher variable
+    behind (say ACCELERATE_USE_FSDP) silently changes every run after it. Fail the test that leaks instead."""
+    before = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCHER_VARS)}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCHER_VARS)}
+    assert after == before, f"the test left launcher variables changed: {set(after.items()) ^ set(before.items())}"

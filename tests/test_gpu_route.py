@@ -75,8 +75,9 @@ def test_fsdp_offload_gets_its_cpu_backend_on_every_launch_route(gpus, monkeypat
     from hfscale.parallel.distributed import setup_processes
     from hfscale.parallel.strategies import get_strategy
 
-    for var in ("ACCELERATE_USE_FSDP", "FSDP_OFFLOAD_PARAMS", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
+    for var in ("ACCELERATE_USE_FSDP", "FSDP_OFFLOAD_PARAMS"):  # recorded, so the test leaves the environment as
+        monkeypatch.setenv(var, "")  # it found it (delenv of an unset variable records nothing, and every later
+        monkeypatch.delenv(var)  # launch in the session would inherit what setup_processes exports)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     gpus(2)
