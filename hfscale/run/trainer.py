@@ -220,6 +220,12 @@ class StrategyCallback(TrainerCallback):
             self._check_optimizer_states()
             self._measure_model_states()
             self.states_checked = True
+        if self.powersgd_state is not None:
+            self.facts["powersgd"] = powersgd_facts(self.powersgd_state)
+            if state.global_step == self.powersgd_state.start_powerSGD_iter + 1:
+                verify.require(self.facts["powersgd"]["compressing"],
+                                f"PowerSGD is not compressing after {state.global_step - 1} steps", self.strategy)
+                self._publish()
 
     def _optimizer_has_stepped(self, step: int) -> bool:
         """States exist only once an optimizer step really ran: with fp16's dynamic loss scaling (DeepSpeed starts at
@@ -230,12 +236,6 @@ class StrategyCallback(TrainerCallback):
         verify.require(step < MAX_SKIPPED_STEPS, f"the optimizer has not stepped in {step} steps (every step skipped "
                        "as a loss-scale overflow?)", self.strategy)
         return False
-        if self.powersgd_state is not None:
-            self.facts["powersgd"] = powersgd_facts(self.powersgd_state)
-            if state.global_step == self.powersgd_state.start_powerSGD_iter + 1:
-                verify.require(self.facts["powersgd"]["compressing"],
-                                f"PowerSGD is not compressing after {state.global_step - 1} steps", self.strategy)
-                self._publish()
 
     def _check_data_sharded(self) -> None:
         """Every rank must have trained on different samples (the DeepSpeed-on-CPU trap gives them the same)."""
