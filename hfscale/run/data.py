@@ -120,11 +120,15 @@ def _json_records(path: str, text: str, whole: bool) -> list:
         raise HfscaleError(f"data file {path} is not JSON lines (line {line_err.lineno}: {line_err.msg})") from None
 
 
+def files_fingerprint(files: list[str]) -> list:
+    """What identifies local files for a cache key: where they are, their size and modification time."""
+    return [(str(Path(f).resolve()), os.path.getsize(f), os.path.getmtime(f)) for f in files]
+
+
 def source_fingerprint(data_args) -> dict:
     """What identifies the raw text, for the cache key."""
     if data_args.train_files:
-        return {"files": [(str(Path(f).resolve()), os.path.getsize(f), os.path.getmtime(f))
-                          for f in data_args.train_files]}
+        return {"files": files_fingerprint(data_args.train_files)}
     if data_args.dataset != EMBEDDED:
         return {"hub": [data_args.dataset, data_args.dataset_config, data_args.dataset_split]}
     return {"embedded": sys.version, "files": [(p.name, p.stat().st_size) for p in embedded_files()]}
@@ -277,9 +281,8 @@ def packed_dataset(data_args, tokenizer, raw, seq_len: int, part: dict | None = 
     identity = [source_fingerprint(data_args), data_args.text_column, tokenizer_fingerprint(tokenizer), seq_len,
                 PACKING_VERSION]
     if part:
-        identity.append({**part, "validation_seed": VALIDATION_SEED, "files": [
-            (str(Path(f).resolve()), os.path.getsize(f), os.path.getmtime(f)) for f in
-            (part.get("validation") or {}).get("files", [])]})
+        identity.append({**part, "validation_seed": VALIDATION_SEED,
+                         "files": files_fingerprint((part.get("validation") or {}).get("files", []))})
     out = Path(data_args.cache_dir) / f"packed-{_digest(identity)}"
     if not out.is_dir():
         packed = pack(raw, tokenizer, data_args.text_column, seq_len)
