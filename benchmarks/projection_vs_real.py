@@ -22,12 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mbs", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    opts = parser.parse_args()
+def measure(opts) -> dict:
+    """One round: the twin 1-process runs, the bandwidth, the projection and the real 2-process run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = ["--strategy", "ddp", "--model", "tiny", "--seq_len", "64", "--per_device_train_batch_size", str(opts.mbs),
             "--save_strategy", "no", "--max_steps", str(opts.steps), "--logging_steps", "10"]
@@ -50,18 +46,33 @@ def main() -> None:
         two = json.loads((tmp / "two" / "results.json").read_text())["perf"]
         points = {p["gpus"]: p for p in json.loads((tmp / "proj" / "projection.json").read_text())["points"]}
         fit = json.loads((tmp / "bw.json").read_text())["fit"]["all_reduce"]
-    ratio = points[2]["tokens_per_s"] / two["tokens_per_s"]
+    return {"one": one, "two": two, "projected": points[2], "all_reduce_fit": fit,
+            "ratio": points[2]["tokens_per_s"] / two["tokens_per_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mbs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=1, help="independent rounds; the median round is reported "
+                        "(this machine's load drifts between the phases of one round)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    opts = parser.parse_args()
+    rounds = sorted((measure(opts) for _ in range(opts.repeats)), key=lambda r: r["ratio"])
+    median = rounds[len(rounds) // 2]
     if opts.json:
-        print(json.dumps({"one": one, "two": two, "projected": points[2], "all_reduce_fit": fit, "ratio": ratio}))
+        print(json.dumps({**median, "ratios": [r["ratio"] for r in rounds]}))
         return
+    one, two, projected, fit, ratio = (median[k] for k in ("one", "two", "projected", "all_reduce_fit", "ratio"))
     print(f"tiny GPT-2, MBS {opts.mbs}, seq 64, {opts.steps} steps; all-reduce fit: bus bandwidth "
           f"{fit['busbw'] / 1e9:.2f} GB/s, latency {fit['latency_s'] * 1e6:.0f} us per ring step")
     print(f"1 process (beside a twin):   {one['s_per_iter'] * 1e3:7.2f} ms/it  {one['tokens_per_s']:9,.0f} tokens/s")
-    print(f"2 processes, projected:      {points[2]['s_per_iter'] * 1e3:7.2f} ms/it  {points[2]['tokens_per_s']:9,.0f} tokens/s"
-          f"  (exposed communication {points[2]['exposed_comm_s'] * 1e3:.2f} ms/it, waiting for the slower rank "
-          f"{points[2]['straggler_s'] * 1e3:.2f} ms/it)")
+    print(f"2 processes, projected:      {projected['s_per_iter'] * 1e3:7.2f} ms/it  {projected['tokens_per_s']:9,.0f} tokens/s"
+          f"  (exposed communication {projected['exposed_comm_s'] * 1e3:.2f} ms/it, waiting for the slower rank "
+          f"{projected['straggler_s'] * 1e3:.2f} ms/it)")
     print(f"2 processes, measured:       {two['s_per_iter'] * 1e3:7.2f} ms/it  {two['tokens_per_s']:9,.0f} tokens/s")
-    print(f"projected / measured tokens/s = {ratio:.2f}  (target within 0.75-1.25)")
+    print(f"projected / measured tokens/s = {ratio:.2f}  (target within 0.75-1.25)"
+          + (f"; all rounds: {', '.join(f'{r:.2f}' for r in sorted(r['ratio'] for r in rounds))}" if len(rounds) > 1 else ""))
 
 
 if __name__ == "__main__":

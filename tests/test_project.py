@@ -110,10 +110,13 @@ def test_projection_from_one_process_lands_within_25_percent_of_a_real_two_proce
     loopback bandwidth measured with that step's compute between collectives, the projection from the first run to 2
     processes, and a real 2-process run with the same per-rank work: benchmarks/projection_vs_real.py, which prints
     the same figures for people."""
-    proc = run([sys.executable, "benchmarks/projection_vs_real.py", "--json", "--steps", "80"], timeout=300)
+    # three independent rounds, the median one judged: one round's phases run minutes apart on a shared machine whose
+    # load drifts (single rounds here: 0.94-1.29)
+    proc = run([sys.executable, "benchmarks/projection_vs_real.py", "--json", "--steps", "60", "--repeats", "3"],
+               timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: figures[k] for k in ("ratio", "all_reduce_fit")}))
+    print(json.dumps({k: figures[k] for k in ("ratio", "ratios", "all_reduce_fit")}))
     assert figures["projected"]["exposed_comm_s"] > 0 and figures["projected"]["straggler_s"] > 0
     assert 0.75 <= figures["ratio"] <= 1.25, figures
 
