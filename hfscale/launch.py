@@ -211,7 +211,7 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     each machine) - refused when a node would run more processes than it has GPUs."""
     from .errors import HfscaleError
     from .files import load_json
-    from .parallel.distributed import check_agree, check_local_processes, config_strategy
+    from .parallel.distributed import check_agree, check_local_processes, config_strategy, hsdp_mesh
     from .parallel.strategies import get_strategy
 
     asked = flag_value(train_args, "--strategy")
@@ -220,6 +220,7 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     config_path = Path(config_file) if config_file else get_strategy(asked or "ddp").accelerate_config_path
     config = check_accelerate_config(config_path)
     deepspeed_json = _deepspeed_json(config, config_path)
+    launched = None
     if config_file:
         try:
             launched = config_strategy(config, load_json(deepspeed_json, "DeepSpeed JSON") if deepspeed_json else None)
@@ -238,6 +239,10 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     if check_gpus:  # not when writing a job script for other machines (hfscale slurm)
         check_local_processes(nproc // machines)
     launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
+    if get_strategy(asked or launched or "ddp").hybrid:  # HSDP's mesh is the job's shape: nodes x processes per node
+        replicas, shards = hsdp_mesh(machines, nproc // machines)
+        launcher_args += ["--parallelism_config_dp_replicate_size", str(replicas),
+                          "--parallelism_config_dp_shard_size", str(shards)]
     if machines > 1:
         # static rendezvous, as flags: accelerate launch ignores rdzv_backend/same_network when they come only from
         # the config file, and c10d rendezvous ignores the machine rank (rank 0 may land on another node)

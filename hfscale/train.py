@@ -249,7 +249,8 @@ def memory_estimate(args, state, model) -> dict:
         ds_json = args.deepspeed if isinstance(args.deepspeed, dict) else load_json(args.deepspeed)
     attention = getattr(model.config, "_attn_implementation", None)
     mem = rank_memory(state.shape, memory_layout(state.strategy, state.shape.hidden, ds_json), optim=state.optim,
-                      precision="fp32" if precision(args) == "tf32" else precision(args), ranks=args.world_size,
+                      precision="fp32" if precision(args) == "tf32" else precision(args),
+                      ranks=state.mesh[1] if state.mesh else args.world_size,  # HSDP shards over a node's processes
                       micro_batch=args.per_device_train_batch_size, seq=state.seq_len,
                       checkpointing=activation_checkpointing(args), attention=attention)
     return {**mem.as_dict(), "attention": attention}
@@ -291,7 +292,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, recor
     step_memory = StepMemory(env["device_type"] == "cuda")
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, eval_dataset=eval_blocks,
                              data_collator=default_data_collator,
-                             strategy=strategy, meter=meter, step_memory=step_memory,
+                             strategy=strategy, mesh=state.mesh, meter=meter, step_memory=step_memory,
                              tokens_per_step=tokens_per_step(args.per_device_train_batch_size,
                                                              args.gradient_accumulation_steps, args.world_size,
                                                              state.seq_len),

@@ -4,6 +4,7 @@ import atexit
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -71,3 +72,68 @@ def no_launcher_environment_leaks():
     yield
     after = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCHER_VARS)}
     assert after == before, f"the test left launcher variables changed: {set(after.items()) ^ set(before.items())}"
+
+
+# ---- SLURM on one machine: the script `hfscale slurm` writes, run by bash with stand-ins for srun and scontrol ------
+FAKE_SRUN = """#!/bin/bash
+# srun stand-in: one copy of the command per node, each with its own SLURM_NODEID / SLURM_PROCID
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((node=0; node<SLURM_NNODES; node++)); do
+  SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 "$@" & pids+=($!)
+done
+status=0; for p in "${pids[@]}"; do wait "$p" || status=$?; done; exit $status
+"""
+FAKE_SCONTROL = """#!/bin/bash
+for ((i=0; i<SLURM_NNODES; i++)); do echo 127.0.0.1; done
+"""
+
+
+def slurm(*argv) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "hfscale", "slurm", *map(str, argv)], timeout=120)
+
+
+@pytest.fixture(scope="session")
+def fake_slurm(tmp_path_factory):
+    bin_dir = tmp_path_factory.mktemp("fake-slurm")
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    return bin_dir
+
+
+def run_slurm_job(script_path, fake_slurm, nodes: int) -> subprocess.CompletedProcess:
+    job_env = {**env(), "PATH": f"{fake_slurm}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": str(nodes),
+               "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
+    return subprocess.run(["bash", str(script_path)], env=job_env, capture_output=True, text=True, timeout=600)
+
+
+def slurm_train(fake_slurm, workdir: Path, strategy: str, nodes: int, gpus_per_node: int, train_args: list[str]) -> dict:
+    """Generate the sbatch script for one training run, run it as `nodes` nodes, return its results.json (asserting
+    it succeeded). train_args must name the --output_dir."""
+    from hfscale.parallel.distributed import free_port
+
+    gen = slurm("--nodes", nodes, "--gpus_per_node", gpus_per_node, "--port", free_port(), "--python", sys.executable,
+                "--", "--strategy", strategy, *train_args)
+    assert gen.returncode == 0, gen.stderr
+    script = workdir / f"{strategy}-{nodes}x{gpus_per_node}.sbatch"
+    script.write_text(gen.stdout)
+    job = run_slurm_job(script, fake_slurm, nodes=nodes)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-5000:]
+    out = Path(train_args[train_args.index("--output_dir") + 1])
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "ok"
+    results["_stdout"], results["_stderr"] = job.stdout, job.stderr
+    return results
+
+
+HSDP_STEPS = 20
+
+
+@pytest.fixture(scope="session")
+def hsdp_job(runs_dir, fake_slurm):
+    """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, 20 steps, weights
+    fingerprinted): shared by the multi-node checks and the strategy x optimizer matrix."""
+    out = runs_dir / "hsdp-2x2"
+    return slurm_train(fake_slurm, runs_dir, "fsdp_hybrid", 2, 2,
+                       [*TINY, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir", str(out)])

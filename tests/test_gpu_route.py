@@ -234,3 +234,22 @@ def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch)
                              on_accelerator=True, record=None)
     with pytest.raises(StrategyMismatch, match="has not stepped"):
         stuck.on_step_end(None, SimpleNamespace(global_step=MAX_SKIPPED_STEPS), None)
+
+
+def test_hsdp_mesh_reaches_accelerate_on_the_gpu_route_and_hfscale_on_the_cpu_route(gpus, monkeypatch):
+    """GPU: the TrainingArguments get ParallelismConfig(dp_replicate=nodes, dp_shard=per node), which accelerate
+    builds the 2-D mesh from. CPU: accelerate raises on a ParallelismConfig in a MULTI_CPU state, so the launcher's
+    ACCELERATE_USE_PARALLELISM_CONFIG is dropped and hooks.force_fsdp_state sets the mesh (tests/test_multinode.py)."""
+    from hfscale.parallel.distributed import setup_processes
+    from hfscale.parallel.strategies import get_strategy
+
+    for var, value in (("WORLD_SIZE", "16"), ("LOCAL_WORLD_SIZE", "8"), ("LOCAL_RANK", "0"), ("DS_ACCELERATOR", ""),
+                       ("ACCELERATE_USE_PARALLELISM_CONFIG", "true"), ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2"),
+                       ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "8")):
+        monkeypatch.setenv(var, value)  # restored after the test; no process group is started here
+    gpus(8)
+    config = setup_processes(get_strategy("fsdp_hybrid"))["parallelism_config"]
+    assert (config.dp_replicate_size, config.dp_shard_size) == (2, 8) and config.dp_replicate_enabled
+    assert os.environ["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"  # the GPU route leaves the launcher's choice
+    assert setup_processes(get_strategy("fsdp_hybrid"), use_cpu=True) == {}
+    assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in os.environ

@@ -117,13 +117,23 @@ def test_estimate_command_table_and_json():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     rows = {r["strategy"]: r for r in report["rows"]}
-    assert set(rows) == {"ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3",
-                         "zero3_offload"}
+    assert set(rows) == {"ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "zero1", "zero2",
+                         "zero2_offload", "zero3", "zero3_offload"}
     # 7.1B parameters: DDP holds 16 bytes each (112 GB) and cannot fit in 80 GB; ZeRO-3 shards them 32 ways and fits.
     assert not rows["ddp"]["fits"] and rows["ddp"]["memory"]["model_states"] > 100e9
     assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
     assert rows["zero3_offload"]["memory"]["host_offload"] > 0 and rows["zero3_offload"]["host_per_node"] > 8 * rows["zero3_offload"]["memory"]["host_offload"]
     assert any("GB = 1e9" in line for line in report["assumptions"])
+    # HSDP on 4 nodes x 8 shards over a node's 8 GPUs: its model states are fsdp's on 8 GPUs, not on 32
+    one_node = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "fsdp,fsdp_hybrid",
+                    "--optim", "adamw", "--gpus", "8", "--gpus_per_node", "8", "--device", "A100-80GB", "--bf16",
+                    "--per_device_train_batch_size", "2", "--seq_len", "2048", "--activation_checkpointing", "--json"],
+                   timeout=120)
+    assert one_node.returncode == 0, one_node.stderr
+    on_8 = {r["strategy"]: r for r in json.loads(one_node.stdout)["rows"]}
+    assert rows["fsdp_hybrid"]["memory"]["model_states"] == on_8["fsdp"]["memory"]["model_states"]
+    assert rows["fsdp_hybrid"]["memory"]["model_states"] > 3 * rows["fsdp"]["memory"]["model_states"]
+    assert "needs 2+ nodes with 2+ processes each" in on_8["fsdp_hybrid"]["refused"]  # one node: not HSDP
     table = run([sys.executable, "-m", "hfscale", "estimate", "--model", "tiny", "--strategy", "zero2_offload",
                  "--optim", "all", "--gpus", "2", "--device_memory_gb", "1"], timeout=120)
     assert table.returncode == 0 and table.stdout.count("| zero2_offload |") == 3

@@ -4,58 +4,22 @@ The script is executed by bash as sbatch would, with `srun` and `scontrol` repla
 of its command per node with that node's own SLURM_NODEID/SLURM_PROCID, scontrol lists the allocation's hosts
 (127.0.0.1). So the generated rank arithmetic and quoting is what runs - the batch shell itself has SLURM_NODEID=0,
 as on a real first node: an unescaped `$SLURM_NODEID` would give both launchers rank 0 and the job would hang.
+HSDP (fsdp_hybrid) runs the same way as 2 nodes x 2 processes (conftest.hsdp_job).
 """
 
-import json
-import os
-import stat
 import sys
 
 import pytest
 
-from conftest import TINY, env, run, train
-from hfscale.parallel.distributed import free_port
+from conftest import HSDP_STEPS, TINY, run, slurm, slurm_train, train
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 5
-FAKE_SRUN = """#!/bin/bash
-# srun stand-in: one copy of the command per node, each with its own SLURM_NODEID / SLURM_PROCID
-while [[ "$1" == --* ]]; do shift; done
-pids=()
-for ((node=0; node<SLURM_NNODES; node++)); do
-  SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 "$@" & pids+=($!)
-done
-status=0; for p in "${pids[@]}"; do wait "$p" || status=$?; done; exit $status
-"""
-FAKE_SCONTROL = """#!/bin/bash
-for ((i=0; i<SLURM_NNODES; i++)); do echo 127.0.0.1; done
-"""
-
-
-def _slurm(*argv) -> "subprocess.CompletedProcess":
-    return run([sys.executable, "-m", "hfscale", "slurm", *map(str, argv)], timeout=120)
-
-
-@pytest.fixture(scope="module")
-def fake_slurm(tmp_path_factory):
-    bin_dir = tmp_path_factory.mktemp("fake-slurm")
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(stat.S_IRWXU)
-    return bin_dir
 
 
 def _train_args(out) -> list[str]:
     return [*TINY, "--max_steps", str(STEPS), "--output_dir", str(out)]
-
-
-def _run_job(script_path, fake_slurm, nodes: int):
-    import subprocess
-
-    job_env = {**env(), "PATH": f"{fake_slurm}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": str(nodes),
-               "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
-    return subprocess.run(["bash", str(script_path)], env=job_env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +30,7 @@ def single_node(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp"])
 def test_two_node_job_from_the_generated_script_matches_one_node(strategy, tmp_path, fake_slurm, single_node):
-    out = tmp_path / "run"
-    gen = _slurm("--nodes", 2, "--gpus_per_node", 1, "--port", free_port(), "--python", sys.executable,
-                 "--", "--strategy", strategy, *_train_args(out))
-    assert gen.returncode == 0, gen.stderr
-    script_path = tmp_path / "job.sbatch"
-    script_path.write_text(gen.stdout)
-    job = _run_job(script_path, fake_slurm, nodes=2)
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = slurm_train(fake_slurm, tmp_path, strategy, 2, 1, _train_args(tmp_path / "run"))
     assert results["status"] == "ok" and results["config"]["world_size"] == 2
     assert results["environment"]["nodes"] == 2 and results["environment"]["processes_per_node"] == 1
     assert results["strategy_check"]["world_size_torch"] == 2
@@ -84,8 +40,37 @@ def test_two_node_job_from_the_generated_script_matches_one_node(strategy, tmp_p
     assert max(abs(a - b) / b for a, b in zip(losses, reference)) < 1e-4, (losses, reference)
 
 
+@pytest.fixture(scope="module")
+def ddp_four(tmp_path_factory):
+    """HSDP's reference: ddp with 4 processes on one node (same global batch, seed and data order, fp32)."""
+    return train(tmp_path_factory.mktemp("ddp-np4") / "run", "ddp", "--fingerprint_weights", nproc=4, steps=HSDP_STEPS)
+
+
+def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(hsdp_job, ddp_four):
+    """fsdp_hybrid on 2 simulated nodes x 2 processes: parameters are (Replicate(), Shard(0)) DTensors on a (2, 2)
+    mesh, every rank holds half of them (a node's share, not a world-wide quarter), and losses, gradient norms and
+    final weights match ddp on 4 processes within 1e-4 over 20 steps."""
+    from hfscale.compare.parity import compare
+
+    res = hsdp_job
+    assert res["strategy"] == "fsdp_hybrid" and res["config"]["world_size"] == 4
+    assert res["environment"]["nodes"] == 2 and res["environment"]["processes_per_node"] == 2
+    check = res["strategy_check"]
+    assert check["mesh"] == [2, 2] and check["world_size_torch"] == 4
+    assert check["parameters"]["placements"] == ["[Replicate(), Shard(dim=0)]"]
+    assert check["parameters"]["mesh_shapes"] == ["[2, 2]"]
+    full = 4 * res["model"]["params_model"]  # fp32 bytes of one whole copy
+    ranks = res["memory"]["model_states_per_rank"]
+    assert len(ranks) == 4
+    for rank in ranks:  # a node's 2 processes split the model; ZeRO-like world sharding would leave ~1/4
+        assert 0.4 < rank["parameters"] / full < 0.6 and 0.4 < rank["optimizer_states"] / (2 * full) < 0.6, ranks
+    verdict = compare(ddp_four, res, "fsdp_hybrid", "adamw", 1e-4, None)
+    assert verdict.weights_max_rel is not None and verdict.grad_norm_max_rel is not None
+    assert verdict.verdict == "pass" and verdict.steps == HSDP_STEPS, verdict
+
+
 def test_the_script_expands_the_machine_rank_on_each_node():
-    gen = _slurm("--nodes", 4, "--gpus_per_node", 8, "--partition", "gpu", "--time", "20:00:00", "--constraint",
+    gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--partition", "gpu", "--time", "20:00:00", "--constraint",
                  "v100-32g", "--dry-run", "--", "--strategy", "zero3", "--model", "bloom-7b1", "--bf16",
                  "--run_name", "a$b")
     assert gen.returncode == 0, gen.stderr
@@ -122,6 +107,8 @@ def test_launch_across_machines_passes_static_rendezvous_as_flags(tmp_path):
     (["--nodes", "2", "--gpus_per_node", "8", "--partition", "gpu big"], "is not one SLURM name"),
     (["--nodes", "2", "--gpus_per_node", "8", "--time", "tomorrow"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus_per_node", "8", "--", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+    (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
+    (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),
 ])
 def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path):
     proc = run([sys.executable, "-m", "hfscale", "slurm", *argv, "--out", str(tmp_path / "jobs")], cwd=tmp_path)
@@ -129,3 +116,17 @@ def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["hfscale", "train"],  # one process, no launcher
+    ["hfscale", "launch", "--num_processes", "2"],  # one node
+    ["hfscale", "launch", "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--dry_run"],
+])
+def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path):
+    out = tmp_path / "run"
+    proc = run([sys.executable, "-m", *argv, "--strategy", "fsdp_hybrid", *TINY, "--max_steps", "1",
+                "--output_dir", str(out)], cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "needs 2+ nodes with 2+ processes each" in lines[0], proc.stderr
+    assert not out.exists()

@@ -254,7 +254,9 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
 PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 
 
-def pair_result(runs_dir, strategy: str, optim: str) -> dict:
+def pair_result(runs_dir, strategy: str, optim: str, request) -> dict:
+    if all_strategies()[strategy].hybrid:  # HSDP needs 2+ nodes: the 2 x 2 simulated-SLURM job (conftest.hsdp_job)
+        return request.getfixturevalue("hsdp_job")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     if where.startswith("parity:"):
         return parity_run(runs_dir, where.split(":")[1])
@@ -265,7 +267,7 @@ def pair_result(runs_dir, strategy: str, optim: str) -> dict:
 
 
 @pytest.mark.parametrize("strategy,optim", PAIRS)
-def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path, strategy, optim):
+def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path, strategy, optim, request):
     if (strategy, optim) in INCOMPATIBLE:
         out = tmp_path / "out"
         proc = run([sys.executable, "-m", "hfscale", "train", "--strategy", strategy, "--optim", optim, *TINY,
@@ -273,10 +275,11 @@ def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path,
         assert proc.returncode == 2 and f"strategy {strategy!r} cannot use optimizer {optim!r}" in proc.stderr
         assert not out.exists()
         return
-    res = pair_result(runs_dir, strategy, optim)
-    assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == 2
+    res = pair_result(runs_dir, strategy, optim, request)
+    world = 4 if all_strategies()[strategy].hybrid else 2  # HSDP: 2 nodes x 2 processes
+    assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == world
     check = res["strategy_check"]
-    assert check["world_size_torch"] == 2 and len(set(map(tuple, check["first_batch_per_rank"]))) == 2
+    assert check["world_size_torch"] == world and len(set(map(tuple, check["first_batch_per_rank"]))) == world
     if optim == "adamw_8bit":
         assert "uint8" in check["optimizer_states"]["dtypes"]
 
@@ -287,12 +290,12 @@ BLOOM_RUNS = [("zero3", "adafactor"), ("ddp", "adamw_8bit"), ("fsdp", "adamw")]
 
 @pytest.mark.parametrize("strategy,optim,family", [(*p, "gpt2") for p in PAIRS if p not in INCOMPATIBLE]
                          + [(*p, "bloom") for p in BLOOM_RUNS])
-def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim, family):
+def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim, family, request):
     """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
     states, counted by storage on the live engine, against hfscale.formulas.memory: equal within 2%. The estimate
     is for the rank that holds the most, so it is compared with the largest rank."""
     if family == "gpt2":
-        res = pair_result(runs_dir, strategy, optim)
+        res = pair_result(runs_dir, strategy, optim, request)
     else:
         res = result(runs_dir, f"bloom-{strategy}-{optim}", strategy, "--optim", optim, "--model", "tiny-bloom",
                      "--bf16", steps=3)
@@ -300,7 +303,7 @@ def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy
         model = res["model"]  # the BigScience size formula has no position table for ALiBi BLOOM; its 2h LayerNorm
         assert model["params_bigscience"] == model["params_model"] - 2 * model["hidden"]  # counts one of BLOOM's two
     estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
-    assert len(ranks) == 2
+    assert len(ranks) == res["config"]["world_size"]
     for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
         expected = estimate[component] + estimate["host"].get(component, 0)  # wherever it lives
         measured = max(r[component] for r in ranks)

@@ -56,9 +56,38 @@ def test_zero3_moves_one_and_a_half_times_zero1_per_micro_step():
         assert z3.bytes_per_step(16, ranks) == pytest.approx(16 * 1.5 * z1.bytes_per_step(16, ranks))
 
 
+def test_hsdp_sends_only_its_gradient_shard_across_nodes():
+    """Ring algebra by hand, 2 nodes x 8 GPUs, Ψ = 4 GB: fsdp rings span 16 GPUs over the slow link,
+    3 x 15/16 x Ψ per rank; HSDP keeps its 3 x 7/8 x Ψ inside the node and all-reduces only Ψ/8 between the 2
+    nodes, 2 x 1/2 x Ψ/8. With a free intra-node link that is all the time there is."""
+    psi, inter = 4e9, 3e9
+    links = comm.Links(intra_bw=1e30, inter_bw=inter, intra_latency_s=0, inter_latency_s=0)
+    states = dict(param_bytes=psi, grad_bytes=psi, ranks=16, token_count_gather=False)
+    fsdp = comm.comm_pattern("fsdp", None, **states)
+    hsdp = comm.comm_pattern("fsdp", None, **states, shard_ranks=8)
+    assert fsdp.bytes_per_step(1, 16, 8) == pytest.approx(3 * 15 / 16 * psi)
+    assert hsdp.bytes_per_step(1, 16, 8) == pytest.approx(3 * 7 / 8 * psi + psi / 8)
+    timed = dict(micro_compute_s=1.0, grad_accum=1, ranks=16, gpus_per_node=8, links=links, overlap=False)
+    assert comm.step_time(fsdp, **timed).comm_s == pytest.approx(3 * 15 / 16 * psi / inter)
+    assert comm.step_time(hsdp, **timed).comm_s == pytest.approx(psi / 8 / inter)
+    # accumulation: both gather every micro-batch, but reduce (and all-reduce) once per optimizer step
+    assert hsdp.bytes_per_step(4, 16, 8) == pytest.approx(4 * 2 * 7 / 8 * psi + 7 / 8 * psi + psi / 8)
+
+
+def test_hsdp_is_projected_from_two_nodes_on_and_beats_fsdp_over_a_slow_link():
+    points = project(_base(1, "fsdp"), [get_strategy("fsdp"), get_strategy("fsdp_hybrid")], [8, 16, 32], 8,
+                     (SLOW_INTER,) * 3, 1e11, None)
+    hsdp = {p.gpus: p for p in points if p.strategy == "fsdp_hybrid"}
+    fsdp = {p.gpus: p for p in points if p.strategy == "fsdp"}
+    assert sorted(hsdp) == [16, 32] and sorted(fsdp) == [8, 16, 32]  # one node is not HSDP
+    for n in (16, 32):
+        assert hsdp[n].days < fsdp[n].days and hsdp[n].exposed_comm_s < fsdp[n].exposed_comm_s
+
+
 def test_every_strategy_pays_the_trainers_per_step_token_count_gather():
-    for engine, stage in (("ddp", None), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", None)):
-        pattern = comm.comm_pattern(engine, stage, param_bytes=4e6, grad_bytes=4e6, ranks=4)
+    for engine, stage, shard in (("ddp", None, None), ("deepspeed", 1, None), ("deepspeed", 2, None),
+                                 ("deepspeed", 3, None), ("fsdp", None, None), ("fsdp", None, 2)):
+        pattern = comm.comm_pattern(engine, stage, param_bytes=4e6, grad_bytes=4e6, ranks=4, shard_ranks=shard)
         gathers = [c for c in pattern.collectives if c.what == "token count"]
         assert len(gathers) == 1 and gathers[0].per == "step" and gathers[0].overlaps == "none"
         assert gathers[0].size_bytes == 4 * comm.TOKEN_COUNT_BYTES_PER_RANK

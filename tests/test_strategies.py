@@ -10,10 +10,10 @@ from hfscale.errors import HfscaleError
 from hfscale.parallel.strategies import (INCOMPATIBLE, OPTIMIZERS, all_strategies, check_pair, get_strategy,
                                 load_deepspeed_config, matrix_markdown)
 
-NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
+NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
 
 
-def test_the_nine_strategies_exist_under_one_name_each():
+def test_the_ten_strategies_exist_under_one_name_each():
     assert sorted(all_strategies()) == sorted(NAMES)
     for name in NAMES:
         assert (config_dir("accelerate_configs") / f"{name}.yaml").is_file()
@@ -109,7 +109,8 @@ def test_offload_proofs_refuse_an_engine_that_does_not_offload():
     """The checks behind fsdp_offload/zero*_offload read the engines' own settings, not tensor devices."""
     from hfscale.parallel.verify import StrategyMismatch, check_optimizer_engine, check_wrapper
 
-    fsdp_facts = {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP", "parameters": {"dtensor": True}}
+    fsdp_facts = {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP",
+                  "parameters": {"dtensor": True, "placements": ["[Shard(dim=0)]"], "mesh_shapes": ["[2]"]}}
     check_wrapper({**fsdp_facts, "fsdp_offload_policy": ["CPUOffloadPolicy"]}, get_strategy("fsdp_offload"), 2)
     with pytest.raises(StrategyMismatch, match="built with \\['OffloadPolicy'\\]"):
         check_wrapper({**fsdp_facts, "fsdp_offload_policy": ["OffloadPolicy"]}, get_strategy("fsdp_offload"), 2)
@@ -120,3 +121,52 @@ def test_offload_proofs_refuse_an_engine_that_does_not_offload():
         check_optimizer_engine("torch.optim.adamw.AdamW", get_strategy("zero3_offload"))
     with pytest.raises(StrategyMismatch, match="on the host"):
         check_optimizer_engine("deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam", get_strategy("zero2"))
+
+
+def test_hsdp_layout_proof_tells_hybrid_from_full_shard():
+    """fsdp_hybrid must run on a (nodes, processes per node) mesh as [Replicate(), Shard(0)] DTensors; a world-wide
+    FSDP layout (or the reverse) is refused."""
+    from hfscale.parallel.verify import StrategyMismatch, check_sharded, check_wrapper
+
+    def facts(placements, mesh_shape, mesh=None):
+        return {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP", "fsdp_offload_policy": ["OffloadPolicy"],
+                "mesh": mesh, "parameters": {"dtensor": True, "placements": [placements], "mesh_shapes": [mesh_shape]}}
+
+    hybrid, fsdp = get_strategy("fsdp_hybrid"), get_strategy("fsdp")
+    check_wrapper(facts("[Replicate(), Shard(dim=0)]", "[2, 4]", [2, 4]), hybrid, 8)
+    check_wrapper(facts("[Shard(dim=0)]", "[8]"), fsdp, 8)
+    with pytest.raises(StrategyMismatch, match="laid out"):
+        check_wrapper(facts("[Shard(dim=0)]", "[8]", [2, 4]), hybrid, 8)
+    with pytest.raises(StrategyMismatch, match="laid out"):
+        check_wrapper(facts("[Replicate(), Shard(dim=0)]", "[4, 2]", [2, 4]), hybrid, 8)
+    with pytest.raises(StrategyMismatch, match="laid out"):
+        check_wrapper(facts("[Replicate(), Shard(dim=0)]", "[2, 4]", [2, 4]), fsdp, 8)
+    check_sharded("parameters", 250, 1000, 4, hybrid)  # 1/4 per rank: sharded over a node's 4 processes
+    with pytest.raises(StrategyMismatch, match="not sharded"):
+        check_sharded("parameters", 500, 1000, 4, hybrid)
+
+
+@pytest.mark.parametrize("nodes,per_node", [(1, 8), (4, 1), (1, 1), (0, 2)])
+def test_hsdp_mesh_refuses_one_node_or_one_process_per_node(nodes, per_node):
+    from hfscale.parallel.distributed import hsdp_mesh
+
+    with pytest.raises(HfscaleError, match="needs 2\\+ nodes with 2\\+ processes each"):
+        hsdp_mesh(nodes, per_node)
+    assert hsdp_mesh(2, 8) == (2, 8)
+
+
+def test_hsdp_mesh_comes_from_the_launcher_world_and_must_agree_with_its_parallelism_config(monkeypatch):
+    from hfscale.parallel.distributed import hybrid_mesh
+
+    hybrid = get_strategy("fsdp_hybrid")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert hybrid_mesh(hybrid, 8) == (2, 4) and hybrid_mesh(get_strategy("fsdp"), 8) is None
+    with pytest.raises(HfscaleError, match="do not split into nodes of 4"):
+        hybrid_mesh(hybrid, 6)
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "8")  # the shipped YAML's 2 x 8 on a 2 x 4 job
+    with pytest.raises(HfscaleError, match="dp_replicate 2 x dp_shard 8, but this job is 2 nodes x 4 processes"):
+        hybrid_mesh(hybrid, 8)
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4")
+    assert hybrid_mesh(hybrid, 8) == (2, 4)

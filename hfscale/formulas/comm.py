@@ -37,15 +37,31 @@ class Links:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, links: Links) -> float:
-    """Seconds for one ring collective of a `size_bytes` message over `ranks` GPUs (0 for one rank)."""
+def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, links: Links,
+                 across_nodes: bool | None = None) -> float:
+    """Seconds for one ring collective of a `size_bytes` message over `ranks` GPUs (0 for one rank). The ring crosses
+    nodes when it has more ranks than a node has GPUs, unless `across_nodes` says (a group of one GPU per node does)."""
     if ranks <= 1 or size_bytes <= 0:
         return 0.0
     volume, steps = RING[kind]
-    across_nodes = ranks > gpus_per_node
+    across_nodes = ranks > gpus_per_node if across_nodes is None else across_nodes
     bw = links.inter_bw if across_nodes else links.intra_bw
     latency = links.inter_latency_s if across_nodes else links.intra_latency_s
     return volume(ranks) * size_bytes / bw + steps(ranks) * latency
+
+
+# Which ranks a collective runs over: all of them, the GPUs of one node, or one GPU per node (HSDP's replicas).
+GROUPS = ("world", "node", "replicas")
+
+
+def group_span(group: str, ranks: int, gpus_per_node: int) -> tuple[int, bool | None]:
+    """(ranks in the group, whether its ring crosses nodes; None: decided by its size)."""
+    per_node = min(ranks, gpus_per_node)
+    if group == "node":
+        return per_node, False
+    if group == "replicas":
+        return ranks // per_node, True
+    return ranks, None
 
 
 def expected_max_std_normal(n: int, points: int = 4001) -> float:
@@ -75,6 +91,7 @@ class Collective:
     per: str  # "step" (once per optimizer step) or "micro" (every micro-batch)
     overlaps: str  # what compute hides it: "backward", "forward_backward" or "none"
     what: str = ""  # what moves, for the docs and the tests
+    group: str = "world"  # the ranks it runs over (GROUPS)
 
 
 @dataclass(frozen=True)
@@ -83,13 +100,14 @@ class CommPattern:
 
     collectives: tuple[Collective, ...] = field(default_factory=tuple)
 
-    def bytes_per_step(self, grad_accum: int, ranks: int) -> float:
+    def bytes_per_step(self, grad_accum: int, ranks: int, gpus_per_node: int | None = None) -> float:
         """Bytes each rank sends per optimizer step over the network (host copies excluded)."""
         total = 0.0
         for c in self.collectives:
             if c.kind in RING:
                 times = grad_accum if c.per == "micro" else 1
-                total += times * RING[c.kind][0](ranks) * c.size_bytes
+                n, _ = group_span(c.group, ranks, gpus_per_node or ranks)
+                total += times * RING[c.kind][0](n) * c.size_bytes if n > 1 else 0.0
         return total
 
 
@@ -119,10 +137,12 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
 
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
-                 powersgd_bytes: float | None = None, token_count_gather: bool = True) -> CommPattern:
+                 powersgd_bytes: float | None = None, token_count_gather: bool = True,
+                 shard_ranks: int | None = None) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
-    `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK)."""
+    `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
+    `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes."""
     out = []
     if token_count_gather:
         out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", "token count"))
@@ -131,8 +151,20 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
             out.append(Collective("all_reduce", powersgd_bytes, "step", "none"))
         else:  # bucketed all-reduce during the last micro-batch's backward (no_sync before)
             out.append(Collective("all_reduce", grad_bytes, "step", "backward"))
-    elif engine == "fsdp" or zero_stage == 3:
-        # parameters all-gathered for forward and again for backward, gradients reduce-scattered, every micro-batch
+    elif engine == "fsdp":
+        # parameters all-gathered for forward and again for backward, every micro-batch; gradients reduce-scattered in
+        # the last micro-batch's backward only: the Trainer accumulates under accelerate's no_sync, which on FSDP2 is
+        # set_requires_gradient_sync(False) (unsharded gradients kept until the accumulation boundary)
+        group = "node" if shard_ranks else "world"
+        out += [Collective("all_gather", param_bytes, "micro", "forward_backward", "parameters", group),
+                Collective("all_gather", param_bytes, "micro", "forward_backward", "parameters", group),
+                Collective("reduce_scatter", grad_bytes, "step", "backward", "gradients", group)]
+        if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
+            out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard",
+                                  "replicas"))
+    elif zero_stage == 3:
+        # DeepSpeed ignores no_sync: parameters gathered for forward and backward, gradients reduce-scattered, every
+        # micro-batch
         out += [Collective("all_gather", param_bytes, "micro", "forward_backward"),
                 Collective("all_gather", param_bytes, "micro", "forward_backward"),
                 Collective("reduce_scatter", grad_bytes, "micro", "backward")]
@@ -144,11 +176,12 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
                 Collective("all_gather", param_bytes, "step", "none")]
     else:
         raise ValueError(f"unknown engine {engine!r} / stage {zero_stage!r}")
+    held = shard_ranks or ranks  # ranks one shard is divided over
     if offload_optimizer:  # the gradient partition goes to the host, the updated weights come back, per step
-        out += [Collective("d2h", grad_bytes / ranks, "step", "none"),
-                Collective("h2d", param_bytes / ranks, "step", "none")]
+        out += [Collective("d2h", grad_bytes / held, "step", "none"),
+                Collective("h2d", param_bytes / held, "step", "none")]
     if offload_params:  # each parameter partition copied to the device for forward and for backward
-        out.append(Collective("h2d", 2 * param_bytes / ranks, "micro", "forward_backward"))
+        out.append(Collective("h2d", 2 * param_bytes / held, "micro", "forward_backward"))
     return CommPattern(tuple(out))
 
 
@@ -174,8 +207,11 @@ def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, 
     step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
     seconds = {}
     for c in pattern.collectives:
-        s = c.size_bytes / host_bw if c.kind in ("h2d", "d2h") else collective_s(c.kind, c.size_bytes, ranks,
-                                                                                  gpus_per_node, links)
+        if c.kind in ("h2d", "d2h"):
+            s = c.size_bytes / host_bw
+        else:
+            n, across = group_span(c.group, ranks, gpus_per_node)
+            s = collective_s(c.kind, c.size_bytes, n, gpus_per_node, links, across)
         seconds[(c.per, c.overlaps)] = seconds.get((c.per, c.overlaps), 0.0) + s
     backward_window = backward_share * micro_compute_s if overlap else 0.0
     micro_window = micro_compute_s if overlap else 0.0

@@ -16,7 +16,7 @@ import os
 import socket
 
 from ..errors import HfscaleError
-from .strategies import Strategy, all_strategies
+from .strategies import HSDP_NEEDS, Strategy, all_strategies
 
 
 def has_accelerator() -> bool:
@@ -89,6 +89,42 @@ def launcher_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def processes_per_node(world: int) -> int:
+    """Processes on this node, as the launcher says (torchrun and accelerate set LOCAL_WORLD_SIZE)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) or 1
+
+
+def hsdp_mesh(nodes: int, per_node: int) -> tuple[int, int]:
+    """HSDP's 2-D mesh, (dp_replicate, dp_shard) = (nodes, processes per node): replicated across nodes, sharded over
+    a node's processes. One node is plain FSDP and one process per node plain DDP, so both are refused."""
+    if nodes < 2 or per_node < 2:
+        raise HfscaleError(f"{HSDP_NEEDS}, got {nodes} node(s) x {per_node} process(es); use fsdp on one node or ddp "
+                           f"with one process per node")
+    return nodes, per_node
+
+
+PARALLELISM_ENV = ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "PARALLELISM_CONFIG_DP_SHARD_SIZE")
+
+
+def hybrid_mesh(strategy: Strategy, world: int) -> tuple[int, int] | None:
+    """The (dp_replicate, dp_shard) mesh of this job for an HSDP strategy (None for the others), from the launcher's
+    world; refused when the job's shape cannot be HSDP or the launcher's own parallelism_config says otherwise."""
+    if not strategy.hybrid:
+        return None
+    per_node = processes_per_node(world)
+    if world % per_node:
+        raise HfscaleError(f"{world} processes do not split into nodes of {per_node} (LOCAL_WORLD_SIZE)")
+    mesh = hsdp_mesh(world // per_node, per_node)
+    if _true("ACCELERATE_USE_PARALLELISM_CONFIG"):  # accelerate launch with a parallelism_config (YAML or flags)
+        asked = tuple(int(os.environ.get(var, "1")) for var in PARALLELISM_ENV)
+        if asked != mesh:
+            raise HfscaleError(f"the launcher's parallelism_config is dp_replicate {asked[0]} x dp_shard {asked[1]}, but "
+                               f"this job is {mesh[0]} nodes x {mesh[1]} processes; launch with `hfscale launch` or "
+                               f"`hfscale slurm`, which set it from the job, or pass --parallelism_config_dp_replicate_size "
+                               f"{mesh[0]} --parallelism_config_dp_shard_size {mesh[1]}")
+    return mesh
+
+
 def _true(var: str) -> bool:
     return os.environ.get(var, "false").lower() == "true"
 
@@ -116,7 +152,8 @@ def launcher_strategy() -> str | None:
             ds["offload_optimizer_device"] = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
         return config_strategy({"distributed_type": "DEEPSPEED", "deepspeed_config": ds}, _json_or_none(path))
     if _true("ACCELERATE_USE_FSDP"):
-        return "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
+        hybrid = _true("ACCELERATE_USE_PARALLELISM_CONFIG") and int(os.environ.get(PARALLELISM_ENV[0], "1")) > 1
+        return "fsdp_hybrid" if hybrid else "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
     return None
 
 
@@ -147,7 +184,8 @@ def config_strategy(config: dict, deepspeed_json: dict | None = None) -> str | N
         return deepspeed_strategy(ds.get("deepspeed_config_file", ""), stage, str(device) not in ("none", ""))
     if kind == "FSDP":
         offload = str((config.get("fsdp_config") or {}).get("fsdp_offload_params", False)).lower() == "true"
-        return "fsdp_offload" if offload else "fsdp"
+        replicas = (config.get("parallelism_config") or {}).get("parallelism_config_dp_replicate_size", 1)
+        return "fsdp_hybrid" if int(replicas or 1) > 1 else "fsdp_offload" if offload else "fsdp"
     return None
 
 
@@ -181,11 +219,17 @@ def configure_state_for_cpu_deepspeed() -> dict:
 
 def setup_processes(strategy: Strategy, use_cpu: bool = False) -> dict:
     """Everything that must happen before the TrainingArguments build their device state: the one-process group
-    environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs; on the CPU route,
-    the DeepSpeed set-up above. Called once, explicitly, by train.run(). Returns the TrainingArguments overrides this
-    needs."""
+    environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs and HSDP's mesh (as
+    accelerate's ParallelismConfig); on the CPU route, the DeepSpeed set-up above, and HSDP's mesh kept from accelerate,
+    which refuses a ParallelismConfig without GPUs (hooks.force_fsdp_state applies it). Called once, explicitly, by
+    train.run(). Returns the TrainingArguments overrides this needs."""
     ensure_process_group_env()
+    mesh = hybrid_mesh(strategy, launcher_world_size())
     if on_accelerator(use_cpu):
+        if mesh:
+            from accelerate.parallelism_config import ParallelismConfig
+
+            return {"parallelism_config": ParallelismConfig(dp_replicate_size=mesh[0], dp_shard_size=mesh[1])}
         if strategy.engine == "fsdp" and strategy.offloads_state("parameters"):
             # accelerate adds "cpu:gloo" to the process group (for the all-reduces of CPU-offloaded shards, e.g. the
             # gradient norm) only when these are exported - by its launcher, from an FSDP config; not by torchrun,
@@ -194,6 +238,7 @@ def setup_processes(strategy: Strategy, use_cpu: bool = False) -> dict:
             os.environ["FSDP_OFFLOAD_PARAMS"] = "true"
         return {}
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
+    os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)  # MULTI_CPU + ParallelismConfig: accelerate raises
     if strategy.engine == "deepspeed":
         return {"accelerator_config": configure_state_for_cpu_deepspeed()}
     return {}

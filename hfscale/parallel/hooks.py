@@ -114,11 +114,13 @@ def fsdp_plugin_from_args(fsdp_plugin_args: dict):
     return FullyShardedDataParallelPlugin(**fsdp_plugin_args)
 
 
-def force_fsdp_state(accelerator, fsdp_plugin_args: dict) -> None:
+def force_fsdp_state(accelerator, fsdp_plugin_args: dict, mesh: tuple[int, int] | None = None) -> None:
     """accelerate leaves a CPU (gloo) run as MULTI_CPU and wraps it in plain DDP even when FSDP was asked for.
 
     FSDP2's fully_shard itself works on gloo; switching the shared state to FSDP before `prepare` makes accelerate
-    apply it. Only called when the state is MULTI_CPU, so the GPU route never passes here.
+    apply it. Only called when the state is MULTI_CPU, so the GPU route never passes here. `mesh`: HSDP's
+    (dp_replicate, dp_shard), set up as accelerate's GPU route does from a ParallelismConfig (which it refuses on
+    MULTI_CPU): the config and its device mesh on the shared state, where fsdp2_prepare_model takes the mesh from.
     """
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
@@ -136,3 +138,9 @@ def force_fsdp_state(accelerator, fsdp_plugin_args: dict) -> None:
     # As accelerate does on its FSDP route: every later AcceleratorState() copies PartialState's values over its own,
     # which would quietly turn the state back into MULTI_CPU after `prepare`.
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    if mesh:
+        from accelerate.parallelism_config import ParallelismConfig
+
+        config = ParallelismConfig(dp_replicate_size=mesh[0], dp_shard_size=mesh[1])
+        state.parallelism_config = config
+        state.device_mesh = config.get_device_mesh("cpu")

@@ -40,7 +40,7 @@ _FSDP2 = {
 INCOMPATIBLE = {
     **{(s, o): _OFFLOAD_NEEDS_CPU_ADAM.format(s=s, o=o, base=s.replace("_offload", ""))
        for s in ("zero2_offload", "zero3_offload") for o in ("adafactor", "adamw_8bit")},
-    **{(s, o): reason for s in ("fsdp", "fsdp_offload") for o, reason in _FSDP2.items()},
+    **{(s, o): reason for s in ("fsdp", "fsdp_offload", "fsdp_hybrid") for o, reason in _FSDP2.items()},
 }
 
 
@@ -69,6 +69,15 @@ class Strategy:
     def shards_state(self, kind: str) -> bool:
         return kind in self.shards
 
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: sharded over the processes of a node, replicated across nodes (FSDP's `hybrid_shard`)."""
+        return "hybrid_shard" in (self.fsdp or "").split()
+
+    def shard_ranks(self, world: int, per_node: int) -> int:
+        """How many ranks share one copy of what the strategy shards: a node's processes under HSDP, else all."""
+        return min(per_node, world) if self.hybrid else world
+
     def offloads_state(self, kind: str) -> bool:
         return kind in self.offload
 
@@ -83,6 +92,8 @@ def _parse_strategy(path: Path) -> Strategy:
         raise HfscaleError(f"{path}: `name: {raw.get('name')}` must equal the file name {path.stem!r}")
     if raw.get("engine") not in ENGINES:
         raise HfscaleError(f"{path}: engine {raw.get('engine')!r}; choose one of: {', '.join(ENGINES)}")
+    if "hybrid_shard" in (raw.get("fsdp") or "").split() and raw.get("engine") != "fsdp":
+        raise HfscaleError(f"{path}: `fsdp: hybrid_shard` needs `engine: fsdp`, not {raw.get('engine')!r}")
     for key in ("shards", "offload"):
         bad = [k for k in raw.get(key) or [] if k not in STATE_KINDS]
         if bad:
@@ -120,6 +131,20 @@ def check_pair(strategy: str, optim: str) -> None:
     reason = incompatibility(strategy, optim)
     if reason:
         raise HfscaleError(f"strategy {strategy!r} cannot use optimizer {optim!r}: {reason}")
+
+
+HSDP_NEEDS = "fsdp_hybrid shards over a node's processes and replicates across nodes: it needs 2+ nodes with 2+ " \
+             "processes each"
+
+
+def layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
+    """Why a strategy cannot run on `gpus` processes, `per_node` to a node (None when it can): PowerSGD compresses
+    the all-reduce between ranks; HSDP needs a node dimension and a shard dimension, each of 2 or more."""
+    if strategy.comm_hook == "powersgd" and gpus < 2:
+        return f"{strategy.name} compresses the gradient all-reduce between ranks; it needs 2 or more processes"
+    if strategy.hybrid and (gpus // max(per_node, 1) < 2 or per_node < 2 or gpus % max(per_node, 1)):
+        return f"{HSDP_NEEDS}, got {gpus} process(es) at {per_node} per node"
+    return None
 
 
 def hf_optim_name(optim: str, on_gpu: bool) -> str:

@@ -35,11 +35,15 @@ def _base_optimizer(optimizer):
 
 def inspect_parameters(model) -> dict:
     tensors = [_local(p) for p in model.parameters()]
+    dtensors = [p for p in model.parameters() if hasattr(p, "placements")]
     return {
         "elements_local": sum(t.numel() for t in tensors),
         "devices": sorted({str(t.device) for t in tensors}),
         "dtypes": sorted({_dtype_name(t.dtype) for t in tensors}),
-        "dtensor": any(hasattr(p, "to_local") for p in model.parameters()),
+        "dtensor": bool(dtensors),
+        # how DTensor parameters are laid out: FSDP2 [Shard(0)] on a 1-D mesh, HSDP [Replicate(), Shard(0)] on 2-D
+        "placements": sorted({str(list(p.placements)) for p in dtensors}),
+        "mesh_shapes": sorted({str(list(p.device_mesh.shape)) for p in dtensors}),
     }
 
 
@@ -176,7 +180,13 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
         require(facts["offload_param"] == strategy.offloads_state("parameters"),
                  f"parameter offload is {facts['offload_param']}", strategy)
     elif strategy.engine == "fsdp":
-        require(facts["parameters"]["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
+        params = facts["parameters"]
+        require(params["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
+        mesh = facts.get("mesh") or [world_size]
+        want = ["[Replicate(), Shard(dim=0)]"] if strategy.hybrid else ["[Shard(dim=0)]"]
+        require(params["placements"] == want and params["mesh_shapes"] == [str(list(mesh))],
+                f"parameters are laid out {params['placements']} on meshes {params['mesh_shapes']}, not {want} on "
+                f"{list(mesh)}", strategy)
         want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
         require(facts.get("fsdp_offload_policy") == want,
                 f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
@@ -199,13 +209,14 @@ def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> 
         require(got == want, f"FSDP computes in {got}, not {want}", strategy)
 
 
-def check_sharded(kind: str, local: int, total: int, world_size: int, strategy: Strategy) -> None:
-    """Per-rank elements must be ~total/N where the strategy shards `kind`, and ~total where it does not."""
-    if world_size == 1 or total == 0:
+def check_sharded(kind: str, local: int, total: int, shard_ranks: int, strategy: Strategy) -> None:
+    """Per-rank elements must be ~total/N where the strategy shards `kind` over N ranks (the world, or a node's
+    processes under HSDP), and ~total where it does not."""
+    if shard_ranks == 1 or total == 0:
         return
     fraction = local / total
     if strategy.shards_state(kind):
-        ok = fraction <= 1 / world_size + SHARD_TOLERANCE
+        ok = fraction <= 1 / shard_ranks + SHARD_TOLERANCE
         what = f"{kind} are not sharded: this rank holds {fraction:.0%} of them ({local:,} of {total:,})"
     else:
         ok = fraction >= 1 - SHARD_TOLERANCE

@@ -149,7 +149,7 @@ def check(opts, shape: ModelShape) -> tuple[int, float]:
 
 
 def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
-    from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, memory_layout
+    from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, layout_refusal, memory_layout
 
     shape = model_shape(opts)
     seq, device_bytes = check(opts, shape)
@@ -163,15 +163,14 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
         strategy = all_strategies()[name]
         layout = memory_layout(strategy, shape.hidden)
         for optim in optims:
-            reason = incompatibility(name, optim)
-            if reason is None and strategy.comm_hook == "powersgd" and opts.gpus < 2:
-                reason = "ddp_powersgd compresses the all-reduce between ranks; needs 2 or more GPUs"
+            reason = incompatibility(name, optim) or layout_refusal(strategy, opts.gpus, per_node)
             if reason:
                 rows.append(Row(name, optim, 0, refused=reason))
                 continue
 
             def memory(b: int):
-                return rank_memory(shape, layout, optim=optim, precision=precision, ranks=opts.gpus, micro_batch=b,
+                return rank_memory(shape, layout, optim=optim, precision=precision,
+                                   ranks=strategy.shard_ranks(opts.gpus, per_node), micro_batch=b,
                                    seq=seq, checkpointing=opts.activation_checkpointing,
                                    attention=opts.attn_implementation)
 

@@ -22,6 +22,7 @@ from ..files import atomic_path, atomic_write_text
 from ..formulas.comm import Links, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES, parameter_tensors
 from ..formulas.metrics import SECONDS_PER_DAY, ModelShape, param_count, training_flops_per_sequence
+from ..parallel.strategies import layout_refusal
 
 GB = 1e9
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
@@ -65,7 +66,7 @@ class Point:
     efficiency: float  # tokens/s per GPU relative to the measured point's
 
 
-def _pattern(strategy, base: Baseline, ranks: int):
+def _pattern(strategy, base: Baseline, ranks: int, gpus_per_node: int):
     P = param_count(base.shape)
     t = DTYPE_BYTES["fp32" if base.precision == "tf32" else base.precision]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
@@ -76,13 +77,14 @@ def _pattern(strategy, base: Baseline, ranks: int):
         return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=ranks, powersgd_bytes=psgd)
     return comm_pattern(strategy.engine, strategy.zero_stage, param_bytes=t * P, grad_bytes=t * P, ranks=ranks,
                         offload_optimizer=strategy.offloads_state("optimizer_states"),
-                        offload_params=strategy.offloads_state("parameters"))
+                        offload_params=strategy.offloads_state("parameters"),
+                        shard_ranks=strategy.shard_ranks(ranks, gpus_per_node) if strategy.hybrid else None)
 
 
 def micro_compute_s(strategy, base: Baseline, s_per_iter: float, links: Links) -> float:
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
     configuration itself (solved by fixed-point iteration: the exposed part depends on the compute that hides it)."""
-    pattern = _pattern(strategy, base, base.gpus)
+    pattern = _pattern(strategy, base, base.gpus, base.gpus_per_node)
     compute = s_per_iter / base.grad_accum
     for _ in range(50):
         st = step_time(pattern, micro_compute_s=compute, grad_accum=base.grad_accum, ranks=base.gpus,
@@ -104,7 +106,9 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
                 if global_batch % (base.micro_batch * n):
                     continue  # not a whole number of micro-batches per GPU at this count
                 gas = global_batch // (base.micro_batch * n)
-            pattern = _pattern(strategy, base, n)
+            if layout_refusal(strategy, n, min(n, gpus_per_node)):
+                continue  # e.g. HSDP on one node
+            pattern = _pattern(strategy, base, n, gpus_per_node)
             times = [step_time(pattern, micro_compute_s=c, grad_accum=gas, ranks=n, gpus_per_node=gpus_per_node,
                                links=link, overlap=base.overlap, step_sd_s=base.step_sd_s)
                      for c, link in zip(computes, links)]
@@ -115,7 +119,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
             reference_tps = reference_tps or tps / n
             points.append(Point(strategy.name, n, max(1, -(-n // gpus_per_node)), gas, gbs, times[0].total_s, tps,
                                 days[0], days[0] * n, min(days), max(days), times[0].exposed_s, times[0].straggler_s,
-                                pattern.bytes_per_step(gas, n), tps / n / reference_tps))
+                                pattern.bytes_per_step(gas, n, gpus_per_node), tps / n / reference_tps))
     return points
 
 

@@ -84,7 +84,7 @@ def _csv(text: str, valid, flag: str) -> list[str]:
 
 def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     """Every configuration, pruned ones with their reason. Returns (candidates, shape, seq)."""
-    from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, memory_layout
+    from ..parallel.strategies import OPTIMIZERS, all_strategies, incompatibility, layout_refusal, memory_layout
     from ..run.models import resolve_seq_len
     from .estimate import check_attention, device_memory_bytes, model_shape
 
@@ -114,12 +114,9 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
                 continue  # this micro-batch cannot make the global batch on this many GPUs
             gas = opts.global_batch_size // (mbs * opts.gpus)
         run = RunSpec(name, optim, opts.gpus, mbs, gas, ckpt)
-        reason = incompatibility(name, optim)
-        if reason:
+        reason = incompatibility(name, optim) or layout_refusal(all_strategies()[name], opts.gpus, opts.gpus)
+        if reason:  # trials run on this machine: one node
             out.append(Candidate(run, "refused", reason))
-            continue
-        if all_strategies()[name].comm_hook == "powersgd" and opts.gpus < 2:
-            out.append(Candidate(run, "refused", "ddp_powersgd needs 2 or more processes"))
             continue
         mem = rank_memory(shape, memory_layout(all_strategies()[name], shape.hidden), optim=optim,
                           precision="bf16" if opts.bf16 else "fp32", ranks=opts.gpus, micro_batch=mbs, seq=seq,

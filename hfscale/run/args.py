@@ -19,7 +19,8 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError
 from ..files import load_json, load_yaml
 from ..formulas.metrics import ModelShape
-from ..parallel.distributed import launcher_deepspeed_config, launcher_world_size, on_accelerator, resolve_strategy
+from ..parallel.distributed import (hybrid_mesh, launcher_deepspeed_config, launcher_world_size, on_accelerator,
+                                    resolve_strategy)
 from ..parallel.strategies import (OPTIMIZERS, Strategy, all_strategies, check_optimizer, check_pair, get_strategy,
                                    hf_optim_name, load_deepspeed_config)
 from .data import EMBEDDED
@@ -137,6 +138,7 @@ class RunState:
     shape: ModelShape
     seq_len: int
     launcher_world_size: int  # processes the launcher started (WORLD_SIZE), before any library is asked
+    mesh: tuple | None  # HSDP's (dp_replicate, dp_shard) = (nodes, processes per node); None for other strategies
     tensorboard: bool  # hfscale writes the TensorBoard events itself
     auto_output_dir: bool  # no --output_dir: runs/<run name>
     explicit: set = field(default_factory=set)  # the training flags the user set
@@ -169,7 +171,8 @@ def plan_training(training: dict) -> tuple[dict, dict]:
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
-    decided = dict(strategy=strategy, optim=optim, launcher_world_size=launcher_world_size(), tensorboard=tensorboard,
+    decided = dict(strategy=strategy, optim=optim, launcher_world_size=launcher_world_size(),
+                   mesh=hybrid_mesh(strategy, launcher_world_size()), tensorboard=tensorboard,
                    auto_output_dir=kw["output_dir"] is None)
     return kw, decided
 

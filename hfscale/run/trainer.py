@@ -34,9 +34,10 @@ def token_weighted_eval_loss(prediction) -> dict:
 
 
 class HfscaleTrainer(Trainer):
-    def __init__(self, *args, strategy, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
+    def __init__(self, *args, strategy, mesh=None, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
                  tokens_per_step: int = 0, **kwargs):
         self.strategy, self.meter, self.step_memory = strategy, meter, step_memory
+        self.mesh = mesh  # HSDP's (dp_replicate, dp_shard); None for the other strategies
         self.tokens_per_step = tokens_per_step  # global: MBS x GAS x DP x seq
         self._clock_start = None  # wall clock of the first micro-batch of this process's training
         self._elapsed_before = 0.0  # training seconds before a resume (from the checkpoint's log history)
@@ -117,7 +118,7 @@ class HfscaleTrainer(Trainer):
         from accelerate.utils import DistributedType
 
         if self.strategy.engine == "fsdp" and self.accelerator.state.distributed_type == DistributedType.MULTI_CPU:
-            force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args)
+            force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args, self.mesh)
             self.is_fsdp_enabled = True
 
     def evaluate(self, *args, **kwargs):
@@ -164,6 +165,12 @@ class StrategyCallback(TrainerCallback):
         return self.trainer.strategy
 
     @property
+    def shard_ranks(self) -> int:
+        """Ranks that share one copy of what the strategy shards: a node's processes under HSDP, else all."""
+        mesh = self.trainer.mesh
+        return mesh[1] if mesh else self.trainer.accelerator.num_processes
+
+    @property
     def powersgd_state(self):
         return self.trainer.powersgd_state  # the trainer saves it with every checkpoint
 
@@ -178,6 +185,7 @@ class StrategyCallback(TrainerCallback):
             "world_size_accelerate": world,
             "world_size_torch": dist.get_world_size() if dist.is_initialized() else 1,
             "distributed_type": str(trainer.accelerator.state.distributed_type).split(".")[-1],
+            "mesh": list(trainer.mesh) if trainer.mesh else None,
             **verify.inspect_wrapper(trainer.model_wrapped),
             "parameters": {**verify.inspect_parameters(trainer.model_wrapped), "elements_total": self.total_params},
         }
@@ -186,7 +194,7 @@ class StrategyCallback(TrainerCallback):
         running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
         verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
-        verify.check_sharded("parameters", params["elements_local"], self.total_params, world, strategy)
+        verify.check_sharded("parameters", params["elements_local"], self.total_params, self.shard_ranks, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
         self._measure_gradients_before_the_first_step()
         if self.powersgd is not None:
@@ -251,14 +259,14 @@ class StrategyCallback(TrainerCallback):
 
     def _check_optimizer_states(self) -> None:
         self._check_data_sharded()
-        world, strategy = self.trainer.accelerator.num_processes, self.strategy
+        strategy = self.strategy
         states = verify.inspect_optimizer_states(self.trainer.optimizer)
         per_param = STATE_ELEMENTS_PER_PARAM.get(self.optim)
         states["elements_unsharded"] = per_param * self.total_params if per_param else None
         self.facts["optimizer_states"] = states
         if per_param:
             verify.check_sharded("optimizer_states", states["elements_local"], states["elements_unsharded"],
-                                 world, strategy)
+                                 self.shard_ranks, strategy)
         verify.check_placement("optimizer_states", states["devices"], strategy, self.on_accelerator)
         verify.check_optimizer_engine(states["optimizer"], strategy)
         if self.optim == "adamw_8bit":
