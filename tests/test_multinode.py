@@ -130,3 +130,17 @@ def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "needs 2+ nodes with 2+ processes each" in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm):
+    """fsdp_hybrid saves sharded checkpoints on its 2-D mesh; a job resumed from step 3 continues with exactly the
+    losses of the uninterrupted one (fp32, same kernels)."""
+    args = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--max_steps", "6", "--save_strategy", "steps",
+                                                                       "--save_steps", "3"]
+    whole = slurm_train(fake_slurm, tmp_path, "fsdp_hybrid", 2, 2, [*args, "--output_dir", str(tmp_path / "whole")])
+    resumed = slurm_train(fake_slurm, tmp_path, "fsdp_hybrid", 2, 2,
+                          [*args, "--output_dir", str(tmp_path / "resumed"),
+                           "--resume_from_checkpoint", str(tmp_path / "whole" / "checkpoint-3")])
+    assert resumed["resumed_from"].endswith("checkpoint-3")
+    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in whole["loss_history"]]
+    assert [p["step"] for p in resumed["loss_history"]] == list(range(1, 7))
