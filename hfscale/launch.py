@@ -47,7 +47,7 @@ def flag_value(args: list[str], name: str) -> str | None:
 def drop_flag(args: list[str], name: str) -> list[str]:
     """args without `--name V` / `--name=V`."""
     out, skip = [], False
-    for i, arg in enumerate(args):
+    for arg in args:
         if skip:
             skip = False
         elif arg == name:

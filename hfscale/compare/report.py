@@ -308,7 +308,7 @@ def main(argv: list[str]) -> None:
                         "highest final loss, which every run reaches)")
     parser.add_argument("--days_at_gpus", type=int, help="also plot loss against the days each run's configuration "
                         "would take at this many GPUs (hfscale project, same global batch); the link flags as there")
-    from ..plan.project import add_link_flags, links_from
+    from ..plan.project import add_link_flags, check_whole_nodes, links_from
 
     add_link_flags(parser)
     opts = parser.parse_args(argv)
@@ -319,9 +319,7 @@ def main(argv: list[str]) -> None:
         if opts.days_at_gpus <= 0 or opts.gpus_per_node <= 0:
             raise HfscaleError(f"--days_at_gpus and --gpus_per_node must be positive, got {opts.days_at_gpus} and "
                                f"{opts.gpus_per_node}")
-        if opts.days_at_gpus > opts.gpus_per_node and opts.days_at_gpus % opts.gpus_per_node:
-            raise HfscaleError(f"--days_at_gpus {opts.days_at_gpus} is not a multiple of --gpus_per_node "
-                               f"{opts.gpus_per_node}")
+        check_whole_nodes([opts.days_at_gpus], opts.gpus_per_node, "--days_at_gpus")
         days_at = (opts.days_at_gpus, opts.gpus_per_node, links_from(opts))
     out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
     rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss, days_at)

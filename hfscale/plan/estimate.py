@@ -137,11 +137,11 @@ def check_attention(attention: str) -> None:
 def check(opts, shape: ModelShape) -> tuple[int, float]:
     """(seq_len, device memory in bytes) after every check of the numbers."""
     from ..run.models import resolve_seq_len
+    from .project import check_whole_nodes
 
     for name in ("gpus", "gpus_per_node", "seq_len", "host_memory_gb"):
         _positive(name, getattr(opts, name))
-    if opts.gpus % opts.gpus_per_node and opts.gpus > opts.gpus_per_node:
-        raise HfscaleError(f"--gpus {opts.gpus} is not a multiple of --gpus_per_node {opts.gpus_per_node}")
+    check_whole_nodes([opts.gpus], opts.gpus_per_node)
     check_attention(opts.attn_implementation)
     if opts.bf16 and opts.fp16:
         raise HfscaleError("--bf16 and --fp16 are exclusive")

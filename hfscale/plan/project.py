@@ -247,6 +247,13 @@ def add_link_flags(p) -> None:
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
+def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus") -> None:
+    """A GPU count beyond one node must fill whole nodes (estimate, project and report --days_at_gpus)."""
+    bad = [n for n in gpus if n > gpus_per_node and n % gpus_per_node]
+    if bad:
+        raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
+
+
 def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) -> float:
     """Projected tokens/s of a finished run's configuration at `gpus` GPUs with the same global batch (so its loss
     per token is unchanged). Raises HfscaleError when the batch does not split over that many GPUs."""
@@ -257,6 +264,9 @@ def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) ->
     strategy = all_strategies().get(base.strategy)
     if strategy is None:
         raise HfscaleError(f"{results_path}: strategy {base.strategy!r} is not one hfscale projects")
+    reason = layout_refusal(strategy, gpus, min(gpus, gpus_per_node))
+    if reason:
+        raise HfscaleError(reason)
     points = project(base, [strategy], [gpus], gpus_per_node, links, 1.0, global_batch)
     if not points:
         raise HfscaleError(f"its global batch {global_batch} is not a multiple of MBS {base.micro_batch} x {gpus} GPUs")
@@ -296,9 +306,7 @@ def run_projection(opts):
     if not 0 < opts.gain_threshold < 1:
         raise HfscaleError(f"--gain_threshold must be between 0 and 1, got {opts.gain_threshold}")
     gpus = _positive_ints(opts.gpus, "gpus")
-    bad = [n for n in gpus if n > opts.gpus_per_node and n % opts.gpus_per_node]
-    if bad:
-        raise HfscaleError(f"--gpus {bad[0]} is not a multiple of --gpus_per_node {opts.gpus_per_node}")
+    check_whole_nodes(gpus, opts.gpus_per_node)
     links = links_from(opts)
     if opts.results:
         base = baseline_from_results(opts.results)
