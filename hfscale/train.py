@@ -189,15 +189,36 @@ def load_data(model_args, data_args, args, vocab_size: int, seq_len: int, valida
     return tokenizer, blocks, eval_blocks
 
 
-def build(model_args, args, shape, tokenizer):
-    from hfscale.run.models import build_model, load_pretrained
+def rank0_builds(args, strategy) -> bool:
+    """FSDP with cpu_ram_efficient_loading (hfscale's default): only rank 0 holds the whole model; accelerate shards it
+    from there (fsdp2_prepare_model broadcasts rank 0's weights), so the other ranks build theirs without weights."""
+    return strategy.engine == "fsdp" and str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true"
 
+
+def build(model_args, args, shape, tokenizer, strategy):
+    import torch
+
+    from hfscale.run.models import build_model, load_pretrained, pretrained_on_meta
+
+    without_weights = rank0_builds(args, strategy) and args.process_index != 0
     if model_args.model_name_or_path:
-        model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
-                                   model_args.attn_implementation)
-        return model
-    model = build_model(shape, args.seed, model_args.attn_implementation, model_args.dropout)
-    model.config.eos_token_id = model.config.bos_token_id = tokenizer.eos_token_id
+        if without_weights:
+            model = pretrained_on_meta(model_args.model_name_or_path, model_args.trust_remote_code,
+                                       model_args.attn_implementation)
+        else:
+            model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
+                                       model_args.attn_implementation)
+    else:
+        with torch.device("meta" if without_weights else "cpu"):
+            model = build_model(shape, args.seed, model_args.attn_implementation, model_args.dropout)
+        model.config.eos_token_id = model.config.bos_token_id = tokenizer.eos_token_id
+    if without_weights:
+        # Uninitialised host tensors, not meta ones: their pages are never touched (no resident memory), but each
+        # parameter gets an address of its own. accelerate maps the optimizer's parameters to the sharded ones by
+        # data_ptr, and on the meta device every data_ptr is 0: rank 1's optimizer stepped one parameter for all
+        # (seen: fsdp's losses left ddp's after the first update). to_empty unties shared weights; tie them again.
+        model = model.to_empty(device="cpu")
+        model.tie_weights()
     return model
 
 
@@ -267,7 +288,7 @@ def evaluating(eval_strategy) -> bool:
     return str(getattr(eval_strategy, "value", eval_strategy)) != "no"
 
 
-def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record):
+def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record, construction=None):
     from transformers import default_data_collator
 
     from hfscale.run.measure import Meter, MeasureCallback, StepMemory, TensorBoardWriter
@@ -302,7 +323,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, env, recor
     trainer.add_callback(StrategyCallback(trainer, optim=state.optim, total_params=record.data["model"]["params_model"],
                                           powersgd=powersgd, launcher_world_size=state.launcher_world_size,
                                           on_accelerator=env["device_type"] == "cuda", record=record,
-                                          resume_from=state.resume_from))
+                                          resume_from=state.resume_from, construction=construction))
     trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory))
     return trainer, meter
 
@@ -406,18 +427,21 @@ def run(argv: list[str] | None) -> None:
 
     from transformers import set_seed
 
-    from hfscale.run.measure import print_summary
+    from hfscale.run.measure import ConstructionMemory, print_summary
     from hfscale.run.results import RunRecord
 
     resume = resume_checkpoint(args, state)
     set_seed(args.seed)
     tokenizer, blocks, eval_blocks = load_data(model_args, data_args, args, state.shape.vocab, state.seq_len,
                                                state.validation)
-    model = build(model_args, args, state.shape, tokenizer)
+    construction = ConstructionMemory()
+    construction.start()
+    model = build(model_args, args, state.shape, tokenizer, state.strategy)
+    construction.read()  # before StepMemory resets the high-water mark; read again once the engine has sharded
     env = environment(args)
     record = RunRecord(args.output_dir, base_record(model_args, data_args, args, state, model, env),
                        args.process_index == 0)
-    trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record)
+    trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, env, record, construction)
     record.update(resumed_from=resume)
     try:
         output = trainer.train(resume_from_checkpoint=resume)

@@ -323,11 +323,14 @@ def rank_memory(shape: ModelShape, layout: Layout, *, optim: str, precision: str
     return mem
 
 
-def construction_host_bytes(shape: ModelShape, processes_per_node: int, sharded_init: bool, ranks: int) -> int:
-    """Host RAM per node to build the model: a full fp32 copy per process, or only its partition when built sharded
-    (zero.Init / FSDP on the meta device; not done by hfscale yet - see docs/estimate.md)."""
+def construction_host_bytes(shape: ModelShape, processes_per_node: int, rank0_builds: bool, shard_ranks: int) -> int:
+    """Host RAM of the busiest node while the model is built and sharded: a full fp32 copy per process, or - when
+    only rank 0 builds it and the engine shards it out from there (fsdp*, accelerate's cpu_ram_efficient_loading) -
+    one full copy on rank 0 and a 1/shard_ranks shard on each other process of its node."""
     P = sum(t.numel for t in parameter_tensors(shape))
-    return processes_per_node * 4 * (ceil(P / ranks) if sharded_init else P)
+    if not rank0_builds:
+        return processes_per_node * 4 * P
+    return 4 * P + (processes_per_node - 1) * 4 * ceil(P / shard_ranks)
 
 
 def max_micro_batch(fits, limit: int = 1 << 16) -> int:

@@ -28,6 +28,8 @@ class Row:
     refused: str | None = None
     memory: dict | None = None  # RankMemory.as_dict(), bytes
     host_per_node: int | None = None
+    construction_per_node: int | None = None  # host RAM of the busiest node while the model is built and sharded
+    construction_per_node_full_copies: int | None = None  # the same if every process built a whole fp32 copy
     fits: bool | None = None
     max_micro_batch: int | None = None
 
@@ -170,12 +172,15 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
 
             def memory(b: int):
                 return rank_memory(shape, layout, optim=optim, precision=precision,
-                                   ranks=strategy.shard_ranks(opts.gpus, per_node), micro_batch=b,
+                                   ranks=shard_ranks, micro_batch=b,
                                    seq=seq, checkpointing=opts.activation_checkpointing,
                                    attention=opts.attn_implementation)
 
+            shard_ranks = strategy.shard_ranks(opts.gpus, per_node)
+            build = construction_host_bytes(shape, per_node, strategy.engine == "fsdp", shard_ranks)
+
             def host(mem) -> int:
-                return per_node * mem.host_offload + construction_host_bytes(shape, per_node, False, opts.gpus)
+                return per_node * mem.host_offload + build
 
             def fits(b: int) -> bool:
                 mem = memory(b)
@@ -186,7 +191,8 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
             for b in sizes or [2 ** k for k in range(max(best.bit_length(), 1))]:
                 mem = memory(b)
                 rows.append(Row(name, optim, b, memory=mem.as_dict(), host_per_node=host(mem), fits=fits(b),
-                                max_micro_batch=best))
+                                max_micro_batch=best, construction_per_node=build,
+                                construction_per_node_full_copies=construction_host_bytes(shape, per_node, False, 1)))
     return shape, seq, device_bytes, rows
 
 
@@ -224,7 +230,8 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"{'on' if opts.activation_checkpointing else 'off'}",
         f"total/GPU = (model states + activation peak + comm buffers) x {1 + FRAGMENTATION:g} (allocator "
         f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",
-        "host/node = offloaded states of every GPU on the node + one full fp32 model per process while it is built",
+        "host/node = offloaded states of every GPU on the node + building the model: one full fp32 copy per process, "
+        "except fsdp* (rank 0 builds it and shards it out: one copy + a shard per other process; docs/estimate.md)",
         "not modelled: tensor/pipeline parallelism, CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
     ]
 

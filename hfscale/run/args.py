@@ -189,8 +189,10 @@ def _apply_strategy(kw: dict, strategy: Strategy) -> None:
     if strategy.engine == "fsdp":  # transformers' current form: fsdp=True, everything in fsdp_config
         offload = {"cpu_offload": True} if "offload" in strategy.fsdp.split() else {}
         kw["fsdp"] = True
+        # cpu_ram_efficient_loading: only rank 0 builds (or loads) the whole model; the others build on the meta device
+        # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             **offload, **(kw["fsdp_config"] or {})}
+                             "cpu_ram_efficient_loading": True, **offload, **user_fsdp_config(kw["fsdp_config"])}
     elif kw["fsdp"]:
         raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
     if kw["ddp_find_unused_parameters"] is None:
@@ -203,6 +205,25 @@ def _apply_strategy(kw: dict, strategy: Strategy) -> None:
             raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
         if launcher_world_size() < 2:
             raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
+
+
+def user_fsdp_config(value) -> dict:
+    """--fsdp_config as transformers takes it: a JSON object inline, or the path of a JSON file."""
+    import json
+
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if str(value).lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise HfscaleError(f"--fsdp_config: malformed JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise HfscaleError("--fsdp_config: expected a JSON object")
+        return value
+    return load_json(value, "FSDP config")
 
 
 def _apply_batch_sizes(kw: dict) -> None:

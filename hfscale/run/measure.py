@@ -43,6 +43,30 @@ def _proc_status_bytes(key: str) -> int:
     return 0
 
 
+class ConstructionMemory:
+    """Host memory a rank needs to build its model and shard it: the resident-set high-water mark from just before the
+    model is built until training begins (after the engine's `prepare`), less the resident set before (Linux).
+
+    StepMemory resets the high-water mark when it is created (between the build and `prepare`), so the mark is read
+    before that too and the larger of the two windows is the peak. None where /proc cannot be reset."""
+
+    def __init__(self):
+        self.before = None
+        self.peak = 0
+
+    def start(self) -> None:
+        if StepMemory.on_linux_with_reset():
+            self.before = _proc_status_bytes("VmRSS")
+
+    def read(self) -> None:
+        """Take the high-water mark so far into the peak (call before anything resets it, and at train begin)."""
+        if self.before is not None:
+            self.peak = max(self.peak, _proc_status_bytes("VmHWM"))
+
+    def bytes(self) -> int | None:
+        return None if self.before is None else max(self.peak - self.before, 0)
+
+
 class StepMemory:
     """The memory one optimizer step adds: the step's high-water mark minus the level before it, per step.
 
@@ -57,6 +81,10 @@ class StepMemory:
         self.available = on_cuda or (sys.platform.startswith("linux") and self._can_reset())
         self.before = 0
         self.steps: list[tuple[int, int, int]] = []  # (step, bytes before, peak bytes during the step)
+
+    @staticmethod
+    def on_linux_with_reset() -> bool:
+        return sys.platform.startswith("linux") and StepMemory._can_reset()
 
     @staticmethod
     def _can_reset() -> bool:

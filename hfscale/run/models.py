@@ -156,6 +156,21 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
     return shape_from_config(config)
 
 
+def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
+    """A pretrained checkpoint's architecture on the meta device, no weights read (its shards come from rank 0)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import torch
+
+    pretrained_shape(name_or_path, trust_remote_code)  # the same checks as the rank that loads it
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, dtype=torch.float32,
+                                                 **kwargs)
+    return declare_causal_lm_loss(model)
+
+
 def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
     """A pretrained checkpoint (local directory or Hub name) and its shape."""
     from transformers import AutoModelForCausalLM

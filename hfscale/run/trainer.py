@@ -151,11 +151,13 @@ class StrategyCallback(TrainerCallback):
     """Registers PowerSGD and proves at start-up that the strategy running is the one asked for."""
 
     def __init__(self, trainer: HfscaleTrainer, *, optim: str, total_params: int, powersgd: PowerSGDConfig | None,
-                 launcher_world_size: int, on_accelerator: bool, record, resume_from: str | None = None):
+                 launcher_world_size: int, on_accelerator: bool, record, resume_from: str | None = None,
+                 construction=None):
         self.trainer, self.optim, self.total_params = trainer, optim, total_params
         self.powersgd = powersgd
         self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
         self.resume_from = resume_from
+        self.construction = construction  # measure.ConstructionMemory: host memory to build and shard the model
         self.facts: dict = {}
         self.gradient_bytes: int | None = None
         self.states_checked = False  # optimizer states are checked after the first step that really ran
@@ -197,11 +199,25 @@ class StrategyCallback(TrainerCallback):
         verify.check_sharded("parameters", params["elements_local"], self.total_params, self.shard_ranks, strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
         self._measure_gradients_before_the_first_step()
+        self._record_construction_memory()
         if self.powersgd is not None:
             trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
             if self.resume_from:
                 self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
         self._publish()
+
+    def _record_construction_memory(self) -> None:
+        """Every rank's host-memory peak from building the model to training begin (all ranks take part)."""
+        import torch.distributed as dist
+
+        if self.construction is None:
+            return
+        self.construction.read()
+        ranks = [self.construction.bytes()]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, self.construction.bytes())
+        self.record.data.setdefault("memory", {})["construction_peak_bytes_per_rank"] = ranks
 
     def _measure_gradients_before_the_first_step(self) -> None:
         """The gradients a rank holds are measured right before its first optimizer step: by the Trainer's
