@@ -133,7 +133,8 @@ HSDP_STEPS = 20
 @pytest.fixture(scope="session")
 def hsdp_job(runs_dir, fake_slurm):
     """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, 20 steps, weights
-    fingerprinted): shared by the multi-node checks and the strategy x optimizer matrix."""
+    fingerprinted, a checkpoint at step 10): shared by the multi-node checks and the strategy x optimizer matrix."""
     out = runs_dir / "hsdp-2x2"
+    saving = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--save_strategy", "steps", "--save_steps", "10"]
     return slurm_train(fake_slurm, runs_dir, "fsdp_hybrid", 2, 2,
-                       [*TINY, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir", str(out)])
+                       [*saving, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir", str(out)])

@@ -132,15 +132,13 @@ def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path):
     assert not out.exists()
 
 
-def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm):
-    """fsdp_hybrid saves sharded checkpoints on its 2-D mesh; a job resumed from step 3 continues with exactly the
+def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm, hsdp_job, runs_dir):
+    """fsdp_hybrid saves sharded checkpoints on its 2-D mesh; a job resumed from step 10 continues with exactly the
     losses of the uninterrupted one (fp32, same kernels)."""
-    args = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--max_steps", "6", "--save_strategy", "steps",
-                                                                       "--save_steps", "3"]
-    whole = slurm_train(fake_slurm, tmp_path, "fsdp_hybrid", 2, 2, [*args, "--output_dir", str(tmp_path / "whole")])
+    checkpoint = runs_dir / "hsdp-2x2" / "checkpoint-10"
     resumed = slurm_train(fake_slurm, tmp_path, "fsdp_hybrid", 2, 2,
-                          [*args, "--output_dir", str(tmp_path / "resumed"),
-                           "--resume_from_checkpoint", str(tmp_path / "whole" / "checkpoint-3")])
-    assert resumed["resumed_from"].endswith("checkpoint-3")
-    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in whole["loss_history"]]
-    assert [p["step"] for p in resumed["loss_history"]] == list(range(1, 7))
+                          [*TINY, "--max_steps", str(HSDP_STEPS), "--output_dir", str(tmp_path / "resumed"),
+                           "--resume_from_checkpoint", str(checkpoint)])
+    assert resumed["resumed_from"] == str(checkpoint)
+    assert [p["step"] for p in resumed["loss_history"]] == list(range(1, HSDP_STEPS + 1))
+    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in hsdp_job["loss_history"]]
