@@ -1,8 +1,9 @@
 """HfscaleTrainer: the HF Trainer plus the few things no library does for our strategies.
 
 In order: (1) on a CPU-only machine, FSDP is forced onto accelerate's state when the accelerator is created
-(accelerate would silently use DDP); (2) at train begin, after the model is wrapped, the StrategyCallback
-registers PowerSGD and proves the wrapper, world size and sharding; (3) right before the first optimizer step it
+(accelerate would silently use DDP), with HSDP's 2-D mesh; (2) at train begin, after the model is wrapped, the
+StrategyCallback registers PowerSGD, proves the wrapper, world size, mesh and sharding, and records every rank's
+host-memory peak of building the model; (3) right before the first optimizer step it
 counts the gradients each rank holds, and after it proves where optimizer states live and how many each rank holds,
 and counts every rank's model-state bytes (the memory estimate's check); (4) every log adds the perf/* figures;
 (5) evaluation reports the exact mean token cross-entropy over the validation blocks (see `prediction_step`).
@@ -34,8 +35,8 @@ def token_weighted_eval_loss(prediction) -> dict:
 
 
 class HfscaleTrainer(Trainer):
-    def __init__(self, *args, strategy, mesh=None, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
-                 tokens_per_step: int = 0, **kwargs):
+    def __init__(self, *args, strategy, mesh=None, meter=None, step_memory=None, checkpoint_identity=None,
+                 on_checkpoint=None, tokens_per_step: int = 0, **kwargs):
         self.strategy, self.meter, self.step_memory = strategy, meter, step_memory
         self.mesh = mesh  # HSDP's (dp_replicate, dp_shard); None for the other strategies
         self.tokens_per_step = tokens_per_step  # global: MBS x GAS x DP x seq
