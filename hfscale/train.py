@@ -192,10 +192,13 @@ def load_data(model_args, data_args, args, vocab_size: int, seq_len: int, valida
 def rank0_builds(args, strategy) -> bool:
     """FSDP with cpu_ram_efficient_loading (hfscale's default): only rank 0 holds the whole model; accelerate shards it
     from there (fsdp2_prepare_model broadcasts rank 0's weights), so the other ranks build theirs without weights."""
-    return strategy.engine == "fsdp" and str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true"
+    return (strategy is not None and strategy.engine == "fsdp"
+            and str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true")
 
 
-def build(model_args, args, shape, tokenizer, strategy):
+def build(model_args, args, shape, tokenizer, strategy=None):
+    """The model, on every rank: whole, or (rank0_builds, ranks other than 0) without weights. strategy None: whole
+    everywhere (benchmarks/plain_trainer.py)."""
     import torch
 
     from hfscale.run.models import build_model, load_pretrained, pretrained_on_meta
