@@ -16,7 +16,7 @@ import os
 import socket
 
 from ..errors import HfscaleError
-from .strategies import HSDP_NEEDS, Strategy, all_strategies
+from .strategies import Strategy, all_strategies, hsdp_refusal
 
 
 def has_accelerator() -> bool:
@@ -97,9 +97,9 @@ def processes_per_node(world: int) -> int:
 def hsdp_mesh(nodes: int, per_node: int) -> tuple[int, int]:
     """HSDP's 2-D mesh, (dp_replicate, dp_shard) = (nodes, processes per node): replicated across nodes, sharded over
     a node's processes. One node is plain FSDP and one process per node plain DDP, so both are refused."""
-    if nodes < 2 or per_node < 2:
-        raise HfscaleError(f"{HSDP_NEEDS}, got {nodes} node(s) x {per_node} process(es); use fsdp on one node or ddp "
-                           f"with one process per node")
+    reason = hsdp_refusal(nodes, per_node)
+    if reason:
+        raise HfscaleError(f"{reason}; use fsdp on one node or ddp with one process per node")
     return nodes, per_node
 
 

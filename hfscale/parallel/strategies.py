@@ -133,17 +133,24 @@ def check_pair(strategy: str, optim: str) -> None:
         raise HfscaleError(f"strategy {strategy!r} cannot use optimizer {optim!r}: {reason}")
 
 
-HSDP_NEEDS = "fsdp_hybrid shards over a node's processes and replicates across nodes: it needs 2+ nodes with 2+ " \
-             "processes each"
+def hsdp_refusal(nodes: int, per_node: int) -> str | None:
+    """Why HSDP cannot run on `nodes` x `per_node` processes: it needs a node dimension and a shard dimension, each of
+    2 or more (one node is plain FSDP, one process per node plain DDP)."""
+    if nodes < 2 or per_node < 2:
+        return (f"fsdp_hybrid shards over a node's processes and replicates across nodes: it needs 2+ nodes with 2+ "
+                f"processes each, got {nodes} node(s) x {per_node} process(es)")
+    return None
 
 
 def layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
     """Why a strategy cannot run on `gpus` processes, `per_node` to a node (None when it can): PowerSGD compresses
-    the all-reduce between ranks; HSDP needs a node dimension and a shard dimension, each of 2 or more."""
+    the all-reduce between ranks; HSDP needs whole nodes (hsdp_refusal)."""
     if strategy.comm_hook == "powersgd" and gpus < 2:
         return f"{strategy.name} compresses the gradient all-reduce between ranks; it needs 2 or more processes"
-    if strategy.hybrid and (gpus // max(per_node, 1) < 2 or per_node < 2 or gpus % max(per_node, 1)):
-        return f"{HSDP_NEEDS}, got {gpus} process(es) at {per_node} per node"
+    if strategy.hybrid:
+        if per_node < 1 or gpus % per_node:
+            return f"fsdp_hybrid needs whole nodes: {gpus} processes do not split into nodes of {per_node}"
+        return hsdp_refusal(gpus // per_node, per_node)
     return None
 
 
