@@ -170,14 +170,13 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                 rows.append(Row(name, optim, 0, refused=reason))
                 continue
 
-            def memory(b: int):
-                return rank_memory(shape, layout, optim=optim, precision=precision,
-                                   ranks=shard_ranks, micro_batch=b,
-                                   seq=seq, checkpointing=opts.activation_checkpointing,
-                                   attention=opts.attn_implementation)
-
             shard_ranks = strategy.shard_ranks(opts.gpus, per_node)
             build = construction_host_bytes(shape, per_node, strategy.engine == "fsdp", shard_ranks)
+
+            def memory(b: int):
+                return rank_memory(shape, layout, optim=optim, precision=precision, ranks=shard_ranks, micro_batch=b,
+                                   seq=seq, checkpointing=opts.activation_checkpointing,
+                                   attention=opts.attn_implementation)
 
             def host(mem) -> int:
                 return per_node * mem.host_offload + build
