@@ -13,6 +13,7 @@ if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.
     sys.path[:] = [os.path.dirname(_here), *(p for p in sys.path if os.path.abspath(p or ".") != _here)]
     __package__ = "hfscale"
 
+import contextlib  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
 import socket  # noqa: E402
@@ -189,20 +190,54 @@ def load_data(model_args, data_args, args, vocab_size: int, seq_len: int, valida
     return tokenizer, blocks, eval_blocks
 
 
+def zero3_init(args, strategy) -> bool:
+    """ZeRO-3 partitions the model as it is built (deepspeed.zero.Init), unless the accelerate config's
+    `zero3_init_flag` (or `accelerate launch --zero3_init_flag false`) turns that off."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    return strategy is not None and strategy.zero_stage == 3 and plugin is not None and plugin.is_zero3_init_enabled()
+
+
 def rank0_builds(args, strategy) -> bool:
-    """FSDP with cpu_ram_efficient_loading (hfscale's default): only rank 0 holds the whole model; accelerate shards it
-    from there (fsdp2_prepare_model broadcasts rank 0's weights), so the other ranks build theirs without weights."""
-    return (strategy is not None and strategy.engine == "fsdp"
-            and str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true")
+    """Only rank 0 builds the whole model; the engine shards it out from there and the other ranks build theirs
+    without weights: FSDP with cpu_ram_efficient_loading (hfscale's default; fsdp2_prepare_model broadcasts rank 0's
+    weights), and ZeRO-3 with zero3_init_flag for models hfscale initialises (models.partition_zero3)."""
+    if strategy is None or not strategy.rank0_builds:
+        return False
+    if strategy.engine == "fsdp":
+        return str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true"
+    return zero3_init(args, strategy)
+
+
+@contextlib.contextmanager
+def plain_construction(args, strategy):
+    """transformers builds under zero.Init whenever the Trainer's DeepSpeed config is ZeRO-3 (from_pretrained,
+    from_config); with zero3_init_flag off, hide that config while the model is built."""
+    if strategy is None or strategy.zero_stage != 3 or zero3_init(args, strategy):
+        yield
+        return
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(args.hf_deepspeed_config)  # TrainingArguments set it (--deepspeed)
 
 
 def build(model_args, args, shape, tokenizer, strategy=None):
-    """The model, on every rank: whole, or (rank0_builds, ranks other than 0) without weights. strategy None: whole
+    """The model, on every rank: whole, or (rank0_builds, ranks other than 0) without weights until the engine
+    shards rank 0's; under ZeRO-3 with zero3_init_flag, partitioned before it returns. strategy None: whole
     everywhere (benchmarks/plain_trainer.py)."""
     import torch
 
-    from hfscale.run.models import build_model, load_pretrained, pretrained_on_meta
+    from hfscale.run.models import build_model, load_pretrained, partition_zero3, pretrained_on_meta
 
+    if model_args.model_name_or_path and strategy is not None and strategy.zero_stage == 3:
+        # transformers' own ZeRO-3 loading: every rank builds under zero.Init and streams the checkpoint's tensors
+        # into its partitions (rank 0's values broadcast); no RNG involved, so the weights are the checkpoint's
+        with plain_construction(args, strategy):
+            return load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
+                                   model_args.attn_implementation)[0]
     without_weights = rank0_builds(args, strategy) and args.process_index != 0
     if model_args.model_name_or_path:
         if without_weights:
@@ -222,6 +257,10 @@ def build(model_args, args, shape, tokenizer, strategy=None):
         # (seen: fsdp's losses left ddp's after the first update). to_empty unties shared weights; tie them again.
         model = model.to_empty(device="cpu")
         model.tie_weights()
+    if zero3_init(args, strategy):
+        from transformers.integrations.deepspeed import deepspeed_config
+
+        model = partition_zero3(model, deepspeed_config())
     return model
 
 
@@ -235,6 +274,7 @@ def model_shape(model_args):
 
 def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
     from hfscale.formulas.metrics import param_count, param_count_bigscience
+    from hfscale.run.models import parameter_count
 
     shape = state.shape
     return {
@@ -246,8 +286,8 @@ def base_record(model_args, data_args, args, state, model, env: dict) -> dict:
                   "params_bigscience": param_count_bigscience(shape.n_layer, shape.hidden,
                                                               shape.positions if shape.family == "gpt2" else 0,
                                                               shape.vocab),
-                  "params_model": sum(p.numel() for p in model.parameters()),
-                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+                  "params_model": parameter_count(model),
+                  "params_trainable": parameter_count(model, trainable_only=True)},
         "config": {"world_size": args.world_size, "micro_batch_size": args.per_device_train_batch_size,
                    "grad_accum": args.gradient_accumulation_steps,
                    "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
@@ -400,7 +440,7 @@ def check_args(argv: list[str] | None):
     names exist, the choices fit together, the sizes are possible. Pure; raises HfscaleError (and only that).
     Returns (model args, data args, TrainingArguments keywords, RunState)."""
     from hfscale.formulas.metrics import param_count
-    from hfscale.run.args import RunState, check_hyperparameters, parse_args
+    from hfscale.run.args import RunState, check_hyperparameters, check_model_tokenizer, parse_args
     from hfscale.run.models import resolve_seq_len
     from hfscale.run.recipes import apply_defaults
 
@@ -408,6 +448,7 @@ def check_args(argv: list[str] | None):
 
     model_args, data_args, training, decided = parse_args(argv)
     shape = model_shape(model_args)
+    check_model_tokenizer(model_args, data_args)
     training, recipe = apply_defaults(training, decided["explicit"], param_count(shape), decided["optim"])
     check_hyperparameters(training)
     state = RunState(shape=shape, seq_len=resolve_seq_len(shape, data_args.seq_len), recipe=recipe,
@@ -440,7 +481,7 @@ def run(argv: list[str] | None) -> None:
     construction = ConstructionMemory()
     construction.start()
     model = build(model_args, args, state.shape, tokenizer, state.strategy)
-    construction.read()  # before StepMemory resets the high-water mark; read again once the engine has sharded
+    construction.read(built=True)  # before StepMemory resets the high-water mark; read again once the engine has sharded
     env = environment(args)
     record = RunRecord(args.output_dir, base_record(model_args, data_args, args, state, model, env),
                        args.process_index == 0)

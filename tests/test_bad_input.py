@@ -83,7 +83,13 @@ def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path):
     (foreign / "config.json").write_text('{"hidden": 3}')
     half.mkdir()
     (half / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}')
-    for path, expected in ((foreign, "Unrecognized model"), (half, "has a config but no weights")):
+    # weights but no tokenizer: transformers 5 would make an empty tokenizer of the config, every text encoding to []
+    untokenized = tmp_path / "untokenized"
+    from hfscale.run.models import PRESETS, build_model
+
+    build_model(PRESETS["tiny"], seed=0).save_pretrained(untokenized)
+    for path, expected in ((foreign, "Unrecognized model"), (half, "has a config but no weights"),
+                           (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = run([sys.executable, "-m", "hfscale", "train", "--model_name_or_path", str(path), "--max_steps", "1",
                     "--output_dir", str(out)])

@@ -170,3 +170,45 @@ def test_hsdp_mesh_comes_from_the_launcher_world_and_must_agree_with_its_paralle
         hybrid_mesh(hybrid, 8)
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4")
     assert hybrid_mesh(hybrid, 8) == (2, 4)
+
+
+def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
+    """fsdp* and zero3* build on rank 0 only unless the run turns it off (cpu_ram_efficient_loading,
+    accelerate's zero3_init_flag); with zero3_init_flag off, transformers must not see the ZeRO-3 config while the
+    model is built (it would build under zero.Init itself), and must see it again afterwards."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import (HfDeepSpeedConfig, is_deepspeed_zero3_enabled,
+                                                     unset_hf_deepspeed_config)
+
+    from hfscale.train import plain_construction, rank0_builds
+
+    strategies = all_strategies()
+    config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}})  # what TrainingArguments(deepspeed=...) sets
+    try:
+        for flag in (True, False):
+            args = SimpleNamespace(hf_deepspeed_config=config, fsdp_config=None,
+                                   deepspeed_plugin=SimpleNamespace(is_zero3_init_enabled=lambda flag=flag: flag))
+            assert rank0_builds(args, strategies["zero3"]) is flag
+            assert rank0_builds(args, strategies["zero3_offload"]) is flag
+            assert not rank0_builds(args, strategies["zero2"]) and not rank0_builds(args, strategies["ddp"])
+            with plain_construction(args, strategies["zero3"]):
+                assert is_deepspeed_zero3_enabled() is flag
+            assert is_deepspeed_zero3_enabled()
+        for loading in (True, False):
+            args = SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": loading}, deepspeed_plugin=None)
+            assert rank0_builds(args, strategies["fsdp"]) is loading
+        assert [s for s in strategies if strategies[s].rank0_builds] == [
+            "fsdp", "fsdp_hybrid", "fsdp_offload", "zero3", "zero3_offload"]
+    finally:
+        unset_hf_deepspeed_config()
+
+
+def test_zero3_partitions_in_the_dtype_its_config_trains_in():
+    import torch
+
+    from hfscale.run.models import zero3_dtype
+
+    assert zero3_dtype({"bf16": {"enabled": True}, "fp16": {"enabled": False}}) == torch.bfloat16
+    assert zero3_dtype({"bf16": {"enabled": False}, "fp16": {"enabled": True}}) == torch.float16
+    assert zero3_dtype({"bf16": {"enabled": False}}) == torch.float32 == zero3_dtype({})

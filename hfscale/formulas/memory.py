@@ -325,8 +325,8 @@ def rank_memory(shape: ModelShape, layout: Layout, *, optim: str, precision: str
 
 def construction_host_bytes(shape: ModelShape, processes_per_node: int, rank0_builds: bool, shard_ranks: int) -> int:
     """Host RAM of the busiest node while the model is built and sharded: a full fp32 copy per process, or - when
-    only rank 0 builds it and the engine shards it out from there (fsdp*, accelerate's cpu_ram_efficient_loading) -
-    one full copy on rank 0 and a 1/shard_ranks shard on each other process of its node."""
+    only rank 0 builds it and the engine shards it out from there (fsdp* with accelerate's cpu_ram_efficient_loading,
+    zero3* under zero.Init) - one full copy on rank 0 and a 1/shard_ranks shard on each other process of its node."""
     P = sum(t.numel for t in parameter_tensors(shape))
     if not rank0_builds:
         return processes_per_node * 4 * P

@@ -78,6 +78,13 @@ class Strategy:
         """How many ranks share one copy of what the strategy shards: a node's processes under HSDP, else all."""
         return min(per_node, world) if self.hybrid else world
 
+    @property
+    def rank0_builds(self) -> bool:
+        """By default only rank 0 builds the whole model and the engine shards it out: FSDP (accelerate's
+        cpu_ram_efficient_loading) and ZeRO-3 (zero.Init, accelerate's zero3_init_flag). train.rank0_builds applies
+        the run's opt-outs."""
+        return self.engine == "fsdp" or self.zero_stage == 3
+
     def offloads_state(self, kind: str) -> bool:
         return kind in self.offload
 

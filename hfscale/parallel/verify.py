@@ -212,7 +212,9 @@ def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> 
 def check_sharded(kind: str, local: int, total: int, shard_ranks: int, strategy: Strategy) -> None:
     """Per-rank elements must be ~total/N where the strategy shards `kind` over N ranks (the world, or a node's
     processes under HSDP), and ~total where it does not."""
-    if shard_ranks == 1 or total == 0:
+    if total == 0:  # a model sharded while it was built still counts its whole size (models.parameter_count)
+        raise StrategyMismatch(f"{kind}: no elements counted for the whole model; the sharding check cannot run")
+    if shard_ranks == 1:
         return
     fraction = local / total
     if strategy.shards_state(kind):

@@ -171,7 +171,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                 continue
 
             shard_ranks = strategy.shard_ranks(opts.gpus, per_node)
-            build = construction_host_bytes(shape, per_node, strategy.engine == "fsdp", shard_ranks)
+            build = construction_host_bytes(shape, per_node, strategy.rank0_builds, shard_ranks)
 
             def memory(b: int):
                 return rank_memory(shape, layout, optim=optim, precision=precision, ranks=shard_ranks, micro_batch=b,

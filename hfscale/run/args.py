@@ -60,6 +60,19 @@ class ModelArguments:
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
 
+def has_tokenizer_files(path: str) -> bool:
+    return Path(path).is_dir() and any(Path(path).glob("tokenizer*"))
+
+
+def check_model_tokenizer(model_args, data_args) -> None:
+    """A local model directory without tokenizer files needs --tokenizer_name: transformers would build an empty GPT-2
+    tokenizer from the config alone, and every text would encode to nothing (call after the model's own checks)."""
+    path = model_args.model_name_or_path
+    if path and Path(path).is_dir() and not data_args.tokenizer_name and not has_tokenizer_files(path):
+        raise HfscaleError(f"--model_name_or_path {path} has no tokenizer files (tokenizer.json or "
+                           "tokenizer_config.json): pass --tokenizer_name")
+
+
 @dataclass
 class DataArguments:
     dataset: str = field(default=EMBEDDED, metadata={"help": f"A Hub dataset name, or {EMBEDDED!r}: the Python standard library's sources (offline)."})
@@ -82,8 +95,7 @@ class DataArguments:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
         from .data import check_file_content, check_local_files
 
-        if self.tokenizer_name and Path(self.tokenizer_name).exists() and not (
-                Path(self.tokenizer_name).is_dir() and any(Path(self.tokenizer_name).glob("tokenizer*"))):
+        if self.tokenizer_name and Path(self.tokenizer_name).exists() and not has_tokenizer_files(self.tokenizer_name):
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name} is not a tokenizer directory (no tokenizer.json "
                                "or tokenizer_config.json)")
 

@@ -44,24 +44,34 @@ def _proc_status_bytes(key: str) -> int:
 
 
 class ConstructionMemory:
-    """Host memory a rank needs to build its model and shard it: the resident-set high-water mark from just before the
-    model is built until training begins (after the engine's `prepare`), less the resident set before (Linux).
+    """Host memory a rank needs to build its model and shard it (Linux; None where /proc cannot be reset), above the
+    resident set before the build:
+    - `build_bytes`: the high-water mark over building the model (under ZeRO-3's zero.Init, partitioning included);
+    - `bytes`: the high-water mark until training begins, after the engine's `prepare` (FSDP shards there), which
+      includes what the engine allocates for itself (ZeRO's master weights and gradient partitions).
 
     StepMemory resets the high-water mark when it is created (between the build and `prepare`), so the mark is read
-    before that too and the larger of the two windows is the peak. None where /proc cannot be reset."""
+    right after the build too and the larger of the two windows is the peak."""
 
     def __init__(self):
         self.before = None
         self.peak = 0
+        self.built = None
 
     def start(self) -> None:
         if StepMemory.on_linux_with_reset():
             self.before = _proc_status_bytes("VmRSS")
 
-    def read(self) -> None:
-        """Take the high-water mark so far into the peak (call before anything resets it, and at train begin)."""
+    def read(self, built: bool = False) -> None:
+        """Take the high-water mark so far into the peak (call right after the build with built=True, before anything
+        resets the mark, and again at train begin)."""
         if self.before is not None:
             self.peak = max(self.peak, _proc_status_bytes("VmHWM"))
+            if built:
+                self.built = self.peak
+
+    def build_bytes(self) -> int | None:
+        return None if self.built is None else max(self.built - self.before, 0)
 
     def bytes(self) -> int | None:
         return None if self.before is None else max(self.peak - self.before, 0)

@@ -114,8 +114,9 @@ def shape_from_config(config) -> ModelShape:
 def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = None, dropout: float = 0.0):
     """A freshly initialised causal LM. Seeded here so every strategy and world size starts from the same weights.
 
-    Built directly (not through from_config) so DeepSpeed ZeRO-3's zero.Init does not partition it while
-    initialising, which would draw different random numbers than the other strategies do.
+    Built directly, not through from_config: under ZeRO-3, transformers would build it inside zero.Init and initialise
+    it module by module on rank 0, drawing the random numbers in another order (10 of tiny's 28 tensors differ).
+    hfscale partitions it afterwards instead (partition_zero3), so every strategy starts from these weights.
     """
     import torch
     from transformers import BloomForCausalLM, GPT2LMHeadModel
@@ -126,6 +127,43 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
         config._attn_implementation = attn_implementation
     model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
     return declare_causal_lm_loss(model_cls(config))
+
+
+def zero3_dtype(ds_config: dict):
+    """The dtype ZeRO-3 stores parameters in: bf16 or fp16 when the DeepSpeed config enables it, else fp32 (what
+    zero.Init reads from the same config; the engine does not cast a model zero.Init has partitioned)."""
+    import torch
+
+    def enabled(key: str) -> bool:
+        return str((ds_config.get(key) or {}).get("enabled")).lower() == "true"
+
+    return torch.bfloat16 if enabled("bf16") else torch.float16 if enabled("fp16") else torch.float32
+
+
+def partition_zero3(model, ds_config: dict):
+    """Partition a built model the way `deepspeed.zero.Init` partitions one built inside it: parameter by parameter,
+    rank 0's values broadcast, each rank keeping 1/N. The model may be whole on rank 0 and uninitialised host tensors
+    elsewhere (train.build): no rank ever holds more than its partitions plus one whole parameter beyond what it
+    started with. Parameters are cast to the config's dtype first, one at a time, as the engine would have."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    dtype = zero3_dtype(ds_config)
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    for b in model.buffers():  # DeepSpeed broadcasts buffers only for models it partitions itself
+        dist.broadcast(b.data, src=0)
+    # mem_efficient_linear would replace torch.nn.functional.linear for the whole process
+    deepspeed.zero.Init(module=model, config_dict_or_path=ds_config, dtype=dtype, mem_efficient_linear=False)
+    return model
+
+
+def parameter_count(model, trainable_only: bool = False) -> int:
+    """Elements of the whole model, also when ZeRO-3 has partitioned it (a partitioned parameter is an empty
+    placeholder; ds_numel is its whole size)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
 def declare_causal_lm_loss(model):

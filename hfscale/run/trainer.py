@@ -208,17 +208,20 @@ class StrategyCallback(TrainerCallback):
         self._publish()
 
     def _record_construction_memory(self) -> None:
-        """Every rank's host-memory peak from building the model to training begin (all ranks take part)."""
+        """Every rank's host-memory peaks to build the model, and from the build to training begin (all ranks take
+        part)."""
         import torch.distributed as dist
 
         if self.construction is None:
             return
         self.construction.read()
-        ranks = [self.construction.bytes()]
+        ranks = [(self.construction.build_bytes(), self.construction.bytes())]
         if dist.is_initialized() and dist.get_world_size() > 1:
             ranks = [None] * dist.get_world_size()
-            dist.all_gather_object(ranks, self.construction.bytes())
-        self.record.data.setdefault("memory", {})["construction_peak_bytes_per_rank"] = ranks
+            dist.all_gather_object(ranks, (self.construction.build_bytes(), self.construction.bytes()))
+        memory = self.record.data.setdefault("memory", {})
+        memory["build_peak_bytes_per_rank"] = [built for built, _ in ranks]
+        memory["construction_peak_bytes_per_rank"] = [through_prepare for _, through_prepare in ranks]
 
     def _measure_gradients_before_the_first_step(self) -> None:
         """The gradients a rank holds are measured right before its first optimizer step: by the Trainer's
