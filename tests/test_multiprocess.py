@@ -305,6 +305,8 @@ def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy
     estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
     assert len(ranks) == res["config"]["world_size"]
     for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
+        if (strategy, component) == ("zero1", "gradients"):  # estimated as the backward's full gradients; by the step
+            continue  # DeepSpeed has reduced them to a partition: compared in test_gradient_partitions.py instead
         expected = estimate[component] + estimate["host"].get(component, 0)  # wherever it lives
         measured = max(r[component] for r in ranks)
         assert expected == pytest.approx(measured, rel=0.02, abs=64), (component, expected, ranks)

@@ -172,6 +172,26 @@ def zero_groups(tensors: list[Tensor]) -> list[int]:
     return [n for n in (decay, sum(t.numel for t in tensors) - decay) if n]
 
 
+def zero_gradient_buffer(tensors: list[Tensor], ranks: int) -> int:
+    """Elements of the ZeRO-2 gradient buffer of the rank that holds the most (DeepSpeed 0.19 stage_1_and_2.py,
+    contiguous_gradients): each parameter group is flattened and cut into N slices (the group padded to a multiple
+    of 2N), and a rank keeps the *whole* gradient of every tensor that starts in its slice or straddles into it
+    (get_partition_info) - 1/N of the model plus the tensors cut by its slice's edges. A rank whose slice cuts a large
+    embedding holds much more than 1/N on a small model."""
+    held = [0] * ranks
+    for decays in (True, False):
+        group = [t.numel for t in tensors if t.decays == decays]
+        if not group:
+            continue
+        size = ceil(sum(group) / (2 * ranks)) * 2  # the aligned group over N ranks
+        start = 0
+        for numel in group:
+            for rank in range(start // size, min((start + numel - 1) // size, ranks - 1) + 1):
+                held[rank] += numel
+            start += numel
+    return max(held)
+
+
 def shard_rows(dims: tuple[int, ...], ranks: int) -> tuple[int, ...]:
     """FSDP2 shards dim 0 in chunks of ceil(d0/N) rows; rank 0 holds a full chunk."""
     return (min(dims[0], ceil(dims[0] / ranks)), *dims[1:])
@@ -247,9 +267,10 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
             mem.parameters = train * sum(ceil(t.numel / ranks) for t in tensors)
             mem.gradients = train * partition
         else:
-            # ZeRO-1/2 hand the optimizer views of the parameters' full gradient storage (stage_1_and_2.py
-            # get_flat_partition(..., return_tensor_list=True)): measured, the rank holding the most keeps ~P.
-            mem.parameters, mem.gradients = train * P, train * P
+            mem.parameters = train * P
+            # ZeRO-1 keeps every full gradient through the backward (and between accumulated micro-batches); ZeRO-2
+            # reduces them as they come and keeps its slice's tensors (measured: tests/test_gradient_partitions.py)
+            mem.gradients = train * (P if layout.zero_stage == 1 else zero_gradient_buffer(tensors, ranks))
         mem.master_weights = MASTER_BYTES * partition
         mem.optimizer_states = optimizer_state_bytes(optim, [(g,) for g in groups])
         if layout.offload_optimizer:  # DeepSpeed's CPU Adam steps the fp32 masters with an fp32 gradient on the host

@@ -103,18 +103,34 @@ def storage_bytes(tensors, seen: set | None = None) -> int:
     return total
 
 
-# DeepSpeed ZeRO optimizer attributes that hold gradients (stage 1/2: per-partition views; stage 3: a flat buffer)
-# and fp32 master partitions (stage_1_and_2.py, stage3.py of DeepSpeed 0.19).
-_ZERO_GRADIENTS = ("averaged_gradients", "grad_partitions_flat_buffer", "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")
+# DeepSpeed ZeRO optimizer attributes that hold gradients (stage 1/2: per-partition views, and the partition's
+# accumulators between micro-batches; stage 3: a flat buffer) and fp32 master partitions (stage_1_and_2.py, stage3.py
+# of DeepSpeed 0.19).
+_ZERO_GRADIENTS = ("averaged_gradients", "all_grad_tensors", "grad_partitions_flat_buffer",
+                   "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")
 _ZERO_MASTERS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
 
 
+def _fsdp_unsharded_gradients(module):
+    """FSDP2 keeps the gradients it has not reduce-scattered yet (accumulation under no_sync) on its unsharded
+    parameters, or in their accumulators when the reduce dtype differs (torch's _fsdp_param.py)."""
+    for sub in module.modules():
+        state = sub._get_fsdp_state() if hasattr(sub, "_get_fsdp_state") else None
+        for group in getattr(state, "_fsdp_param_groups", None) or []:
+            for fsdp_param in group.fsdp_params:
+                yield fsdp_param.unsharded_accumulated_grad
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                yield None if unsharded is None else unsharded.grad
+
+
 def measure_gradients(model_wrapped) -> int:
-    """Bytes of gradients this rank holds right before its optimizer step: the parameters' .grad (their local shard),
-    and under DeepSpeed ZeRO the optimizer's gradient partitions and the fp32 masters' .grad."""
+    """Bytes of gradients this rank holds (right before its optimizer step, or between accumulated micro-batches):
+    the parameters' .grad (their local shard), FSDP2's unsharded gradients not yet reduce-scattered, and under
+    DeepSpeed ZeRO the optimizer's gradient partitions and the fp32 masters' .grad."""
     seen: set = set()
     module = getattr(model_wrapped, "module", model_wrapped)
     total = storage_bytes((p.grad for p in module.parameters()), seen)
+    total += storage_bytes(_fsdp_unsharded_gradients(module), seen)
     zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
     if zero is not None:
         for name in _ZERO_GRADIENTS:

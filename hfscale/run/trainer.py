@@ -161,6 +161,7 @@ class StrategyCallback(TrainerCallback):
         self.construction = construction  # measure.ConstructionMemory: host memory to build and shard the model
         self.facts: dict = {}
         self.gradient_bytes: int | None = None
+        self.accumulating_gradient_bytes: int | None = None  # after the first micro-batch, with gradient accumulation
         self.states_checked = False  # optimizer states are checked after the first step that really ran
 
     @property
@@ -232,12 +233,19 @@ class StrategyCallback(TrainerCallback):
             return
         real_step = engine.step
 
-        def step(*args, **kwargs):
-            if self.gradient_bytes is None:
+        def step(*args, **kwargs):  # called after every micro-batch; the optimizer steps at the boundary only
+            if self.gradient_bytes is None and engine.is_gradient_accumulation_boundary():
                 self.gradient_bytes = verify.measure_gradients(engine)
             return real_step(*args, **kwargs)
 
         engine.step = step
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        """After a micro-batch that is not the last of its step (gradient accumulation): the gradients a rank holds
+        while accumulating - full under DDP and ZeRO-1, a partition under ZeRO-2/3, full under FSDP2 with accelerate's
+        no_sync (docs/estimate.md)."""
+        if self.accumulating_gradient_bytes is None:
+            self.accumulating_gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.gradient_bytes is None and not hasattr(self.trainer.model_wrapped, "zero_optimization_stage"):
@@ -299,13 +307,15 @@ class StrategyCallback(TrainerCallback):
         """Bytes of parameters, gradients, fp32 masters and optimizer states on every rank (all ranks take part)."""
         import torch.distributed as dist
 
-        mine = {**verify.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
-                "gradients": self.gradient_bytes}
+        mine = ({**verify.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
+                 "gradients": self.gradient_bytes}, self.accumulating_gradient_bytes)
         ranks = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
             ranks = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, mine)
-        self.record.data.setdefault("memory", {})["model_states_per_rank"] = ranks
+        memory = self.record.data.setdefault("memory", {})
+        memory["model_states_per_rank"] = [states for states, _ in ranks]
+        memory["gradients_accumulating_per_rank"] = [accumulating for _, accumulating in ranks]
 
     def _publish(self) -> None:
         self.record.update(strategy_check=self.facts)
