@@ -34,6 +34,11 @@ WARNING_NOISE = [
 LOG_NOISE = {
     # bitsandbytes' optional CPU 4-bit kernels (the `kernels` package); hfscale uses no 4-bit layers
     "bitsandbytes.backends.cpu.ops": "kernels-community",
+    # torchao's optional compiled kernels (MX-FP8, CUTLASS) that do not load into a torch without them; AdamW8bit
+    # (fsdp* x adamw_8bit) is torch.compile'd and uses none of them
+    "torchao": "Failed to load",
+    # torchao registers two Enums with torch.compile the pre-2.13 way, once per process
+    "torch.utils._pytree": "is an Enum subclass and is now natively supported by torch.compile",
 }
 
 
@@ -132,7 +137,7 @@ def environment(args) -> dict:
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "accelerate": accelerate.__version__,
                 "datasets": datasets.__version__}
-    for optional in ("deepspeed", "bitsandbytes"):
+    for optional in ("deepspeed", "bitsandbytes", "torchao"):
         try:
             versions[optional] = __import__(optional).__version__
         except Exception:  # an absent or broken optional library is reported, not fatal

@@ -131,6 +131,16 @@ HSDP_STEPS = 20
 
 
 @pytest.fixture(scope="session")
+def hsdp_8bit_job(runs_dir, fake_slurm):
+    """fsdp_hybrid x adamw_8bit (torchao's AdamW8bit on the 2-D mesh), 2 "nodes" x 2 processes, 3 steps: the
+    strategy x optimizer matrix's run of that pair."""
+    workdir = runs_dir / "hsdp-8bit-job"
+    workdir.mkdir(exist_ok=True)
+    return slurm_train(fake_slurm, workdir, "fsdp_hybrid", 2, 2,
+                       [*TINY, "--optim", "adamw_8bit", "--max_steps", "3", "--output_dir", str(runs_dir / "hsdp-2x2-8bit")])
+
+
+@pytest.fixture(scope="session")
 def hsdp_job(runs_dir, fake_slurm):
     """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, 20 steps, weights
     fingerprinted, a checkpoint at step 10): shared by the multi-node checks and the strategy x optimizer matrix."""

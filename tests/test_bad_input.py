@@ -13,7 +13,6 @@ CASES = {
     "unknown optimizer": (["--optim", "sgd"], "unknown optimizer 'sgd'; choose one of: adamw, adafactor, adamw_8bit"),
     "unknown preset": (["--model", "gpt5"], "unknown model preset 'gpt5'; choose one of: tiny"),
     "incompatible pair": (["--strategy", "zero2_offload", "--optim", "adamw_8bit"], "cannot use optimizer 'adamw_8bit'"),
-    "fsdp with 8-bit adam": (["--strategy", "fsdp", "--optim", "adamw_8bit"], "no DTensor sharding rule"),
     "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),

@@ -212,3 +212,14 @@ def test_zero3_partitions_in_the_dtype_its_config_trains_in():
     assert zero3_dtype({"bf16": {"enabled": True}, "fp16": {"enabled": False}}) == torch.bfloat16
     assert zero3_dtype({"bf16": {"enabled": False}, "fp16": {"enabled": True}}) == torch.float16
     assert zero3_dtype({"bf16": {"enabled": False}}) == torch.float32 == zero3_dtype({})
+
+
+def test_8bit_adam_is_torchao_under_fsdp_and_bitsandbytes_elsewhere_on_both_routes():
+    from hfscale.parallel.strategies import hf_optim_name
+
+    strategies = all_strategies()
+    for on_gpu in (True, False):
+        for name, strategy in strategies.items():
+            expected = "adamw_torch_8bit" if strategy.engine == "fsdp" else "adamw_bnb_8bit"
+            assert hf_optim_name("adamw_8bit", on_gpu, strategy) == expected, name
+        assert hf_optim_name("adamw", on_gpu, strategies["fsdp"]) == ("adamw_torch_fused" if on_gpu else "adamw_torch")

@@ -24,6 +24,9 @@ BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantization maps, shared
 BNB_EMBEDDINGS_32BIT = True  # transformers' Trainer registers 32-bit states for nn.Embedding weights with every
 # bitsandbytes optimizer (trainer.py: manager.register_module_override(module, "weight", {"optim_bits": 32})); it
 # cannot reach DeepSpeed's flat partitions, which stay 8-bit.
+TORCHAO_MIN_8BIT_SIZE = 4096  # torchao AdamW8bit (fsdp*): a tensor (shard) is quantized when it has >= 4096
+TORCHAO_BLOCK = 256  # elements and a whole number of 256-element blocks; otherwise its two states are fp32. Each
+TORCHAO_QMAP_BYTES = 256 * 4  # quantized state keeps its own 256-entry fp32 map beside 1 B codes and a 4 B scale/block
 ADAFACTOR_STATE_BYTES = 4  # transformers Adafactor: fp32 row/col statistics (>= 2-D) or one per element (1-D);
 # the Trainer passes no beta1, so there is no first moment.
 
@@ -123,10 +126,12 @@ def block_numel(shape: ModelShape) -> int:
 
 # ---- optimizer states -----------------------------------------------------------------------------------------------
 
-def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full_precision: list[bool] | None = None) -> int:
+def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full_precision: list[bool] | None = None,
+                          torchao: bool = False) -> int:
     """State bytes of `optim` stepping these tensors (each as the optimizer sees it: whole, a DTensor shard, or one of
     DeepSpeed's flat 1-D partitions). `full_precision[i]`: bitsandbytes keeps 32-bit states for tensor i.
-    bitsandbytes' shared quantization maps are not included (BNB_QMAP_BYTES)."""
+    bitsandbytes' shared quantization maps are not included (BNB_QMAP_BYTES). torchao: adamw_8bit is torchao's
+    AdamW8bit (what fsdp* steps with)."""
     total = 0
     for i, dims in enumerate(tensor_shapes):
         n = 1
@@ -136,6 +141,9 @@ def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full
             continue
         if optim == "adamw":
             total += ADAMW_STATE_BYTES * n
+        elif optim == "adamw_8bit" and torchao:
+            quantized = n >= TORCHAO_MIN_8BIT_SIZE and n % TORCHAO_BLOCK == 0
+            total += 2 * (n + 4 * (n // TORCHAO_BLOCK) + TORCHAO_QMAP_BYTES) if quantized else 2 * 4 * n
         elif optim == "adamw_8bit":
             fp32 = n < BNB_MIN_8BIT_SIZE or (full_precision is not None and full_precision[i])
             total += 2 * 4 * n if fp32 else 2 * n + 2 * 4 * ceil(n / BNB_BLOCK)
@@ -257,7 +265,7 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
         shards = [shard_rows(t.shape, ranks) for t in tensors]
         local = sum(Tensor("", s).numel for s in shards)
         mem.parameters, mem.gradients = 4 * local, 4 * local
-        mem.optimizer_states = optimizer_state_bytes(optim, shards, embeddings_32bit)
+        mem.optimizer_states = optimizer_state_bytes(optim, shards, torchao=True)
         if layout.offload_params:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the host
             _offload(mem, "parameters", "gradients", "optimizer_states")
     else:  # DeepSpeed: the module in the training dtype, fp32 master partitions, the optimizer on flat partitions
@@ -280,7 +288,7 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
                 mem.gradients = 0
         if layout.offload_params and layout.zero_stage == 3:
             _offload(mem, "parameters")
-    if optim == "adamw_8bit":
+    if optim == "adamw_8bit" and layout.engine != "fsdp":
         mem.optimizer_states += BNB_QMAP_BYTES
     return mem
 

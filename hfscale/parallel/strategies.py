@@ -20,8 +20,13 @@ STATE_KINDS = ("parameters", "gradients", "optimizer_states")
 OPTIMIZERS = {
     "adamw": ("adamw_torch_fused", "adamw_torch", "torch AdamW (fused kernel on GPU); 8 bytes of state per parameter"),
     "adafactor": ("adafactor", "adafactor", "Adafactor (transformers); factored second moment, ~4 bytes/row+col"),
-    "adamw_8bit": ("adamw_bnb_8bit", "adamw_bnb_8bit", "bitsandbytes 8-bit AdamW; 2 bytes of state per parameter"),
+    "adamw_8bit": ("adamw_bnb_8bit", "adamw_bnb_8bit",
+                   "8-bit AdamW: bitsandbytes, or torchao's AdamW8bit under fsdp* (DTensor states); ~2 bytes of state "
+                   "per parameter"),
 }
+# FSDP2 steps DTensor shards: bitsandbytes' kernels have no DTensor rule, torchao's AdamW8bit keeps its 8-bit states
+# as DTensors of its own tensor subclass (transformers' optim name adamw_torch_8bit)
+FSDP_OPTIMIZERS = {"adamw_8bit": "adamw_torch_8bit"}
 
 _OFFLOAD_NEEDS_CPU_ADAM = (
     "DeepSpeed ZeRO-Offload runs the optimizer step on the CPU with its own CPU Adam kernel "
@@ -32,8 +37,6 @@ _FSDP2 = {
     "adafactor": "transformers' Adafactor mixes plain tensors into the math on FSDP2's DTensor parameters "
                  "(aten.add_ got mixed torch.Tensor and DTensor), and torch.optim.Adafactor (torch 2.13) fails too "
                  "(in-place aten.pow_ on a _NormPartial DTensor); use ddp or a zero* strategy for Adafactor",
-    "adamw_8bit": "bitsandbytes' optimizer kernels have no DTensor sharding rule, so 8-bit Adam cannot step FSDP2's "
-                  "sharded parameters; use a zero* strategy (DeepSpeed steps flat local partitions) or ddp",
 }
 # Every strategy x optimizer pair not listed here works; each listed one is refused before anything starts.
 # Each entry was seen failing (tests/test_multiprocess.py runs every pair not listed).
@@ -161,10 +164,20 @@ def layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
     return None
 
 
-def hf_optim_name(optim: str, on_gpu: bool) -> str:
+def hf_optim_name(optim: str, on_gpu: bool, strategy: Strategy | None = None) -> str:
+    """The Trainer's `optim` for hfscale's optimizer name on this route and strategy."""
     check_optimizer(optim)
+    if strategy is not None and strategy.engine == "fsdp" and optim in FSDP_OPTIMIZERS:
+        return FSDP_OPTIMIZERS[optim]
     gpu_name, cpu_name, _ = OPTIMIZERS[optim]
     return gpu_name if on_gpu else cpu_name
+
+
+def optimizer_library(optim: str, strategy: Strategy) -> str:
+    """Whose implementation steps `optim` under `strategy` (the memory model differs between them)."""
+    if optim == "adamw_8bit":
+        return "torchao" if strategy.engine == "fsdp" else "bitsandbytes"
+    return "torch" if optim == "adamw" else "transformers"
 
 
 def load_deepspeed_config(path: Path, strategy: Strategy) -> dict:

@@ -22,6 +22,14 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _stored(t) -> list:
+    """The plain tensors behind a local tensor: itself, or the parts of a quantized state subclass (torchao's
+    OptimState8bit: uint8 codes, fp32 block scales and its map; its own dtype is only an appearance)."""
+    if hasattr(t, "codes") and hasattr(t, "scale"):
+        return [t.codes, t.scale, *([t.qmap] if hasattr(t, "qmap") else [])]
+    return [t]
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -56,11 +64,12 @@ def inspect_optimizer_states(optimizer) -> dict:
         for key, value in state.items():
             if not hasattr(value, "numel") or value.numel() <= 1:
                 continue
-            value = _local(value)
-            elements += value.numel()
-            nbytes += value.numel() * value.element_size()
-            dtypes.add(_dtype_name(value.dtype))
-            devices.add(str(value.device))
+            parts = _stored(_local(value))
+            elements += parts[0].numel()  # a quantized state's codes: one per element
+            for part in parts:
+                nbytes += part.numel() * part.element_size()
+                dtypes.add(_dtype_name(part.dtype))
+                devices.add(str(part.device))
             keys.add(key)
     return {
         "optimizer": f"{type(base).__module__}.{type(base).__qualname__}",
@@ -90,16 +99,16 @@ def storage_bytes(tensors, seen: set | None = None) -> int:
     ZeRO-3 parameters by their local part). `seen` carries storages already counted elsewhere."""
     seen = set() if seen is None else seen
     total = 0
-    for t in tensors:
-        if t is None:
+    for tensor in tensors:
+        if tensor is None:
             continue
-        t = _local(t)
-        if not hasattr(t, "untyped_storage") or t.numel() == 0:
-            continue
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
+        for t in _stored(_local(tensor)):
+            if not hasattr(t, "untyped_storage") or t.numel() == 0:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
     return total
 
 

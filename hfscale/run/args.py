@@ -174,7 +174,7 @@ def plan_training(training: dict) -> tuple[dict, dict]:
     strategy = get_strategy(kw["strategy"])
     check_pair(strategy.name, optim)
     gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
-    kw["optim"] = hf_optim_name(optim, gpu)
+    kw["optim"] = hf_optim_name(optim, gpu, strategy)
     _apply_strategy(kw, strategy)
     _apply_batch_sizes(kw)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
