@@ -173,12 +173,6 @@ def hf_optim_name(optim: str, on_gpu: bool, strategy: Strategy | None = None) ->
     return gpu_name if on_gpu else cpu_name
 
 
-def optimizer_library(optim: str, strategy: Strategy) -> str:
-    """Whose implementation steps `optim` under `strategy` (the memory model differs between them)."""
-    if optim == "adamw_8bit":
-        return "torchao" if strategy.engine == "fsdp" else "bitsandbytes"
-    return "torch" if optim == "adamw" else "transformers"
-
 
 def load_deepspeed_config(path: Path, strategy: Strategy) -> dict:
     """Parse a DeepSpeed JSON and check that it is the ZeRO stage and offload the strategy claims."""
