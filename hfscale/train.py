@@ -321,7 +321,8 @@ def memory_estimate(args, state, model) -> dict:
                       precision="fp32" if precision(args) == "tf32" else precision(args),
                       ranks=state.mesh[1] if state.mesh else args.world_size,  # HSDP shards over a node's processes
                       micro_batch=args.per_device_train_batch_size, seq=state.seq_len,
-                      checkpointing=activation_checkpointing(args), attention=attention)
+                      checkpointing=activation_checkpointing(args), attention=attention,
+                      grad_accum=args.gradient_accumulation_steps)
     return {**mem.as_dict(), "attention": attention}
 
 

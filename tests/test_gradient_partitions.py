@@ -1,8 +1,9 @@
 """Gradient sharding, per rank, measured by storage on the live engine with 2 processes and gradient accumulation 2:
 after a micro-batch that is not the last of its step, ZeRO-1 holds every full gradient and ZeRO-2 only its
-partition (what tells the two stages apart; DeepSpeed's self-reported stage is not evidence). The model has many
-similar tensors (8 layers, a 512-token vocabulary), so the tensors cut by a partition's edges stay small; ZeRO-3 and
-FSDP are proven at the optimizer step by test_multiprocess.py's memory-estimate check."""
+partition (what tells the two stages apart; DeepSpeed's self-reported stage is not evidence), and FSDP2 whole
+gradients until the step's last micro-batch. The model has many similar tensors (8 layers, a 512-token vocabulary),
+so the tensors cut by a partition's edges stay small; ZeRO-3 and FSDP are proven at the optimizer step (1/N) by
+test_multiprocess.py's memory-estimate check."""
 
 import pytest
 
@@ -16,7 +17,7 @@ SHAPE = ["--n_layer", "8", "--vocab_size", "512", "--seq_len", "32", "--gradient
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("gradient-partitions")
-    return {s: train(out / s, s, *SHAPE, steps=2) for s in ("zero1", "zero2")}
+    return {s: train(out / s, s, *SHAPE, steps=2) for s in ("zero1", "zero2", "fsdp")}
 
 
 def test_zero1_accumulates_full_gradients_and_zero2_its_partition(runs):
@@ -39,3 +40,13 @@ def test_the_estimate_is_what_each_stage_holds(runs):
     assert measured == [zero2["estimate"]["gradients"]] * 2
     # at the step, DeepSpeed's ZeRO-1 has reduced into the same partition buffer: the difference is the backward
     assert max(r["gradients"] for r in zero1["memory"]["model_states_per_rank"]) == zero2["estimate"]["gradients"]
+
+
+def test_fsdp_accumulates_whole_gradients_and_the_estimate_counts_them(runs):
+    """accelerate's no_sync on FSDP2 (set_requires_gradient_sync(False)) keeps whole, unsharded gradients until the
+    last micro-batch reduce-scatters them: a full copy per rank between micro-batches, half at the step."""
+    fsdp = runs["fsdp"]
+    full = 4 * fsdp["model"]["params_model"]
+    assert fsdp["memory"]["gradients_accumulating_per_rank"] == [full, full]
+    assert all(0.45 * full < r["gradients"] < 0.55 * full for r in fsdp["memory"]["model_states_per_rank"])
+    assert fsdp["estimate"]["gradients"] == full

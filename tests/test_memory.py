@@ -148,6 +148,17 @@ def test_estimate_command_table_and_json():
                  "--optim", "all", "--gpus", "2", "--device_memory_gb", "1"], timeout=120)
     assert table.returncode == 0 and table.stdout.count("| zero2_offload |") == 3
     assert "refused zero2_offload x adafactor" in table.stdout
+    # accumulating 4 micro-batches: fsdp holds whole bf16 gradients (2 B x 7.1B) between them; ZeRO-2/3 do not
+    gas4 = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "fsdp,zero2,zero3",
+                "--optim", "adamw", "--gpus", "8", "--bf16", "--per_device_train_batch_size", "2", "--seq_len", "2048",
+                "--activation_checkpointing", "--gradient_accumulation_steps", "4", "--json"], timeout=120)
+    assert gas4.returncode == 0, gas4.stderr
+    accumulating = {r["strategy"]: r["memory"] for r in json.loads(gas4.stdout)["rows"]}
+    assert accumulating["fsdp"]["gradients"] == 2 * sum(t.numel for t in memory.parameter_tensors(PRESETS["bloom-7b1"]))
+    assert accumulating["fsdp"]["gradients"] > 3 * on_8["fsdp"]["memory"]["gradients"]  # vs fp32 eighths at GAS 1
+    assert accumulating["zero3"]["gradients"] < accumulating["fsdp"]["gradients"] / 4
+    # ZeRO-2's busiest rank also holds the whole embedding (14.5% of bloom-7b1, more than a 1/8 slice) that its slice cuts
+    assert accumulating["zero2"]["gradients"] < accumulating["fsdp"]["gradients"] / 2
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -160,6 +171,7 @@ def test_estimate_command_table_and_json():
     (["--per_device_train_batch_size", "-2"], "--per_device_train_batch_size must be positive"),
     (["--seq_len", "4096"], "longer than the model's 256 positions"),
     (["--device_memory_gb", "-1"], "--device_memory_gb must be positive"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):

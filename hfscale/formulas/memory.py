@@ -251,8 +251,10 @@ def _offload(mem: RankMemory, *names: str) -> None:
         setattr(mem, name, 0)
 
 
-def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: str, ranks: int) -> RankMemory:
-    """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live."""
+def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: str, ranks: int,
+                      grad_accum: int = 1) -> RankMemory:
+    """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live. With gradient
+    accumulation (grad_accum > 1) FSDP2 keeps unsharded gradients between micro-batches (accelerate's no_sync)."""
     tensors = parameter_tensors(shape)
     P = sum(t.numel for t in tensors)
     train = DTYPE_BYTES[precision]
@@ -268,6 +270,8 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
         mem.optimizer_states = optimizer_state_bytes(optim, shards, torchao=True)
         if layout.offload_params:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the host
             _offload(mem, "parameters", "gradients", "optimizer_states")
+        if grad_accum > 1:  # no_sync: whole gradients in the compute dtype on the device until the last micro-batch
+            mem.gradients = train * P  # reduce-scatters them (then freed), measured: tests/test_gradient_partitions.py
     else:  # DeepSpeed: the module in the training dtype, fp32 master partitions, the optimizer on flat partitions
         groups = [ceil(n / ranks) for n in zero_groups(tensors)]
         partition = sum(groups)
@@ -343,8 +347,8 @@ def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -
 # ---- one rank, all together ----------------------------------------------------------------------------------------
 
 def rank_memory(shape: ModelShape, layout: Layout, *, optim: str, precision: str, ranks: int, micro_batch: int,
-                seq: int, checkpointing: bool, attention: str | None) -> RankMemory:
-    mem = model_state_bytes(shape, layout, optim, precision, ranks)
+                seq: int, checkpointing: bool, attention: str | None, grad_accum: int = 1) -> RankMemory:
+    mem = model_state_bytes(shape, layout, optim, precision, ranks, grad_accum)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
     mem.activations, mem.activation_peak = activation_bytes(
         shape, seq, micro_batch, activation_mode(shape.family, attention, compute, checkpointing))

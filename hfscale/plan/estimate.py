@@ -74,6 +74,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--optim", default="adamw", help="adamw, adafactor, adamw_8bit or `all`")
     p.add_argument("--per_device_train_batch_size", default="1", help="micro-batch per GPU, or `all` (1, 2, 4, ...)")
     p.add_argument("--seq_len", type=int, help="tokens per sample (default: the model's positions, at most 1024)")
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1,
+                   help="micro-batches per step (default 1); above 1 fsdp* holds whole gradients between them")
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa", help=f"{', '.join(ATTENTION)} (default sdpa)")
     p.add_argument("--bf16", action="store_true")
@@ -141,7 +143,7 @@ def check(opts, shape: ModelShape) -> tuple[int, float]:
     from ..run.models import resolve_seq_len
     from .project import check_whole_nodes
 
-    for name in ("gpus", "gpus_per_node", "seq_len", "host_memory_gb"):
+    for name in ("gpus", "gpus_per_node", "seq_len", "host_memory_gb", "gradient_accumulation_steps"):
         _positive(name, getattr(opts, name))
     check_whole_nodes([opts.gpus], opts.gpus_per_node)
     check_attention(opts.attn_implementation)
@@ -176,7 +178,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
             def memory(b: int):
                 return rank_memory(shape, layout, optim=optim, precision=precision, ranks=shard_ranks, micro_batch=b,
                                    seq=seq, checkpointing=opts.activation_checkpointing,
-                                   attention=opts.attn_implementation)
+                                   attention=opts.attn_implementation, grad_accum=opts.gradient_accumulation_steps)
 
             def host(mem) -> int:
                 return per_node * mem.host_offload + build

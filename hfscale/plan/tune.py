@@ -120,7 +120,7 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
             continue
         mem = rank_memory(shape, memory_layout(all_strategies()[name], shape.hidden), optim=optim,
                           precision="bf16" if opts.bf16 else "fp32", ranks=opts.gpus, micro_batch=mbs, seq=seq,
-                          checkpointing=ckpt, attention=opts.attn_implementation)
+                          checkpointing=ckpt, attention=opts.attn_implementation, grad_accum=gas)
         if mem.device_total > memory_per_gpu:
             out.append(Candidate(run, "pruned", f"estimate {mem.device_total / GB:.2f} GB > {memory_per_gpu / GB:g} GB "
                                  "per GPU", mem.device_total / GB))
