@@ -317,9 +317,10 @@ def memory_estimate(args, state, model) -> dict:
     if state.strategy.engine == "deepspeed":
         ds_json = args.deepspeed if isinstance(args.deepspeed, dict) else load_json(args.deepspeed)
     attention = getattr(model.config, "_attn_implementation", None)
+    per_node = state.mesh[1] if state.mesh else args.world_size  # HSDP's mesh: (nodes, processes per node)
     mem = rank_memory(state.shape, memory_layout(state.strategy, state.shape.hidden, ds_json), optim=state.optim,
                       precision="fp32" if precision(args) == "tf32" else precision(args),
-                      ranks=state.mesh[1] if state.mesh else args.world_size,  # HSDP shards over a node's processes
+                      ranks=state.strategy.shard_ranks(args.world_size, per_node),
                       micro_batch=args.per_device_train_batch_size, seq=state.seq_len,
                       checkpointing=activation_checkpointing(args), attention=attention,
                       grad_accum=args.gradient_accumulation_steps)

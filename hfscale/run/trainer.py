@@ -170,9 +170,10 @@ class StrategyCallback(TrainerCallback):
 
     @property
     def shard_ranks(self) -> int:
-        """Ranks that share one copy of what the strategy shards: a node's processes under HSDP, else all."""
-        mesh = self.trainer.mesh
-        return mesh[1] if mesh else self.trainer.accelerator.num_processes
+        """Ranks that share one copy of what the strategy shards (Strategy.shard_ranks; HSDP's mesh gives a node's
+        processes)."""
+        world, mesh = self.trainer.accelerator.num_processes, self.trainer.mesh
+        return self.strategy.shard_ranks(world, mesh[1] if mesh else world)
 
     @property
     def powersgd_state(self):
