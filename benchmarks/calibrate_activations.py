@@ -11,6 +11,7 @@ checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
+    python benchmarks/calibrate_activations.py --fit benchmarks/results/h100_2026-11-23/cuda_activations.jsonl
 """
 
 import argparse
@@ -31,7 +32,7 @@ PROBE = r"""
 import contextlib, json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from hfscale.formulas.metrics import ModelShape
-from hfscale.run.models import build_model
+from hfscale.models import build_model
 torch.set_num_threads(1)
 def status(key):
     for line in open("/proc/self/status"):
@@ -71,11 +72,57 @@ def measure(mode: str, shape: tuple) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def fit_rows(rows: list[dict]) -> dict:
+    """Least-squares coefficients per mode from measured rows ({"mode", n_layer, hidden, heads, vocab, seq, mbs,
+    activations, peak}), and the recompute term of checkpointing: what a recomputed block's backward adds beyond its
+    activations, per b·s·h element, from the rows where it - not the logits - sets the peak. Prints the worst error
+    and the worst leave-one-out error of each mode (how far the fit would miss a shape it was not fitted on)."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from hfscale.formulas.memory import activation_features
+
+    def features(r):
+        return activation_features(r["n_layer"], r["hidden"], r["heads"], r["vocab"], r["seq"], r["mbs"])
+
+    table, recompute = {}, []
+    modes = sorted({"/".join(r["mode"].split("/")[:4]) for r in rows})
+    for mode in modes:
+        mine = [r for r in rows if r["mode"].startswith(mode + "/") or r["mode"] == mode]
+        if len(mine) < 6:
+            print(f"{mode:28s} {len(mine)} row(s): too few to fit 6 coefficients, left to the estimate's fallback")
+            continue
+        X, y = np.array([features(r) for r in mine], float), np.array([r["activations"] for r in mine], float)
+        coef = np.linalg.lstsq(X, y, rcond=None)[0]
+        loo = [abs(X[i] @ np.linalg.lstsq(np.delete(X, i, 0), np.delete(y, i), rcond=None)[0] - y[i]) / y[i]
+               for i in range(len(mine))]
+        table[mode] = [round(float(c), 3) for c in coef]
+        print(f"{mode:28s} {table[mode]}  worst fit {max(abs(X @ coef - y) / y):.1%}, leave-one-out {max(loo):.1%}")
+    for mode in table:
+        if not mode.endswith("/1") or mode[:-1] + "0" not in table:
+            continue
+        full = table[mode[:-1] + "0"]
+        for r in (r for r in rows if r["mode"].startswith(mode + "/")):
+            b, s, h, a, v = r["mbs"], r["seq"], r["hidden"], r["heads"], r["vocab"]
+            block = full[0] * b * s * h + full[1] * b * a * s * s
+            extra = r["peak"] - r["activations"]
+            if block > 2 * 4 * b * s * v:  # the recomputed block, not the logits, sets this row's peak
+                recompute.append((extra - block) / (b * s * h))
+    print(f"recompute term: {[round(x, 1) for x in recompute]} bytes per b·s·h")
+    return {"coefficients": table, "recompute_bytes": recompute}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", type=Path, help="also write the measurements and the fit here")
+    parser.add_argument("--fit", type=Path, help="only fit: the rows of a JSON-lines file measured elsewhere (a GPU: "
+                        "benchmarks/gpu_suite.py writes them), no measuring")
     opts = parser.parse_args()
+    if opts.fit:
+        rows = [json.loads(line) for line in opts.fit.read_text().splitlines() if line.strip()]
+        fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
+        return
     import numpy as np
 
     sys.path.insert(0, str(REPO))

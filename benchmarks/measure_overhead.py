@@ -8,7 +8,7 @@ that machine noise hits them alike, compared by the Trainer's own `train_runtime
   plain-trainer      benchmarks/plain_trainer.py: HF's plain Trainer, no hfscale code in the loop
 
     python benchmarks/measure_overhead.py                 # tiny GPT-2, 300 steps, 5 repeats, 1 process
-    python benchmarks/measure_overhead.py --steps 100 --repeats 3 --model gpt2-124m --seq_len 256 --mbs 2
+    python benchmarks/measure_overhead.py --steps 100 --repeats 3 --model gpt2-124m --seq_len 256 --per_device_train_batch_size 2
 
 Target: hfscale / hfscale-nomeasure <= 1.01 (median over repeats).
 """
@@ -42,11 +42,15 @@ def direct_cost(steps: int = 20000, logging_steps: int = 10) -> float:
     import time
 
     sys.path.insert(0, str(REPO))
+    from hfscale.models import resolve_shape
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
     from hfscale.run.measure import Meter, TensorBoardWriter, perf_scalars
-    from hfscale.run.models import resolve_shape
+    from hfscale.runplan import RunPlan
 
-    meter = Meter(resolve_shape("tiny"), micro_batch=8, grad_accum=1, gpus=1, seq=128, checkpointing=False,
-                  token_budget=1e11, peak_tflops=1.0, warmup_steps=2, on_cuda=False)
+    plan = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), resolve_shape("tiny"), 128,
+                   per_device_train_batch_size=8, device_type="cpu")
+    meter = Meter(plan, token_budget=1e11, peak_tflops=1.0, warmup_steps=2)
     with tempfile.TemporaryDirectory() as tmp:
         tb = TensorBoardWriter(tmp, {"strategy": "ddp"})
         meter.begin(0)
@@ -67,12 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--mbs", type=int, default=8)
+    parser.add_argument("--per_device_train_batch_size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--logging_steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     opts = parser.parse_args()
-    common = ["--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size", str(opts.mbs),
+    common = ["--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size", str(opts.per_device_train_batch_size),
               "--max_steps", str(opts.steps), "--logging_steps", str(opts.logging_steps), "--save_strategy", "no",
               "--seed", "42", "--disable_tqdm", "true"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -89,7 +93,7 @@ def main() -> None:
                 times[variant].append(runtime(variant, out))
                 print(f"  repeat {r + 1}/{opts.repeats} {variant:18s} train_runtime {times[variant][-1]:.3f} s", flush=True)
     med = {v: statistics.median(t) for v, t in times.items()}
-    print(f"\n{opts.model}, seq {opts.seq_len}, MBS {opts.mbs}, {opts.steps} steps, logging every "
+    print(f"\n{opts.model}, seq {opts.seq_len}, MBS {opts.per_device_train_batch_size}, {opts.steps} steps, logging every "
           f"{opts.logging_steps}, 1 process; median of {opts.repeats}:")
     print(f"{'variant':18s} {'median s':>9s} {'min s':>8s} {'s/step':>8s}")
     for v in names:

@@ -14,13 +14,13 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments, default_d
 
 from hfscale.run.args import DataArguments, ModelArguments  # noqa: E402
 from hfscale.files import atomic_write_text  # noqa: E402
-from hfscale.run.models import resolve_seq_len  # noqa: E402
-from hfscale.train import build, load_data  # noqa: E402
+from hfscale.models import resolve_seq_len  # noqa: E402
+from hfscale.run.construction import build, load_data  # noqa: E402
 
 
 def main() -> None:
     model_args, data_args, args = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).parse_args_into_dataclasses()
-    shape = model_args.shape
+    shape = model_args.shape()
     seq_len = resolve_seq_len(shape, data_args.seq_len)
     set_seed(args.seed)
     tokenizer, blocks, _ = load_data(model_args, data_args, args, shape.vocab, seq_len, validation=None)

@@ -1,7 +1,7 @@
 """How long `hfscale tune` takes over every strategy x optimizer for the tiny model with 2 processes, and how many
 trials the memory estimate and the strategy table saved. Prints the figures (target: under 5 minutes on 2 cores).
 
-    python benchmarks/tune_tiny.py                 # micro-batches 4 and 512 (512 is pruned at 1.2 GB per "GPU")
+    python benchmarks/tune_tiny.py                 # micro-batches 4 and 512 (512 is pruned at 0.2 GB per process)
 """
 
 import json
@@ -16,7 +16,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hfscale-tune-") as tmp:
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "hfscale", "tune", "--model", "tiny", "--seq_len", "64",
-                               "--gpus", "2", "--mbs", "4,512", "--checkpointing", "off", "--device_memory_gb", "1.2",
+                               "--num_processes", "2", "--per_device_train_batch_size", "4,512",
+                               "--activation_checkpointing", "false", "--device_memory_gb", "0.2",
                                "--out", tmp, "--", "--max_steps", "5", "--save_strategy", "no", "--logging_steps", "1"],
                               capture_output=True, text=True)
         seconds = time.perf_counter() - start

@@ -1,33 +1,37 @@
-"""`hfscale` console script: train | launch | slurm | sweep | report | parity | import-logs | export | estimate | project | bandwidth | tune | strategies | peak."""
+"""`hfscale` console script: train | launch | slurm | sweep | report | parity | import-logs | export | estimate | project | bandwidth | tune | strategies | peak.
 
+Each command's module is imported when the command runs (importlib, below): `hfscale estimate` never pays for the
+training stack's imports, nor `hfscale --help` for any.
+"""
+
+import importlib
 import sys
 
 from .errors import ArgumentParser, exit_on_user_error
+from .formulas.peaks import measure_peak_tflops, table_peak
+from .parallel.optimizers import OPTIMIZERS
+from .parallel.strategies import all_strategies, matrix_markdown
 
 
 def cmd_strategies(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale strategies", description="List strategies (and the optimizer matrix).")
     parser.add_argument("--matrix", action="store_true", help="print which strategy x optimizer pairs work")
     opts = parser.parse_args(argv)
-    from .parallel.strategies import OPTIMIZERS, all_strategies, matrix_markdown
-
     if opts.matrix:
         print(matrix_markdown())
         return
     for s in all_strategies().values():
         print(f"{s.name:<14} {s.summary}")
-    print("\noptimizers (--optim): " + ", ".join(f"{name} ({desc})" for name, (_, _, desc) in OPTIMIZERS.items()))
+    print("\noptimizers (--optim): " + ", ".join(f"{name} ({o.summary})" for name, o in OPTIMIZERS.items()))
 
 
 def cmd_peak(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale peak", description="Measure the best matmul TFLOPs this device reaches.")
     parser.add_argument("--dtype", default=None, choices=["bf16", "fp16", "tf32", "fp32"])
-    parser.add_argument("--size", type=int, default=None, help="matrix size (default 8192 on GPU, 1024 on CPU)")
+    parser.add_argument("--size", type=int, default=None, help="matrix size (default 8192 on GPU, 512 on CPU)")
     parser.add_argument("--seconds", type=float, default=3.0)
     opts = parser.parse_args(argv)
-    import torch
-
-    from .formulas.peaks import measure_peak_tflops, table_peak
+    import torch  # a second to import: only for the command that measures
 
     on_cuda = torch.cuda.is_available()
     device = "cuda" if on_cuda else "cpu"
@@ -67,13 +71,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from .train import main as train_main
-
-        return train_main(rest)
+        return importlib.import_module("hfscale.train").main(rest)
     if command in ("launch", "slurm", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
                    "bandwidth", "tune"):
-        import importlib
-
         module = {"launch": "launch", "slurm": "cluster.slurm", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
                   "import-logs": "compare.megatron", "export": "run.export", "estimate": "plan.estimate",
                   "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune"}[command]

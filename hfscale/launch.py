@@ -1,11 +1,13 @@
 """Run one training as its own process tree through the real launcher (`accelerate launch`), and say how it ended.
 
-Used by `hfscale sweep` and `hfscale parity`: a run that runs out of memory, crashes, hangs or is refused becomes
-an outcome with a status and the tail of its log; the caller goes on. Every route (`hfscale launch`, sweep, parity)
-builds its command in `strategy_launch`: the strategy's shipped launcher config, checked.
+Below both the planners and the comparisons: `hfscale sweep`, `tune` and `parity` launch runs through `run_one` /
+`run_training`. A run that runs out of memory, crashes, hangs or is refused becomes an outcome with a status and the
+tail of its log, and its results file says so; the caller goes on. Every route (`hfscale launch`, sweep, tune,
+parity) builds its command in `strategy_launch`: the strategy's shipped launcher config, checked.
 """
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,8 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .parallel.distributed import free_port
-from .run.results import RESULTS_FILE, read_results
+import psutil
+
+from .errors import ArgumentParser, HfscaleError, one_of
+from .files import load_json, load_yaml
+from .formulas.metrics import param_count
+from .models import resolve_shape
+from .parallel.configs import config_dir
+from .parallel.distributed import check_agree, check_local_processes, config_strategy, free_port
+from .parallel.strategies import check_pair, get_strategy
+from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
+from .runplan import hsdp_mesh
 
 TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
 STATUSES = ("ok", "OOM", "fail", "timeout", "refused")
@@ -85,8 +96,6 @@ def kill_tree(pid: int, grace_s: float = 10.0) -> None:
 
     The whole tree, found before anything is signalled: torchrun starts each rank in a session of its own, so
     signalling the launcher's process group would leave the ranks running as orphans."""
-    import psutil
-
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -152,8 +161,7 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
         proc.wait()
     seconds = time.perf_counter() - start
     text = log_path.read_text(errors="replace")
-    results_path = output_dir / RESULTS_FILE
-    results_status = read_results(results_path).get("status") if results_path.is_file() else None
+    results_status = finished_status(output_dir)
     status, error = classify(proc.returncode, text, results_status, timed_out)
     return Outcome(status, proc.returncode, seconds, error, text[-2000:])
 
@@ -161,12 +169,10 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
 def check_accelerate_config(path) -> dict:
     """What `accelerate launch --config_file` would reject, as one line naming the file: missing, malformed YAML,
     not a mapping, an unknown distributed_type, keys accelerate does not know, a DeepSpeed JSON that is missing."""
-    from .files import load_yaml
-    from .errors import HfscaleError, one_of
+    from accelerate.commands.config.config_args import load_config_from_file  # imports torch: only when asked
+    from accelerate.utils import DistributedType
 
     config = load_yaml(path)
-    from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DistributedType
 
     kinds = [k.value for k in DistributedType]
     if config.get("distributed_type", "NO") not in kinds:
@@ -181,9 +187,6 @@ def check_accelerate_config(path) -> dict:
 def _deepspeed_json(config: dict, config_path: Path) -> str | None:
     """The DeepSpeed JSON a launcher config names, as a path that exists from here: as written (relative to the
     working directory, as accelerate reads it), else the copy shipped with hfscale under the same name."""
-    from .parallel.configs import config_dir
-    from .errors import HfscaleError
-
     name = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
     if config.get("distributed_type") != "DEEPSPEED" or not name:
         return None
@@ -196,7 +199,7 @@ def _deepspeed_json(config: dict, config_path: Path) -> str | None:
 
 def default_num_processes() -> int:
     """Processes on one node by default: every visible GPU; on a CPU machine, 2."""
-    import torch
+    import torch  # a second to import: only when no --num_processes was given
 
     return torch.cuda.device_count() or 2
 
@@ -209,11 +212,6 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     config never leaks in) checked and agreeing with --strategy, its DeepSpeed JSON found, and `nproc` processes in all
     over `machines` machines (accelerate's --num_processes is the total; None: the config's, else every local GPU on
     each machine) - refused when a node would run more processes than it has GPUs."""
-    from .errors import HfscaleError
-    from .files import load_json
-    from .parallel.distributed import check_agree, check_local_processes, config_strategy, hsdp_mesh
-    from .parallel.strategies import get_strategy
-
     asked = flag_value(train_args, "--strategy")
     if asked is not None:
         get_strategy(asked)  # an unknown name: the list of valid ones
@@ -255,8 +253,6 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
 
 def main(argv: list[str]) -> int:
     """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
-    from .errors import ArgumentParser
-
     parser = ArgumentParser(
         prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours
         description="Start hfscale/train.py through `accelerate launch` after checking the launcher config: "
@@ -278,8 +274,92 @@ def main(argv: list[str]) -> int:
     cmd = strategy_launch(train_args, opts.num_processes, opts.config_file, opts.num_machines, flags,
                           free_main_port=opts.main_process_port is None and opts.num_machines == 1)
     if opts.dry_run:
-        import shlex
-
         print(shlex.join(cmd))
         return 0
     os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
+
+
+# ---- one run of a sweep or of `hfscale tune` ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunSpec:
+    strategy: str
+    optim: str
+    nproc: int
+    micro_batch: int
+    grad_accum: int
+    checkpointing: bool
+
+    @property
+    def name(self) -> str:
+        return (f"{self.strategy}-{self.optim}-np{self.nproc}-mbs{self.micro_batch}-gas{self.grad_accum}"
+                + ("-ac" if self.checkpointing else ""))
+
+    def train_args(self, fixed: list[str]) -> list[str]:
+        return ["--strategy", self.strategy, "--optim", self.optim, "--per_device_train_batch_size", str(self.micro_batch),
+                "--gradient_accumulation_steps", str(self.grad_accum),
+                *(["--activation_checkpointing", "true"] if self.checkpointing else []), *fixed]
+
+
+def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> Results:
+    """The row of a run that never wrote a results file (refused up front, or died before training)."""
+    return Results(status=status, error=error, run_name=run.name, strategy=run.strategy, optim=run.optim,
+                   model=ModelRecord(name=flag_value(fixed, "--model") or "tiny", params_model=planned_params(fixed)),
+                   config=ConfigRecord(world_size=run.nproc, micro_batch_size=run.micro_batch,
+                                       grad_accum=run.grad_accum,
+                                       global_batch_size=run.nproc * run.micro_batch * run.grad_accum,
+                                       checkpointing=run.checkpointing))
+
+
+def planned_params(fixed: list[str]) -> int | None:
+    """The parameter count (formula) of the model the fixed args ask for, so a row that never ran still has a Size;
+    None for a pretrained checkpoint or args that do not describe a model."""
+    if flag_value(fixed, "--model_name_or_path"):
+        return None
+    sizes = [flag_value(fixed, f) for f in ("--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size")]
+    try:
+        return param_count(resolve_shape(flag_value(fixed, "--model") or "tiny", *[int(v) if v else None for v in sizes]))
+    except (HfscaleError, ValueError):
+        return None
+
+
+def finished_status(run_dir: Path) -> str | None:
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        status = read_results(path).status
+    except (HfscaleError, OSError):
+        return None
+    return status if status in STATUSES else None
+
+
+def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, log_tail: str, seconds: float,
+                   fixed: list[str]) -> None:
+    """Make the run's results file say how it ended (keeping everything the run itself recorded)."""
+    path = run_dir / RESULTS_FILE
+    try:
+        results = read_results(path) if path.is_file() else stub_results(run, status, error, fixed)
+    except HfscaleError:
+        results = stub_results(run, status, error, fixed)
+    if results.status != "ok" or status != "ok":
+        results.status, results.error, results.log_tail = status, error, log_tail if status != "ok" else None
+    results.sweep = {"wall_s": round(seconds, 2), "nproc": run.nproc}
+    write_results(run_dir, results)
+
+
+def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_failed: bool = False) -> dict:
+    """One run of a sweep (or of `hfscale tune`) into out/<run name>: skipped when it already has a final status,
+    refused without launching when the strategy table refuses the pair, else launched and its outcome recorded."""
+    run_dir = out / run.name
+    done = finished_status(run_dir)
+    if done and not (retry_failed and done != "ok"):
+        return {"run": run.name, "status": done, "skipped": True}
+    try:
+        check_pair(run.strategy, run.optim)
+    except HfscaleError as err:
+        write_results(run_dir, stub_results(run, "refused", str(err), fixed))
+        return {"run": run.name, "status": "refused", "error": str(err)}
+    outcome = run_training(run.train_args(fixed), run_dir, run.nproc, timeout)
+    record_outcome(run, run_dir, outcome.status, outcome.error, outcome.log_tail, outcome.seconds, fixed)
+    return {"run": run.name, "status": outcome.status, "error": outcome.error, "wall_s": round(outcome.seconds, 1)}

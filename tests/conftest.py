@@ -1,6 +1,7 @@
 """Helpers shared by the tests: run hfscale as real subprocesses (as a user would), on CPU, on a free port."""
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -11,11 +12,29 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
-# One fresh data cache per test session, set before hfscale is imported: no test passes on tokenizers or packed blocks
-# an older checkout built (~/.cache/hfscale is left alone); within the session the runs share it, as a user's do.
-os.environ["HFSCALE_CACHE_DIR"] = tempfile.mkdtemp(prefix="hfscale-test-cache-")
-atexit.register(shutil.rmtree, os.environ["HFSCALE_CACHE_DIR"], ignore_errors=True)
+# Property tests draw the same examples on every run (derandomize: each test's seed comes from its name) and keep no
+# example database between runs, so a test passes or fails for its code, never for its draw. A hunt under fresh
+# draws: HYPOTHESIS_PROFILE=stress pytest tests/test_fuzz_args.py --hypothesis-seed N (docs/verification.md).
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("stress", derandomize=False, database=None, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The suite is the same on a GPU host as on a CPU one: every run it launches, and every decision made in this process,
+# takes the CPU route (set before torch is imported). The GPU route is tested with a faked device
+# (tests/test_gpu_route.py); real GPU figures come from benchmarks/gpu_suite.py.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+# One fresh folder per test session, made by the first process (pytest, or pytest-xdist's controller) and inherited
+# by its workers: the data cache, set before hfscale is imported - no test passes on tokenizers or packed blocks an
+# older checkout built (~/.cache/hfscale is left alone), and within the session the runs share it, as a user's do -
+# and the lock that lets a timing test have the machine to itself (see pytest_runtest_protocol).
+if "HFSCALE_TEST_SESSION_DIR" not in os.environ:
+    os.environ["HFSCALE_TEST_SESSION_DIR"] = tempfile.mkdtemp(prefix="hfscale-test-session-")
+    atexit.register(shutil.rmtree, os.environ["HFSCALE_TEST_SESSION_DIR"], ignore_errors=True)
+SESSION_DIR = Path(os.environ["HFSCALE_TEST_SESSION_DIR"])
+os.environ["HFSCALE_CACHE_DIR"] = str(SESSION_DIR / "cache")
 
 from hfscale.launch import launch_command  # noqa: E402
 
@@ -33,6 +52,16 @@ def env() -> dict:
 
 def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def probe(name: str, *args: str) -> dict:
+    """Run tests/probes/<name>.py in its own one-process gloo world (a free port appended) and return its JSON."""
+    from hfscale.parallel.distributed import free_port
+
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, str(free_port())],
+                          cwd=REPO, env={**env(), "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 accelerate_launch = launch_command  # plain `accelerate launch --multi_gpu` (no config), as the README starts a run
@@ -61,17 +90,184 @@ def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-_LAUNCHER_VARS = ("ACCELERATE_", "FSDP_", "DS_", "PARALLELISM_CONFIG_", "WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_")
+# ---- runs several tests read, in any worker ---------------------------------------------------------------------------
+
+def shared_run(key: str, make) -> dict:
+    """A run that several tests read, made once per session by whichever test (in whichever pytest-xdist worker) asks
+    first - a test asking meanwhile waits for it - and kept under the session folder: `make(folder)` makes it and
+    returns what the readers get (JSON-serialisable: results, logs). A `make` that fails leaves nothing behind, so the
+    next test asking tries again (and fails the same way)."""
+    import fcntl
+
+    folder = SESSION_DIR / "shared-runs"
+    folder.mkdir(exist_ok=True)
+    done = folder / f"{key}.json"
+    with open(folder / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            made = make(folder / key)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(made))
+            tmp.replace(done)
+        return json.loads(done.read_text())
+
+
+def shared_train(key: str, strategy, *extra, **kw) -> dict:
+    """`train` as a shared run: its results (with the launch's _stdout/_stderr) under `key`."""
+    return shared_run(key, lambda folder: train(folder, strategy, *extra, **kw))
+
+
+# Every strategy in bf16, 20 steps, with gradient accumulation, activation checkpointing, checkpoints every
+# BF16_SAVE_STEPS and per-batch digests: these runs prove bf16 reaches every engine (test_multiprocess.py) and are the
+# uninterrupted references of the fault tests (test_faults.py), which kill and resume the same command. MBS 2 x GAS 2
+# steps the same 4 samples per rank as the fp32 parity runs' MBS 4, so their curves can be compared too.
+PARITY_STEPS = 20
+BF16_SAVE_STEPS = 4
+BF16_COMMON = ["--bf16", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+               "--activation_checkpointing", "--save_strategy", "steps", "--save_steps", str(BF16_SAVE_STEPS),
+               "--record_batches", "--fingerprint_weights", "--include_num_input_tokens_seen", "true"]
+# strategy -> (run key, --strategy (None: from the launcher config), extra flags, launched how)
+BF16_RUNS = {"ddp": ("ddp-bf16", "ddp", []), "fsdp": ("fsdp-bf16", "fsdp", []), "zero1": ("zero1-bf16", "zero1", []),
+             "zero3": ("zero3-bf16", "zero3", []),
+             "zero2_offload": ("zero2_offload", "zero2_offload", []), "zero3_offload": ("zero3_offload", "zero3_offload", []),
+             "fsdp_offload": ("fsdp_offload", "fsdp_offload", []),
+             "ddp_powersgd": ("powersgd", "ddp_powersgd", ["--powersgd_warmup_steps", "3", "--powersgd_rank", "2"]),
+             "zero2": ("cfg-zero2", None, [])}  # zero2 from the launcher config alone (accelerate_configs/zero2.yaml)
+
+
+def bf16_args(strategy: str, output_dir: Path) -> list[str]:
+    """The training flags of a strategy's bf16 run (TINY first: the later flags win)."""
+    _, name, extra = BF16_RUNS[strategy]
+    return [*(["--strategy", name] if name else []), *TINY, *BF16_COMMON, *extra, "--max_steps", str(PARITY_STEPS),
+            "--output_dir", str(output_dir)]
+
+
+def bf16_config_file(strategy: str) -> str | None:
+    return str(REPO / "accelerate_configs" / "zero2.yaml") if BF16_RUNS[strategy][1] is None else None
+
+
+def bf16_command(strategy: str, output_dir: Path, *extra: str) -> tuple[list[str], Path]:
+    """(command, working directory) of a strategy's bf16 run, as its reference was launched: zero1 through `hfscale
+    launch` started outside the repository, zero2 from its launcher config alone, the others by `accelerate launch`."""
+    args = [*bf16_args(strategy, output_dir), *extra]
+    if strategy == "zero1":
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        return [sys.executable, "-m", "hfscale", "launch", "--num_processes", "2", *args], output_dir.parent
+    return launch_command(args, 2, bf16_config_file(strategy)), REPO
+
+
+def bf16_result(strategy: str) -> dict:
+    key, name, _ = BF16_RUNS[strategy]
+
+    def make(folder):
+        cmd, cwd = bf16_command(strategy, folder)
+        proc = run(cmd, cwd=cwd)
+        assert proc.returncode == 0, f"run failed ({strategy} bf16):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        results = json.loads((folder / "results.json").read_text())
+        assert results["status"] == "ok"
+        return {**results, "_stdout": proc.stdout, "_stderr": proc.stderr}
+
+    return shared_run(key, make)
+
+
+def parity_runs() -> dict:
+    """One `hfscale parity` over the sharded strategies (it runs ddp as the reference), fp32, 20 steps, every step
+    logged, final weights gathered: {"proc": {returncode, stdout, stderr}, "report": parity.json, "runs": {strategy:
+    results}}. The CI parity check, and the fp32 reference of several others."""
+    def make(folder):
+        fixed = [a for i, a in enumerate(TINY) if "--logging_steps" not in (a, TINY[i - 1])]
+        fixed += ["--include_num_input_tokens_seen", "true"]  # the Trainer's own token count, for the tokens/s check
+        proc = run([sys.executable, "-m", "hfscale", "parity", "--strategy", ",".join(PARITY_STRATEGIES), "--max_steps",
+                    str(PARITY_STEPS), "--num_processes", "2", "--out", str(folder), "--", *fixed], timeout=1500)
+        assert (folder / "parity.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs = {s: {**json.loads((folder / s / "results.json").read_text()), "_stdout": (folder / s / "launch.log").read_text()}
+                for s in ["ddp", *PARITY_STRATEGIES]}
+        return {"proc": {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr},
+                "report": json.loads((folder / "parity.json").read_text()), "runs": runs, "folder": str(folder)}
+
+    return shared_run("parity", make)
+
+
+PARITY_STRATEGIES = ["zero1", "zero2", "zero3", "fsdp"]
+
+
+# ---- sharing the machine between pytest-xdist's workers ---------------------------------------------------------------
+# Every test holds a shared lock while it runs (its fixtures' set-up and tear-down included); a test marked
+# `exclusive` - one that times this machine - holds it exclusively, so nothing else runs beside it. A writer waiting
+# for the lock holds the turnstile, so no new test starts meanwhile (no starvation).
+
+@contextlib.contextmanager
+def _machine_lock(exclusive: bool):
+    import fcntl
+
+    with open(SESSION_DIR / "turnstile.lock", "a") as turnstile, open(SESSION_DIR / "machine.lock", "a") as machine:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with _machine_lock(exclusive=item.get_closest_marker("exclusive") is not None):
+        yield
+
+
+# Tests that read the same runs go to one worker: the files whose runs are module or session fixtures. The key is the
+# file; every other test is scheduled on its own. (pytest-xdist's own xdist_group marks stopped grouping with pytest
+# 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
+SHARED_RUNS = {"test_multiprocess.py": "shared_runs", "test_multinode.py": "shared_runs",  # conftest.hsdp_job
+               "test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
+               "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunsScheduling(LoadScopeScheduling):
+        """Work units: one per SHARED_RUNS group, one per other test; the units with the most tests go first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_RUNS.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
+
+    return SharedRunsScheduling(config, log)
+
+
+@contextlib.contextmanager
+def restored_environment():
+    """os.environ as it was, whatever the code inside sets or removes (libraries included)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if os.environ != saved:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)
-def no_launcher_environment_leaks():
-    """Every launch a later test makes inherits this process's environment: a test that leaves a launcher variable
-    behind (say ACCELERATE_USE_FSDP) silently changes every run after it. Fail the test that leaks instead."""
-    before = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCHER_VARS)}
-    yield
-    after = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCHER_VARS)}
-    assert after == before, f"the test left launcher variables changed: {set(after.items()) ^ set(before.items())}"
+def restore_process_state():
+    """Every test leaves the process as it found it: the environment (which every later launch inherits, so a variable
+    left behind - say ACCELERATE_USE_FSDP, or FSDP_CPU_RAM_EFFICIENT_LOADING that transformers exports while building
+    FSDP TrainingArguments - would silently change every run after it), the working directory, and no process group.
+    Restored here for the libraries a test calls as well as for the test itself."""
+    import torch.distributed as dist
+
+    cwd = os.getcwd()
+    with restored_environment():
+        yield
+    os.chdir(cwd)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialized")
 
 
 # ---- SLURM on one machine: the script `hfscale slurm` writes, run by bash with stand-ins for srun and scontrol ------

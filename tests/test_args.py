@@ -1,6 +1,5 @@
 """Parsing the training command line is pure: it decides, it does not start anything."""
 
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ assert not PartialState._shared_state, "parsing created accelerate's state"
 import torch.distributed as dist
 assert not dist.is_initialized(), "parsing started a process group"
 assert not hasattr(model_args, 'hfscale_optim') and 'hfscale_optim' not in training
-print(state.strategy.name, state.optim, training['optim'], training['deepspeed'] is not None, training['use_cpu'])
+print(state.plan.strategy.name, state.plan.optimizer.name, training['optim'], training['deepspeed'] is not None, training['use_cpu'])
 """
 
 

@@ -1,12 +1,48 @@
 """Bad input: one line naming the problem, exit code 2, no traceback, nothing written to the output directory."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, run
+
+
+class ReachedLaunch(AssertionError):
+    pass
+
+
+@pytest.fixture()
+def hfscale_cli(capsys, monkeypatch):
+    """`hfscale ARGV` in this process: the console script's own entry point, exit code and stderr, without paying the
+    libraries' import (seconds) for every case. For refusals made before anything starts: a case that gets as far as
+    setting up processes or exec'ing accelerate fails here and belongs with the launched cases (`run`)."""
+    from types import SimpleNamespace
+
+    from hfscale import cli
+    from hfscale.parallel import distributed
+
+    def reached(*args, **kwargs):
+        raise ReachedLaunch("got past the up-front checks: launch this case as a real process")
+
+    monkeypatch.setattr(distributed, "setup_processes", reached)
+    monkeypatch.setattr(os, "execv", reached)
+
+    def call(argv: list[str], cwd: Path | None = None):
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            cli.main(list(argv))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return call
 
 CASES = {
     "unknown strategy": (["--strategy", "zero4"], "unknown strategy 'zero4'; choose one of: ddp"),
@@ -18,7 +54,8 @@ CASES = {
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),
     "negative seq_len": (["--seq_len", "-3"], "--seq_len must be positive"),
     "missing data file": (["--train_files", "/nonexistent/corpus.txt"], "data file not found: /nonexistent/corpus.txt"),
-    "batch not dividing": (["--per_device_train_batch_size", "4", "--global_batch_size", "6"], "not a positive multiple of MBS x GPUs = 4 x 1"),
+    "batch not dividing": (["--per_device_train_batch_size", "4", "--global_batch_size", "6"],
+                           "not a positive multiple of --per_device_train_batch_size x processes = 4 x 1"),
     "zero batch": (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
     "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
@@ -67,16 +104,15 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
-def test_bad_file_content_is_one_line(case, tmp_path):
+def test_bad_file_content_is_one_line(case, tmp_path, hfscale_cli):
     name, content, flag, expected = BAD_FILES[case]
     (tmp_path / name).write_bytes(content)
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale", "train", flag, str(tmp_path / name), "--max_steps", "1",
-                "--output_dir", str(out)])
+    proc = hfscale_cli(["train", flag, str(tmp_path / name), "--max_steps", "1", "--output_dir", str(out)])
     _check_refused(proc, expected, out)
 
 
-def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path):
+def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path, hfscale_cli):
     foreign, half = tmp_path / "foreign", tmp_path / "half"
     foreign.mkdir()
     (foreign / "config.json").write_text('{"hidden": 3}')
@@ -84,14 +120,13 @@ def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path):
     (half / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}')
     # weights but no tokenizer: transformers 5 would make an empty tokenizer of the config, every text encoding to []
     untokenized = tmp_path / "untokenized"
-    from hfscale.run.models import PRESETS, build_model
+    from hfscale.models import PRESETS, build_model
 
     build_model(PRESETS["tiny"], seed=0).save_pretrained(untokenized)
     for path, expected in ((foreign, "Unrecognized model"), (half, "has a config but no weights"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
-        proc = run([sys.executable, "-m", "hfscale", "train", "--model_name_or_path", str(path), "--max_steps", "1",
-                    "--output_dir", str(out)])
+        proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])
         _check_refused(proc, expected, out)
 
 
@@ -104,18 +139,25 @@ def _check_refused(proc, expected: str, out_dir):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line(case, tmp_path):
+def test_bad_input_is_one_line(case, tmp_path, hfscale_cli):
     flags, expected = CASES[case]
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale", "train", *flags, "--max_steps", "1", "--output_dir", str(out)])
-    _check_refused(proc, expected, out)
+    _check_refused(hfscale_cli(["train", *flags, "--max_steps", "1", "--output_dir", str(out)]), expected, out)
 
 
-def test_empty_data_file(tmp_path):
+@pytest.mark.parametrize("case", ["unknown strategy", "incompatible pair", "missing data file", "resume from nothing"])
+def test_the_console_script_refuses_in_one_line_too(case, tmp_path):
+    """The same refusals from a real `python -m hfscale train` process: exit code 2, one line, no traceback."""
+    flags, expected = CASES[case]
+    out = tmp_path / "out"
+    _check_refused(run([sys.executable, "-m", "hfscale", "train", *flags, "--output_dir", str(out)]), expected, out)
+
+
+def test_empty_data_file(tmp_path, hfscale_cli):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale", "train", "--train_files", str(empty), "--output_dir", str(out)])
+    proc = hfscale_cli(["train", "--train_files", str(empty), "--output_dir", str(out)])
     _check_refused(proc, f"data file is empty: {empty}", out)
 
 
@@ -127,7 +169,7 @@ def test_unwritable_output_dir(tmp_path):
 def _checkpoint(tmp_path, **changes) -> Path:
     """A complete checkpoint's marker as a 1-process ddp run of `tiny` writes it, with some fields changed."""
     from hfscale.run.checkpoints import MARKER, identity
-    from hfscale.run.models import resolve_shape
+    from hfscale.models import resolve_shape
 
     marker = {**identity("ddp", "adamw", 1, resolve_shape("tiny")), "step": 4}
     for key, value in changes.items():
@@ -149,39 +191,46 @@ def _checkpoint(tmp_path, **changes) -> Path:
     ({"optim": "adafactor"}, "was saved with optim 'adafactor' but this run has 'adamw'"),
     ({"complete": False}, "incomplete checkpoint (no hfscale_checkpoint.json"),
 ])
-def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected):
+def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfscale_cli):
+    """A named checkpoint is checked with the flags, before any process group starts."""
     ckpt = _checkpoint(tmp_path, **changes)
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale", "train", "--resume_from_checkpoint", str(ckpt), "--output_dir", str(out)])
+    proc = hfscale_cli(["train", "--resume_from_checkpoint", str(ckpt), "--output_dir", str(out)])
     _check_refused(proc, expected, out)
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["sweep", "--strategies", "ddp,zero9"], "unknown strategy 'zero9'"),
-    (["sweep", "--nprocs", "two"], "expected comma-separated integers"),
-    (["parity", "--strategies", "zero7"], "unknown strategy 'zero7'"),
+    (["sweep", "--strategy", "ddp,zero9"], "unknown strategy 'zero9'"),
+    (["sweep", "--num_processes", "two"], "--num_processes takes positive integers, got 'two'"),
+    (["sweep", "--mbs", "2,4"], "--mbs is now --per_device_train_batch_size (the Trainer's name"),
+    (["parity", "--strategy", "zero7"], "unknown strategy 'zero7'"),
+    (["parity", "--nproc", "2"], "--nproc is now --num_processes"),
+    (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
 ])
-def test_other_commands_refuse_bad_input(tmp_path, argv, expected):
-    proc = run([sys.executable, "-m", "hfscale", *argv], cwd=tmp_path)
+def test_other_commands_refuse_bad_input(tmp_path, argv, expected, hfscale_cli):
+    proc = hfscale_cli(argv, cwd=tmp_path)
     _check_refused(proc, expected, tmp_path / "runs")
     assert not (tmp_path / "OUT").exists()
 
 
-def test_malformed_sweep_spec(tmp_path):
+def test_malformed_sweep_spec(tmp_path, hfscale_cli):
     spec = tmp_path / "sweep.yaml"
-    spec.write_text("strategies: [ddp]\nbatch: 4\n")
-    proc = run([sys.executable, "-m", "hfscale", "sweep", "--spec", str(spec), "--out", str(tmp_path / "sw")])
+    spec.write_text("strategy: [ddp]\nbatch: 4\n")
+    proc = hfscale_cli(["sweep", "--spec", str(spec), "--out", str(tmp_path / "sw")])
     _check_refused(proc, "unknown key(s) batch", tmp_path / "sw")
+    spec.write_text("strategies: [ddp]\ngrad_accum: [1, 2]\n")  # a spec written for the old names
+    proc = hfscale_cli(["sweep", "--spec", str(spec), "--out", str(tmp_path / "sw")])
+    _check_refused(proc, "grad_accum is now gradient_accumulation_steps", tmp_path / "sw")
 
 
-def test_malformed_deepspeed_json(tmp_path):
+def test_malformed_deepspeed_json(tmp_path, hfscale_cli):
     bad = tmp_path / "bad.json"
     bad.write_text('{"zero_optimization": {"stage": 1,,}')
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale.train", "--strategy", "zero1", "--deepspeed", str(bad), "--output_dir", str(out)])
+    proc = hfscale_cli(["train", "--strategy", "zero1", "--deepspeed", str(bad), "--output_dir", str(out)])
     _check_refused(proc, f"{bad}: malformed DeepSpeed JSON", out)
 
 
@@ -196,19 +245,19 @@ def test_deepspeed_json_contradicting_trainer_flags(tmp_path):
     _check_refused(proc, f"{mine}: values that contradict the Trainer flags: ds gradient_clipping=0.5 vs hf max_grad_norm=1.0", out)
 
 
-def test_missing_text_column(tmp_path):
+def test_missing_text_column(tmp_path, hfscale_cli):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"body": "some text " * 50}) for _ in range(20)))
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale.train", "--train_files", str(data), "--output_dir", str(out),
-                "--cache_dir", str(tmp_path / "cache")])
+    proc = hfscale_cli(["train", "--train_files", str(data), "--output_dir", str(out), "--cache_dir",
+                        str(tmp_path / "cache")])
     _check_refused(proc, "record 1 has no text column 'text' (['body'])", out)  # found when the run is parsed
 
 
-def test_malformed_run_file(tmp_path):
+def test_malformed_run_file(tmp_path, hfscale_cli):
     bad = tmp_path / "run.yaml"
     bad.write_text("strategy: [zero1\n")
-    proc = run([sys.executable, "-m", "hfscale.train", str(bad)])
+    proc = hfscale_cli(["train", str(bad)])
     assert proc.returncode == 2 and f"{bad}: malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -226,13 +275,13 @@ LAUNCH_CASES = {
 
 
 @pytest.mark.parametrize("case", list(LAUNCH_CASES))
-def test_bad_launcher_config_is_one_line(case, tmp_path):
+def test_bad_launcher_config_is_one_line(case, tmp_path, hfscale_cli):
     text, expected = LAUNCH_CASES[case]
     config = tmp_path / "launcher.yaml"
     config.write_text(text)
     out = tmp_path / "out"
-    proc = run([sys.executable, "-m", "hfscale", "launch", "--config_file", str(config), "--strategy", "zero1",
-                "--output_dir", str(out)], cwd=tmp_path)
+    proc = hfscale_cli(["launch", "--config_file", str(config), "--strategy", "zero1", "--output_dir", str(out)],
+                       cwd=tmp_path)
     _check_refused(proc, expected, out)
     if "contradicts" not in expected:
         assert f"hfscale: error: {config}: " in proc.stderr  # the file is named

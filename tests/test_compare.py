@@ -13,13 +13,19 @@ from hfscale.launch import classify
 from hfscale.compare.megatron import import_log, parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation
 from hfscale.compare.report import COLUMNS, write_report
-from hfscale.run.results import write_results
-from hfscale.compare.sweep import RunSpec, SweepSpec, expand
+from hfscale.compare.sweep import SweepSpec, expand
+from hfscale.launch import RunSpec, stub_results
+from hfscale.run.results import Results, write_results
 
 DATA = REPO / "tests" / "data"
 GOOD_LOG = DATA / "61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out"
 OOM_LOG = DATA / "61B-megatron-mbs-4-pp16-dp-1-gas-256-200978.out"
 FAIL_LOG = DATA / "61B-megatron-mbs-1-pp16-dp-1-gas-512-200979.out"
+
+
+def imported(path, **kw) -> dict:
+    """An imported log's results record, as results.json holds it."""
+    return import_log(path, **kw).to_dict()
 
 
 def hfscale(*args):
@@ -39,7 +45,7 @@ def test_imported_log_matches_the_bigscience_formula_by_hand():
     times_ms = [float(line.split("elapsed time per iteration (ms):")[1].split("|")[0])
                 for line in GOOD_LOG.read_text().splitlines() if "elapsed time per iteration" in line]
     s_per_iter = statistics.mean(times_ms[1:]) / 1000  # the first interval includes start-up: skipped
-    record = import_log(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    record = imported(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
     assert record["status"] == "ok"
     assert record["config"]["world_size"] == 16 and record["config"]["global_batch_size"] == 512
     assert record["perf"]["s_per_iter"] == pytest.approx(s_per_iter)
@@ -47,13 +53,13 @@ def test_imported_log_matches_the_bigscience_formula_by_hand():
     assert record["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(61e9 * 4 * 2 * 2048 * 512 / (s_per_iter * 16 * 1e12))
     assert record["perf"]["tokens_per_s"] == pytest.approx(512 * 2048 / s_per_iter)
     assert [p["loss"] for p in record["loss_history"]] == [10.91, 9.84, 8.97, 8.42, 8.05]
-    no_ckpt = import_log(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=False, skip_first=1)
+    no_ckpt = imported(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=False, skip_first=1)
     assert no_ckpt["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(record["perf"]["tflops_per_gpu_bigscience"] * 3 / 4)
 
 
 def test_log_without_iterations_is_a_failed_row():
-    fail = import_log(FAIL_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
-    oom = import_log(OOM_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    fail = imported(FAIL_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    oom = imported(OOM_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
     assert (fail["status"], oom["status"]) == ("fail", "OOM")
     assert "out of memory" in oom["error"]
     assert parse_log("nothing here")["iteration_s"] == []
@@ -66,7 +72,7 @@ def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
     """The file name has no TP (so it reads as TP 1, DP 1, 16 GPUs); the header says 64 GPUs = TP 4 x PP 16 x DP 1,
     seq 2048, checkpointing, a batch ramp-up from 16 to 2048, and DeepSpeed."""
     warnings = []
-    record = import_log(HEADER_LOG, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1,
+    record = imported(HEADER_LOG, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1,
                         warnings=warnings)
     cfg, perf = record["config"], record["perf"]
     assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"]) == (64, 4, 16, 1)
@@ -76,7 +82,7 @@ def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
     assert perf["iterations_averaged"] == 2 and perf["s_per_iter"] == pytest.approx(111.0)
     assert perf["tflops_per_gpu_bigscience"] == pytest.approx(104e9 * 4 * 2 * 2048 * 2048 / (111.0 * 64 * 1e12))
     assert warnings == []  # the name says nothing the log contradicts
-    flagged = import_log(HEADER_LOG, gpus=32, seq_len=1024, params=None, checkpointing=False, skip_first=1,
+    flagged = imported(HEADER_LOG, gpus=32, seq_len=1024, params=None, checkpointing=False, skip_first=1,
                          warnings=warnings)
     assert flagged["config"]["world_size"] == 64 and flagged["config"]["seq_len"] == 2048  # the log wins
     assert len(warnings) == 3 and all(w.startswith(HEADER_LOG.name) for w in warnings)
@@ -94,6 +100,9 @@ def test_import_logs_cli_and_bad_log_name(tmp_path):
     proc = hfscale("import-logs", GOOD_LOG, OOM_LOG, "--out", tmp_path / "meg")
     assert proc.returncode == 0, proc.stderr
     assert "| OOM |" in proc.stdout and "megatron-tp1-pp16" in proc.stdout
+    # every row names its log, the failed ones too
+    oom_row = next(line for line in proc.stdout.splitlines() if "| OOM |" in line)
+    assert f"{OOM_LOG.name}: Megatron log, OOM:" in oom_row and GOOD_LOG.name in proc.stdout
     bad = tmp_path / "mystery.out"
     bad.write_text("elapsed time per iteration (ms): 100.0\n")
     proc = hfscale("import-logs", GOOD_LOG, bad, "--out", tmp_path / "meg2")
@@ -120,14 +129,15 @@ def test_outcome_classification(rc, log, results, timed_out, expected):
 
 
 def test_sweep_expands_the_cross_product_and_checks_names():
-    spec = SweepSpec(strategies=["ddp", "zero3"], optims=["adamw", "adafactor"], nprocs=[1, 2], checkpointing=[False, True])
+    spec = SweepSpec(strategy=["ddp", "zero3"], optim=["adamw", "adafactor"], num_processes=[1, 2],
+                     activation_checkpointing=[False, True])
     runs = expand(spec)
     assert len(runs) == 2 * 2 * 2 * 2 and len({r.name for r in runs}) == len(runs)
     assert RunSpec("zero3", "adamw", 2, 4, 8, True).name == "zero3-adamw-np2-mbs4-gas8-ac"
     with pytest.raises(Exception, match="unknown strategy 'zero4'"):
-        SweepSpec(strategies=["zero4"])
+        SweepSpec(strategy=["zero4"])
     with pytest.raises(Exception, match="positive integers"):
-        SweepSpec(nprocs=[0])
+        SweepSpec(num_processes=[0])
     with pytest.raises(Exception, match="sweep axis"):
         SweepSpec(train_args=["--strategy", "ddp"])
 
@@ -135,8 +145,8 @@ def test_sweep_expands_the_cross_product_and_checks_names():
 # ---- parity judgement ------------------------------------------------------------------------------------------
 
 def _run(losses, weights=None, status="ok"):
-    return {"status": status, "loss_history": [{"loss": v, "grad_norm": 1.0 + v / 10} for v in losses],
-            "final_weights": weights or {"w": [0.0, 10.0, 1.0]}}
+    return Results.from_dict({"status": status, "loss_history": [{"loss": v, "grad_norm": 1.0 + v / 10} for v in losses],
+                              "final_weights": weights or {"w": [0.0, 10.0, 1.0]}})
 
 
 def test_parity_judges_exact_and_lossy_strategies():
@@ -158,7 +168,7 @@ def test_parity_judges_exact_and_lossy_strategies():
 # ---- report ----------------------------------------------------------------------------------------------------
 
 def _hfscale_row(out, strategy, gpus, tokens_per_s, status="ok"):
-    write_results(out, {
+    write_results(out, Results.from_dict({
         "status": status, "error": None if status == "ok" else "Tried to allocate 20 GiB", "run_name": out.name,
         "strategy": strategy, "optim": "adamw", "model": {"name": "gpt2-124m", "params_model": 124_439_808},
         "config": {"world_size": gpus, "micro_batch_size": 4, "grad_accum": 2, "global_batch_size": 8 * gpus,
@@ -166,7 +176,7 @@ def _hfscale_row(out, strategy, gpus, tokens_per_s, status="ok"):
         "environment": {"device_type": "cuda"},
         "perf": {"s_per_iter": 8 * gpus * 1024 / tokens_per_s, "tokens_per_s": tokens_per_s,
                  "tflops_per_gpu_bigscience": 100.0, "mfu": 0.4} if status == "ok" else {},
-        "memory": {"peak_allocated_gb": 30.5, "peak_rss_gb": 4.0}, "loss_history": [{"step": 1, "loss": 7.0}, {"step": 2, "loss": 6.0}]})
+        "memory": {"peak_allocated_gb": 30.5, "peak_rss_gb": 4.0}, "loss_history": [{"step": 1, "loss": 7.0}, {"step": 2, "loss": 6.0}]}))
 
 
 def test_report_table_csv_plots_and_html(tmp_path):
@@ -209,8 +219,7 @@ def test_report_refuses_what_is_not_a_results_file(tmp_path):
 
 def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
     from hfscale.formulas.metrics import param_count
-    from hfscale.run.models import build_model, resolve_shape
-    from hfscale.compare.sweep import stub_results
+    from hfscale.models import build_model, resolve_shape
 
     spec = RunSpec("zero2_offload", "adamw_8bit", 2, 4, 1, False)
     fixed = ["--model", "tiny", "--n_layer", "3"]
@@ -219,4 +228,4 @@ def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
     shape = resolve_shape("tiny", n_layer=3)
     real = sum(p.numel() for p in build_model(shape, seed=0).parameters())
     assert rows[0].status == "refused" and rows[0].params == param_count(shape) == real
-    assert stub_results(spec, "refused", None, ["--model_name_or_path", "gpt2"])["model"]["params_model"] is None
+    assert stub_results(spec, "refused", None, ["--model_name_or_path", "gpt2"]).model.params_model is None

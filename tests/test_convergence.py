@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run
+from conftest import run
 from hfscale.compare.convergence import compare_runs, first_reach, smooth, value_at
 from hfscale.run.recipes import peak_learning_rate, pretraining_defaults
 
@@ -111,15 +111,16 @@ def test_projected_days_of_a_run_at_its_own_gpu_count_are_its_measured_days(from
         assert point["projected_days"] == pytest.approx(point["tokens"] / measured / 86400, rel=1e-6)
 
 
-def test_loss_points_sit_at_the_tokens_the_loader_delivered(tmp_path):
-    """Two runs that differ only in accumulation: their points are at the tokens the Trainer itself counted
-    (include_num_input_tokens_seen gathers every input batch), GAS 2 twice as many per step."""
-    common = ["--max_steps", "4", "--logging_steps", "1", "--seq_len", "64", "--per_device_train_batch_size", "2",
-              "--include_num_input_tokens_seen", "true", "--save_strategy", "no"]
-    one, _ = _train(tmp_path / "gas1", *common)
-    two, _ = _train(tmp_path / "gas2", *common, "--gradient_accumulation_steps", "2")
-    for res, gas in ((one, 1), (two, 2)):
-        points = res["loss_history"]
+def test_loss_points_sit_at_the_tokens_the_loader_delivered():
+    """Runs with and without accumulation (the fp32 ddp parity run: MBS 4, GAS 1; the bf16 ddp run: MBS 2, GAS 2; 2
+    processes each): their points are at the tokens the Trainer itself counted (include_num_input_tokens_seen gathers
+    every input batch), MBS x GAS x processes x seq per step, at training seconds that only grow."""
+    from conftest import bf16_result, parity_runs
+
+    for res in (parity_runs()["runs"]["ddp"], bf16_result("ddp")):
+        cfg, points = res["config"], res["loss_history"]
+        per_step = cfg["micro_batch_size"] * cfg["grad_accum"] * cfg["world_size"] * cfg["seq_len"]
         assert [p["tokens"] for p in points] == [p["tokens_counted"] for p in points]
-        assert [p["tokens"] for p in points] == [s * 2 * gas * 64 for s in range(1, 5)]
+        assert [p["tokens"] for p in points] == [p["step"] * per_step for p in points]
         assert all(b["elapsed_s"] > a["elapsed_s"] > 0 for a, b in zip(points, points[1:]))
+    assert [bf16_result("ddp")["config"][k] for k in ("micro_batch_size", "grad_accum")] == [2, 2]

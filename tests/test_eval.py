@@ -1,13 +1,12 @@
 """Evaluation: where validation text comes from (decided before anything is written), and an eval loss that equals
 the mean token cross-entropy a plain transformers model computes on the same text, with 2 processes."""
 
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, train
+from conftest import train
 from hfscale.errors import HfscaleError
 from hfscale.run.args import DataArguments
 from hfscale.run.data import DEFAULT_VALIDATION_PERCENTAGE, validation_plan

@@ -2,52 +2,46 @@
 `--resume_from_checkpoint latest`, and get exactly the uninterrupted run's losses on exactly the same samples.
 An interrupted save (a checkpoint directory without its completion marker) is never resumed from.
 
-fp32 on CPU is deterministic and a checkpoint restores everything a step depends on (weights, optimizer and
-scheduler state, RNG, data position, PowerSGD's error feedback), so "the same" means equal to the last bit: the
-tolerance is 0 for every strategy but the ZeRO-Offload ones (see TOLERANCE)."""
+The uninterrupted run is each strategy's bf16 run (conftest.BF16_RUNS: gradient accumulation 2, activation
+checkpointing, a checkpoint every 4 steps, per-batch digests), which other tests read too; the killed run is the same
+command. bf16 on CPU is deterministic and a checkpoint restores everything a step depends on (weights, fp32 masters,
+optimizer and scheduler state, RNG, data position, PowerSGD's error feedback), so "the same" means equal to the last
+bit: the tolerance is 0 for every strategy but the ZeRO-Offload ones (see TOLERANCE)."""
 
 import json
 import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import TINY, accelerate_launch, env
+from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env
 from hfscale.launch import kill_tree
 
 pytestmark = pytest.mark.multiprocess
 
 STRATEGIES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
-STEPS, SAVE_EVERY = 6, 2
-# fp32 on CPU, same kernels, same order: resumed losses equal the uninterrupted ones exactly - except after
-# ZeRO-Offload's resume, where DeepSpeed's CPU Adam reloads its fp32 partition and the losses agree only to float32
-# rounding (seen: 1.3e-7 relative; allowed: 1e-6, about 8 ulps). docs/reliability.md says the same.
+STEPS, SAVE_EVERY = PARITY_STEPS, BF16_SAVE_STEPS
+# Same kernels, same order: resumed losses equal the uninterrupted ones exactly - except after ZeRO-Offload's resume,
+# where DeepSpeed's CPU Adam reloads its fp32 partition and the losses agree only to float32 rounding (seen in fp32:
+# 1.3e-7 relative; allowed: 1e-6, about 8 ulps). docs/reliability.md says the same.
 TOLERANCE = {"zero2_offload": 1e-6, "zero3_offload": 1e-6}
 
 
-def args_for(strategy, out, *extra):
-    # Gradient accumulation and activation checkpointing on: resume must also land between accumulated micro-batches
-    # right, and every strategy gets a CI run with both.
-    return ["--strategy", strategy, *TINY, "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps",
-            str(SAVE_EVERY), "--gradient_accumulation_steps", "2", "--activation_checkpointing",
-            "--record_batches", "--fingerprint_weights", "--output_dir", str(out),
-            *(["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []), *extra]
-
-
-def launch(args, timeout=420):
-    proc = subprocess.run(accelerate_launch(args, 2), env=env(), capture_output=True, text=True, timeout=timeout)
+def launch(strategy, out, *extra, timeout=420):
+    cmd, cwd = bf16_command(strategy, out, *extra)
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 
 
-def run_and_kill(args, kill_at_step: int) -> None:
+def run_and_kill(strategy, out, kill_at_step: int) -> None:
     """Start the run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses."""
-    proc = subprocess.Popen(accelerate_launch(args, 2), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    cmd, cwd = bf16_command(strategy, out)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     logged, deadline, seen = 0, time.time() + 300, []
     for line in proc.stdout:
         seen.append(line)
@@ -68,11 +62,10 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     seed = int(os.environ.get("HFSCALE_FAULT_SEED", STRATEGIES.index(strategy)))  # reproducible; vary it by hand
     kill_at = random.Random(seed).randint(SAVE_EVERY + 1, STEPS - 1)  # after the first checkpoint, before the end
     print(f"{strategy}: killed after step {kill_at} (HFSCALE_FAULT_SEED={seed})")
-    reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
-    launch(args_for(strategy, reference_dir))
-    reference = json.loads((reference_dir / "results.json").read_text())
+    faulty_dir = tmp_path / "faulty"
+    reference = bf16_result(strategy)
 
-    run_and_kill(args_for(strategy, faulty_dir), kill_at)
+    run_and_kill(strategy, faulty_dir, kill_at)
     killed = json.loads((faulty_dir / "results.json").read_text())
     assert killed["status"] == "running"  # the results file is intact (atomic writes), not half a JSON document
     complete = sorted(int(p.name.split("-")[1]) for p in faulty_dir.glob("checkpoint-*")
@@ -83,7 +76,7 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     shutil.copytree(faulty_dir / f"checkpoint-{complete[-1]}", interrupted)
     (interrupted / "hfscale_checkpoint.json").unlink()
 
-    launch(args_for(strategy, faulty_dir, "--resume_from_checkpoint", "latest"))
+    launch(strategy, faulty_dir, "--resume_from_checkpoint", "latest")
     resumed = json.loads((faulty_dir / "results.json").read_text())
     start = complete[-1]
     assert resumed["status"] == "ok" and resumed["steps"] == STEPS
@@ -102,10 +95,10 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     assert all(c["save_s"] > 0 and c["size_gb"] > 0 for c in resumed["checkpoints"])
 
     # The final checkpoint exports to a plain HF model with the training model's logits (and no optimizer state).
-    exported = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "hfscale", "export", str(faulty_dir / f"checkpoint-{STEPS}"), str(exported)],
-                          env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (in this process: `hfscale export` is this function behind its argument parser)
+    from hfscale.run.export import export
+
+    exported = export(faulty_dir / f"checkpoint-{STEPS}", tmp_path / "exported", "fp32")
     assert {p.name for p in exported.iterdir()} >= {"config.json", "model.safetensors"}
     assert not [p for p in exported.iterdir() if "optim" in p.name or p.suffix in (".pt", ".bin", ".pth")]
     import torch
@@ -113,7 +106,15 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
 
     from hfscale.parallel.verify import probe_ids
 
+    # Computed as the engine computed them: the run's logits are bf16 (ddp: autocast over fp32 weights; FSDP2 and
+    # DeepSpeed: a bf16 module whose weights are the exported fp32 masters rounded)
     model = AutoModelForCausalLM.from_pretrained(exported)
+    ids = probe_ids(resumed["model"]["vocab"])
     with torch.no_grad():
-        logits = model(input_ids=probe_ids(resumed["model"]["vocab"])).logits[0, :4, :8].flatten()
+        if strategy.startswith("ddp"):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+        else:
+            logits = model.to(torch.bfloat16)(input_ids=ids).logits
+    logits = logits[0, :4, :8].float().flatten()
     assert torch.allclose(logits, torch.tensor(resumed["probe_logits"]), rtol=0, atol=1e-5), strategy

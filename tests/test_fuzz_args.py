@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
+from conftest import REPO, restored_environment
 from hfscale.errors import HfscaleError
 
 NAMES = {
@@ -65,8 +65,9 @@ def offline_parser(monkeypatch):
     from hfscale.train import check_args
 
     def parse_and_build(argv):
-        _, _, training, _ = check_args(argv)
-        return build_training_arguments(training)
+        with restored_environment():  # transformers exports FSDP_* while building FSDP arguments: each example
+            _, _, training, _ = check_args(argv)  # starts from the same environment, whatever the one before drew
+            return build_training_arguments(training)
 
     return parse_and_build
 
@@ -84,8 +85,8 @@ def test_any_command_line_is_accepted_or_refused_in_one_line(offline_parser, arg
 yaml_scalar = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=True), value_text,
                         st.sampled_from(["ddp", "zero3", "adamw", "adafactor", "--model tiny", "--strategy ddp", "'"]))
 yaml_value = st.one_of(yaml_scalar, st.lists(yaml_scalar, max_size=3), st.dictionaries(value_text, yaml_scalar, max_size=2))
-SWEEP_KEYS = ["strategies", "optims", "nprocs", "micro_batch_sizes", "grad_accum", "checkpointing", "train_args",
-              "timeout", "out", "batch"]
+SWEEP_KEYS = ["strategy", "optim", "num_processes", "per_device_train_batch_size", "gradient_accumulation_steps",
+              "activation_checkpointing", "train_args", "timeout", "out", "batch", "strategies", "grad_accum"]
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,6 +10,17 @@ from conftest import REPO
 from hfscale.errors import HfscaleError
 
 
+def route_plan(strategy: str, on_cuda: bool, world: int = 2, per_node: int = 2):
+    """The RunPlan of a tiny run of `strategy` on `world` processes, on the GPU or the CPU route."""
+    from hfscale.models import PRESETS
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.runplan import RunPlan
+
+    return RunPlan(get_strategy(strategy), get_optimizer("adamw"), PRESETS["tiny"], 64, world_size=world,
+                   processes_per_node=per_node, device_type="cuda" if on_cuda else "cpu")
+
+
 @pytest.fixture()
 def gpus(monkeypatch):
     """fake(n): this machine sees n CUDA devices (0: none)."""
@@ -44,11 +55,13 @@ def test_a_node_never_gets_more_processes_than_gpus(gpus):
     assert _value(strategy_launch(["--strategy", "ddp"], 3), "--num_processes") == "3"  # CPU: gloo, any number
 
 
-def test_sweep_and_parity_launch_each_strategy_with_its_shipped_config(monkeypatch, tmp_path):
+def test_sweep_and_parity_launch_each_strategy_with_its_shipped_config(gpus, monkeypatch, tmp_path):
     """Without --config_file a user's default accelerate config (mixed precision, gpu_ids) would leak into every run."""
     import subprocess
 
     from hfscale import launch
+
+    gpus(0)  # 2 processes: a CPU machine's launch (a 1-GPU host would refuse it, as it should)
 
     seen = []
 
@@ -73,7 +86,6 @@ def test_fsdp_offload_gets_its_cpu_backend_on_every_launch_route(gpus, monkeypat
     `python`, a --multi_gpu launch would give plain nccl, and the gradient-norm all-reduce of CPU-offloaded shards
     fails. setup_processes exports them for fsdp_offload itself."""
     from hfscale.parallel.distributed import setup_processes
-    from hfscale.parallel.strategies import get_strategy
 
     for var in ("ACCELERATE_USE_FSDP", "FSDP_OFFLOAD_PARAMS"):  # recorded, so the test leaves the environment as
         monkeypatch.setenv(var, "")  # it found it (delenv of an unset variable records nothing, and every later
@@ -81,8 +93,8 @@ def test_fsdp_offload_gets_its_cpu_backend_on_every_launch_route(gpus, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     gpus(2)
-    assert setup_processes(get_strategy("fsdp")) == {} and "FSDP_OFFLOAD_PARAMS" not in os.environ
-    setup_processes(get_strategy("fsdp_offload"))
+    assert setup_processes(route_plan("fsdp", True)) == {} and "FSDP_OFFLOAD_PARAMS" not in os.environ
+    setup_processes(route_plan("fsdp_offload", True))
     assert os.environ["ACCELERATE_USE_FSDP"] == "true" and os.environ["FSDP_OFFLOAD_PARAMS"] == "true"
     import accelerate.state as state_module
 
@@ -108,28 +120,31 @@ def test_world_size_without_local_rank_is_refused_on_a_gpu_machine(gpus, monkeyp
 
 
 def test_use_cpu_on_a_gpu_machine_takes_the_cpu_route(gpus, monkeypatch):
-    """--use_cpu on a GPU host is a CPU run: the CPU optimizer, the gloo/DeepSpeed-on-CPU set-up, no fp16."""
-    from hfscale.parallel.distributed import on_accelerator, setup_processes
-    from hfscale.parallel.strategies import get_strategy
-    from hfscale.run.args import parse_args
-
+    """--use_cpu on a GPU host is a CPU run: the CPU optimizer, the gloo/DeepSpeed-on-CPU set-up, no fp16, and a plan
+    without the CUDA-only memory terms."""
     from hfscale.parallel import distributed
+    from hfscale.parallel.distributed import on_accelerator, setup_processes
+    from hfscale.train import check_args
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     gpus(8)
     assert on_accelerator(use_cpu=False) and not on_accelerator(use_cpu=True)
-    _, _, gpu_kw, _ = parse_args([])
-    _, _, cpu_kw, _ = parse_args(["--use_cpu"])
+    _, _, gpu_kw, gpu_state = check_args([])
+    _, _, cpu_kw, cpu_state = check_args(["--use_cpu"])
     assert (gpu_kw["optim"], cpu_kw["optim"]) == ("adamw_torch_fused", "adamw_torch")  # the fused kernel is CUDA's
+    assert (gpu_state.plan.device_type, cpu_state.plan.device_type) == ("cuda", "cpu")
+    gpu_mem, cpu_mem = gpu_state.plan.memory(), cpu_state.plan.memory()
+    assert cpu_mem.device_total == cpu_mem.allocated and cpu_mem.activation_calibration == "cpu"  # no CUDA terms
+    assert gpu_mem.device_total == int(gpu_mem.allocated * 1.05 + 1e9) and gpu_mem.activation_calibration != "cpu"
     with pytest.raises(HfscaleError, match="--fp16 needs a GPU"):
-        parse_args(["--fp16", "--use_cpu"])
+        check_args(["--fp16", "--use_cpu"])
     for var, value in (("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("DS_ACCELERATOR", "")):
         monkeypatch.setenv(var, value)  # restored after the test; no process group is started here
     monkeypatch.delenv("DS_ACCELERATOR")
     monkeypatch.setattr(distributed, "configure_state_for_cpu_deepspeed", lambda: "the CPU DeepSpeed route")
-    assert setup_processes(get_strategy("zero1"), use_cpu=True) == {"accelerator_config": "the CPU DeepSpeed route"}
+    assert setup_processes(route_plan("zero1", False)) == {"accelerator_config": "the CPU DeepSpeed route"}
     assert os.environ["DS_ACCELERATOR"] == "cpu"
-    assert setup_processes(get_strategy("zero1"), use_cpu=False) == {}  # the GPU route is left to the libraries
+    assert setup_processes(route_plan("zero1", True)) == {}  # the GPU route is left to the libraries
 
 
 def test_a_bf16_checkpoint_loads_as_fp32_masters(tmp_path):
@@ -140,7 +155,7 @@ def test_a_bf16_checkpoint_loads_as_fp32_masters(tmp_path):
 
     from hfscale.parallel.strategies import get_strategy
     from hfscale.parallel.verify import StrategyMismatch, check_precision
-    from hfscale.run.models import PRESETS, build_model, load_pretrained
+    from hfscale.models import PRESETS, build_model, load_pretrained
 
     build_model(PRESETS["tiny"], seed=0).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     model, _ = load_pretrained(str(tmp_path / "bf16"))
@@ -159,17 +174,16 @@ def test_the_clock_waits_for_the_gpu_before_a_checkpoint_save(monkeypatch, tmp_p
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
 
     from hfscale.run.measure import MeasureCallback, Meter
-    from hfscale.run.models import PRESETS
-    from hfscale.run.results import RunRecord
+    from hfscale.run.results import Results, RunRecord
 
     synced = []
     state = TrainerState()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(state.global_step))
-    meter = Meter(PRESETS["tiny"], micro_batch=1, grad_accum=1, gpus=1, seq=64, checkpointing=False,
-                  token_budget=1e9, peak_tflops=None, warmup_steps=1, on_cuda=True)
+    meter = Meter(route_plan("ddp", True, world=1, per_node=1), token_budget=1e9, peak_tflops=None, warmup_steps=1)
     args = TrainingArguments(output_dir=str(tmp_path), save_strategy="steps", save_steps=2, eval_strategy="no",
                              logging_steps=100, use_cpu=True, report_to="none")
-    handler = CallbackHandler([DefaultFlowCallback(), MeasureCallback(meter, RunRecord(tmp_path, {}, False), None, True)],
+    handler = CallbackHandler([DefaultFlowCallback(), MeasureCallback(meter, RunRecord(tmp_path, Results(), False), None,
+                                                                      True)],
                               None, None, None, None)
     state.max_steps, state.save_steps, state.logging_steps, state.eval_steps = 5, 2, 100, 100  # as Trainer.train sets
     meter.begin(0)
@@ -185,11 +199,13 @@ def test_the_precision_recorded_is_the_one_the_run_computes_in(gpus, monkeypatch
     on; recording fp32 for either would divide by the fp32 peak and report an MFU several times too high."""
     import torch
 
-    from hfscale.parallel.distributed import run_precision, tf32_matmuls
+    from hfscale.parallel.distributed import tf32_matmuls
+    from hfscale.runplan import compute_precision
 
-    assert run_precision(False, False, "bf16", None, False) == "bf16"  # the environment's autocast
-    assert run_precision(False, False, "no", None, True) == "tf32"  # torch_compile's TF32
-    assert run_precision(False, False, "no", None, False) == "fp32" and run_precision(True, False, "no", None, True) == "bf16"
+    assert compute_precision(False, False, "bf16", None, False) == "bf16"  # the environment's autocast
+    assert compute_precision(False, False, "no", None, True) == "tf32"  # torch_compile's TF32
+    assert compute_precision(False, False, "no", None, False) == "fp32"
+    assert compute_precision(True, False, "no", None, True) == "bf16"
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
     try:
@@ -207,15 +223,14 @@ def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch)
 
     import torch
 
-    from hfscale.parallel.strategies import get_strategy
     from hfscale.parallel.verify import StrategyMismatch
     from hfscale.run.trainer import MAX_SKIPPED_STEPS, StrategyCallback
 
     param = torch.nn.Parameter(torch.zeros(4))
     optimizer = torch.optim.AdamW([param])
-    trainer = SimpleNamespace(optimizer=optimizer, strategy=get_strategy("zero2"), powersgd_state=None)
-    callback = StrategyCallback(trainer, optim="adamw", total_params=4, powersgd=None, launcher_world_size=1,
-                                on_accelerator=True, record=None)
+    plan = route_plan("zero2", True, world=1, per_node=1)
+    trainer = SimpleNamespace(optimizer=optimizer, plan=plan, powersgd_state=None)
+    callback = StrategyCallback(trainer, total_params=4, powersgd=None, record=None)
     checked = []
     monkeypatch.setattr(callback, "_check_optimizer_states", lambda: checked.append("states"))
     monkeypatch.setattr(callback, "_measure_model_states", lambda: checked.append("bytes"))
@@ -229,9 +244,8 @@ def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch)
     callback.on_step_end(None, SimpleNamespace(global_step=3), None)
     assert checked == ["states", "bytes"]  # once, after the first real step
     stuck = StrategyCallback(SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))]),
-                                             strategy=get_strategy("zero2"), powersgd_state=None),
-                             optim="adamw", total_params=2, powersgd=None, launcher_world_size=1,
-                             on_accelerator=True, record=None)
+                                             plan=plan, powersgd_state=None),
+                             total_params=2, powersgd=None, record=None)
     with pytest.raises(StrategyMismatch, match="has not stepped"):
         stuck.on_step_end(None, SimpleNamespace(global_step=MAX_SKIPPED_STEPS), None)
 
@@ -241,15 +255,67 @@ def test_hsdp_mesh_reaches_accelerate_on_the_gpu_route_and_hfscale_on_the_cpu_ro
     builds the 2-D mesh from. CPU: accelerate raises on a ParallelismConfig in a MULTI_CPU state, so the launcher's
     ACCELERATE_USE_PARALLELISM_CONFIG is dropped and hooks.force_fsdp_state sets the mesh (tests/test_multinode.py)."""
     from hfscale.parallel.distributed import setup_processes
-    from hfscale.parallel.strategies import get_strategy
 
     for var, value in (("WORLD_SIZE", "16"), ("LOCAL_WORLD_SIZE", "8"), ("LOCAL_RANK", "0"), ("DS_ACCELERATOR", ""),
                        ("ACCELERATE_USE_PARALLELISM_CONFIG", "true"), ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2"),
                        ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "8")):
         monkeypatch.setenv(var, value)  # restored after the test; no process group is started here
     gpus(8)
-    config = setup_processes(get_strategy("fsdp_hybrid"))["parallelism_config"]
+    config = setup_processes(route_plan("fsdp_hybrid", True, world=16, per_node=8))["parallelism_config"]
     assert (config.dp_replicate_size, config.dp_shard_size) == (2, 8) and config.dp_replicate_enabled
     assert os.environ["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"  # the GPU route leaves the launcher's choice
-    assert setup_processes(get_strategy("fsdp_hybrid"), use_cpu=True) == {}
+    assert setup_processes(route_plan("fsdp_hybrid", False, world=16, per_node=8)) == {}
     assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in os.environ
+
+
+def test_hfscales_barriers_name_their_gpu(monkeypatch):
+    """NCCL's barrier() guesses the device (and warns at every call) unless it is given device_ids: hfscale's own
+    barriers (the end of a run, each checkpoint save) pass the GPU this rank drives; gloo's take none."""
+    import torch
+    import torch.distributed as dist
+
+    from hfscale.parallel.distributed import barrier
+
+    calls = []
+    monkeypatch.setattr(dist, "barrier", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for backend in ("nccl", "gloo"):
+        monkeypatch.setattr(dist, "get_backend", lambda backend=backend: backend)
+        barrier()
+    assert calls == [{"device_ids": [3]}, {}]
+
+
+def test_the_console_line_is_short_and_the_full_set_goes_to_the_record():
+    """14 perf/* keys printed at every logging step could not be read: the console shows loss, lr, grad norm,
+    tokens/s, TFLOPs/GPU, MFU and memory; the end-of-training metrics line is printed as the Trainer made it."""
+    from hfscale.run.trainer import console_logs
+
+    logs = {"loss": 7.1, "grad_norm": 1.2, "learning_rate": 1e-3, "epoch": 0.5, "tokens": 512, "elapsed_s": 1.0,
+            "perf/s_per_iter": 0.1, "perf/tokens_per_s": 5120.0, "perf/tokens_per_s_per_gpu": 2560.0,
+            "perf/samples_per_s": 80.0, "perf/tflops_per_gpu": 1.5, "perf/tflops_per_gpu_hardware": 1.6,
+            "perf/tflops_per_gpu_bigscience": 1.4, "perf/mfu": 0.4, "perf/hfu": 0.42, "perf/days_to_budget": 226.0,
+            "perf/gpu_days_to_budget": 452.0, "memory/step_peak_gb": 3.2, "memory/step_delta_gb": 1.1}
+    assert console_logs(logs) == {"loss": 7.1, "grad_norm": 1.2, "lr": 1e-3, "tokens_per_s": 5120.0,
+                                  "tflops_per_gpu": 1.5, "mfu": 0.4, "mem_gb": 3.2, "epoch": 0.5}
+    final = {"train_runtime": 3.0, "train_loss": 7.0}
+    assert console_logs(final) == final
+
+
+def test_ddp_compiles_by_default_on_a_gpu_and_says_how_to_turn_it_off(gpus, monkeypatch):
+    """torch.compile was measured to pay for ddp on an H100 (1.9x the tokens/s): on by default there, off on a CPU,
+    off when the user says so, and off for strategies no GPU session has measured compiled yet."""
+    from hfscale.run.measure import format_summary
+    from hfscale.run.results import Results
+    from hfscale.train import check_args
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    gpus(1)
+    assert check_args([])[2]["torch_compile"] and check_args([])[3].plan.torch_compile
+    assert not check_args(["--torch_compile", "false"])[2]["torch_compile"]
+    assert not check_args(["--strategy", "zero1"])[2]["torch_compile"]
+    assert not check_args(["--use_cpu"])[2]["torch_compile"]
+    results = Results.from_dict({"status": "ok", "run_name": "r", "model": {"name": "tiny", "params_model": 1e6},
+                                 "config": {"world_size": 1, "torch_compile": True, "token_budget": 1e11},
+                                 "environment": {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}})
+    assert "compiled (--torch_compile false for eager)" in format_summary(results)

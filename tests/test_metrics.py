@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hfscale.formulas import metrics
 from hfscale.formulas.metrics import ModelShape
-from hfscale.run.models import PRESETS, hf_config
+from hfscale.models import PRESETS, hf_config
 
 
 def _model(shape, attn="eager", device=None):
@@ -75,11 +75,24 @@ def test_bigscience_worked_example():
     assert metrics.bigscience_tflops_per_gpu(52e9, 1024, 1024, 125, 64, checkpointing=False) == pytest.approx(tflops * 3 / 4)
 
 
-def test_days_and_tokens_per_step():
-    assert metrics.tokens_per_step(2, 64, 8, 2048) == 2 * 64 * 8 * 2048
-    days, gpu_days = metrics.days_to_train(1e11, 250_000.0, 8)
-    assert days == 1e11 / 250_000.0 / 86_400
-    assert gpu_days == days * 8
+def test_days_from_throughput_reproduce_the_megatron_papers_gpt3_estimate():
+    """Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec.
+    5.1): GPT-3 175B (96 layers, hidden 12288, seq 2048, vocabulary 51200) at 140 TFLOPs per GPU on 1024 A100s trains
+    300B tokens in "about 34 days", counting FLOPs with full activation recomputation (their eq. 3: 96·B·s·l·h²·(1 +
+    s/6h + V/16lh) per iteration). hfscale's hardware FLOPs with the reentrant (full) recompute, its tokens/s and its
+    days must give the same."""
+    shape = ModelShape("gpt2", 96, 12288, 96, 51200, 2048)
+    _, hardware = metrics.training_flops_per_sequence(shape, 2048, recompute=True, full_recompute=True)
+    per_token = 96 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (16 * 96 * 12288))  # their eq. 3, B·s = 1
+    assert hardware / 2048 == pytest.approx(per_token, rel=1e-3)
+    tokens_per_s = 1024 * 140e12 / (hardware / 2048)
+    days, gpu_days = metrics.days_to_train(300e9, tokens_per_s, 1024)
+    assert days == pytest.approx(34, rel=0.03) and gpu_days == pytest.approx(34 * 1024, rel=0.03)
+    # the same through one step's figures (2048 sequences per step here): 140 TFLOPs of hardware FLOPs, 34 days
+    fig = metrics.step_figures(shape, s_per_iter=2048 * hardware / (1024 * 140e12), micro_batch=2, grad_accum=1,
+                               gpus=1024, seq=2048, checkpointing=True, token_budget=300e9, peak_tflops=312.0,
+                               full_recompute=True)
+    assert fig.tflops_per_gpu_hardware == pytest.approx(140) and fig.days_to_budget == pytest.approx(days)
 
 
 def test_step_figures_are_consistent():
@@ -119,14 +132,15 @@ def test_peak_table_matches_device_names_exactly(name, dtype, peak):
 def test_an_unknown_gpu_gets_no_mfu_and_says_why():
     from types import SimpleNamespace
 
-    from hfscale.train import peak_tflops
+    from hfscale.run.record import peak_tflops
+    from hfscale.run.results import EnvironmentRecord
 
-    args = SimpleNamespace(measure_peak=False, peak_tflops=None, bf16=True, fp16=False, tf32=False, local_process_index=0,
-                           mixed_precision="bf16", device=SimpleNamespace(type="cuda"))
-    peak, source, measured = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA RTX 6000 Ada Generation"})
-    assert peak is None and measured is None and "unknown device" in source and "--peak_tflops" in source
-    peak, source, _ = peak_tflops(args, {"device_type": "cuda", "device_name": "NVIDIA H100 NVL"})
-    assert peak == 835.5 and source.startswith("datasheet")
+    args = SimpleNamespace(measure_peak=False, peak_tflops=None, local_process_index=0)
+    perf = peak_tflops(args, EnvironmentRecord(device_type="cuda", device_name="NVIDIA RTX 6000 Ada Generation"), "bf16")
+    assert perf.peak_tflops is None and perf.measured_peak_tflops is None
+    assert "unknown device" in perf.peak_source and "--peak_tflops" in perf.peak_source
+    perf = peak_tflops(args, EnvironmentRecord(device_type="cuda", device_name="NVIDIA H100 NVL"), "bf16")
+    assert perf.peak_tflops == 835.5 and perf.peak_source.startswith("datasheet")
 
 
 def test_tflops_label_one_decimal_always_and_never_zero_for_a_real_figure():

@@ -11,21 +11,21 @@ import sys
 
 import pytest
 
-from conftest import HSDP_STEPS, TINY, run, slurm, slurm_train, train
+from conftest import HSDP_STEPS, PARITY_STEPS, TINY, parity_runs, run, slurm, slurm_train, train
 
 pytestmark = pytest.mark.multiprocess
 
-STEPS = 5
+STEPS = PARITY_STEPS
 
 
 def _train_args(out) -> list[str]:
     return [*TINY, "--max_steps", str(STEPS), "--output_dir", str(out)]
 
 
-@pytest.fixture(scope="module")
-def single_node(tmp_path_factory):
-    """The reference: the same run on one node with 2 processes (fp32, same seed)."""
-    return train(tmp_path_factory.mktemp("one-node") / "run", "ddp", "--max_steps", str(STEPS), steps=STEPS)
+@pytest.fixture()
+def single_node():
+    """The reference: the same run on one node with 2 processes (fp32, same seed): the parity suite's ddp run."""
+    return parity_runs()["runs"]["ddp"]
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp"])
@@ -51,6 +51,7 @@ def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(hsd
     mesh, every rank holds half of them (a node's share, not a world-wide quarter), and losses, gradient norms and
     final weights match ddp on 4 processes within 1e-4 over 20 steps."""
     from hfscale.compare.parity import compare
+    from hfscale.run.results import Results
 
     res = hsdp_job
     assert res["strategy"] == "fsdp_hybrid" and res["config"]["world_size"] == 4
@@ -64,7 +65,8 @@ def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(hsd
     assert len(ranks) == 4
     for rank in ranks:  # a node's 2 processes split the model; ZeRO-like world sharding would leave ~1/4
         assert 0.4 < rank["parameters"] / full < 0.6 and 0.4 < rank["optimizer_states"] / (2 * full) < 0.6, ranks
-    verdict = compare(ddp_four, res, "fsdp_hybrid", "adamw", 1e-4, None)
+    results = [Results.from_dict({k: v for k, v in r.items() if not k.startswith("_")}) for r in (ddp_four, res)]
+    verdict = compare(*results, "fsdp_hybrid", "adamw", 1e-4, None)
     assert verdict.weights_max_rel is not None and verdict.grad_norm_max_rel is not None
     assert verdict.verdict == "pass" and verdict.steps == HSDP_STEPS, verdict
 

@@ -3,45 +3,34 @@
 Runs are real `accelerate launch` subprocesses; each is started once per session and reused by the checks below.
 """
 
-import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, accelerate_launch, run, train
-from hfscale.run.results import read_results
+from conftest import (BF16_RUNS, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY, accelerate_launch, bf16_result,
+                      parity_runs, run, shared_train)
 
 pytestmark = pytest.mark.multiprocess
 
-PARITY_STEPS = 20
-SHARDED = ["zero1", "zero2", "zero3", "fsdp"]
-_cache: dict = {}
+SHARED = PARITY_STRATEGIES  # zero1, zero2, zero3, fsdp
 
 
-def result(runs_dir, key: str, strategy, *extra, **kw) -> dict:
-    if key not in _cache:
-        _cache[key] = train(runs_dir / key, strategy, *extra, **kw)
-    return _cache[key]
+def result(key: str, strategy, *extra, **kw) -> dict:
+    return shared_train(key, strategy, *extra, **kw)
 
 
-@pytest.fixture(scope="module")
-def parity(runs_dir):
-    """One `hfscale parity` over the sharded strategies (it runs ddp as the reference): the CI parity check."""
-    out = runs_dir / "parity"
-    fixed = [a for i, a in enumerate(TINY) if "--logging_steps" not in (a, TINY[i - 1])]
-    fixed += ["--include_num_input_tokens_seen", "true"]  # the Trainer's own token count, for the tokens/s check
-    proc = run([sys.executable, "-m", "hfscale", "parity", "--strategies", ",".join(SHARDED), "--steps", str(PARITY_STEPS),
-                "--nproc", "2", "--out", str(out), "--", *fixed], timeout=1500)
-    assert (out / "parity.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads((out / "parity.json").read_text()), out
+@pytest.fixture()
+def parity():
+    """One `hfscale parity` over the sharded strategies (conftest.parity_runs): the CI parity check."""
+    return parity_runs()
 
 
-def parity_run(runs_dir, strategy, nproc=2, mbs=4):
+def parity_run(strategy, nproc=2, mbs=4):
     if nproc == 2 and mbs == 4:  # the runs `hfscale parity` made
-        out = runs_dir / "parity" / strategy
-        return {**read_results(out), "_stdout": (out / "launch.log").read_text()}
-    return result(runs_dir, f"parity-{strategy}-np{nproc}", strategy, "--fingerprint_weights",
+        return parity_runs()["runs"][strategy]
+    return result(f"parity-{strategy}-np{nproc}", strategy, "--fingerprint_weights",
                   "--per_device_train_batch_size", str(mbs), "--include_num_input_tokens_seen", "true", nproc=nproc,
                   steps=PARITY_STEPS)
 
@@ -57,21 +46,21 @@ def max_rel(a: list[float], b: list[float]) -> float:
 
 def test_hfscale_parity_passes_for_every_sharded_strategy(parity):
     """`hfscale parity`: same seed, data and fp32, 20 steps -> losses, grad norms and weights within 1e-4 of ddp."""
-    proc, report, _ = parity
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    proc, report = parity["proc"], parity["report"]
+    assert proc["returncode"] == 0, proc["stdout"][-3000:]
     assert report["tolerance"] == 1e-4
     verdicts = {c["strategy"]: c for c in report["comparisons"]}
-    assert set(verdicts) == set(SHARDED)
+    assert set(verdicts) == set(SHARED)
     for strategy, c in verdicts.items():
         assert c["verdict"] == "pass" and c["steps"] == PARITY_STEPS, c
         assert c["loss_max_rel"] <= 1e-4 and c["grad_norm_max_rel"] <= 1e-4 and c["weights_max_rel"] <= 1e-4
-    assert "all judged strategies match ddp" in proc.stdout
+    assert "all judged strategies match ddp" in proc["stdout"]
 
 
-@pytest.mark.parametrize("strategy", SHARDED)
-def test_parity_with_ddp(parity, runs_dir, strategy):
+@pytest.mark.parametrize("strategy", SHARED)
+def test_parity_with_ddp(strategy):
     """The same check by hand on the parity runs' results files (independent of hfscale.parity's arithmetic)."""
-    ref, res = parity_run(runs_dir, "ddp"), parity_run(runs_dir, strategy)
+    ref, res = parity_run("ddp"), parity_run(strategy)
     assert len(losses(res)) == PARITY_STEPS
     assert max_rel(losses(res), losses(ref)) <= 1e-4
     ref_w, w = ref["final_weights"], res["final_weights"]
@@ -85,20 +74,20 @@ def test_parity_with_ddp(parity, runs_dir, strategy):
     assert losses(ref)[-1] < losses(ref)[0] - 0.05
 
 
-@pytest.mark.parametrize("strategy", ["ddp", *SHARDED])
-def test_each_rank_trains_on_its_own_samples(parity, runs_dir, strategy):
-    check = parity_run(runs_dir, strategy)["strategy_check"]
+@pytest.mark.parametrize("strategy", ["ddp", *SHARED])
+def test_each_rank_trains_on_its_own_samples(strategy):
+    check = parity_run(strategy)["strategy_check"]
     assert check["world_size_launcher"] == check["world_size_accelerate"] == check["world_size_torch"] == 2
     first = check["first_batch_per_rank"]
     assert len(first) == 2 and first[0] != first[1]
 
 
-def test_one_and_two_processes_step_the_same_tokens(parity, runs_dir):
+def test_one_and_two_processes_step_the_same_tokens():
     """The same global batch (1 x 8 or 2 x 4 samples) gives the same tokens per step and the same losses; and the
     reported tokens/s equals the tokens the Trainer itself counted entering the model on all ranks
     (include_num_input_tokens_seen gathers every batch) over the measured steps, divided by the time between those
     steps' log points - a count and a clock the Meter never touches."""
-    one, two = parity_run(runs_dir, "ddp", nproc=1, mbs=8), parity_run(runs_dir, "ddp")
+    one, two = parity_run("ddp", nproc=1, mbs=8), parity_run("ddp")
     assert one["config"]["global_batch_size"] == two["config"]["global_batch_size"] == 8
     assert max_rel(losses(one), losses(two)) <= 1e-4
     for res in (one, two):
@@ -115,8 +104,8 @@ def test_one_and_two_processes_step_the_same_tokens(parity, runs_dir):
 @pytest.mark.parametrize("strategy,wrapper", [("ddp", "DistributedDataParallel"), ("fsdp", "FSDPGPT2LMHeadModel"),
                                               ("zero1", "DeepSpeedEngine"), ("zero2", "DeepSpeedEngine"),
                                               ("zero3", "DeepSpeedEngine")])
-def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
-    check = parity_run(runs_dir, strategy)["strategy_check"]
+def test_sharding_is_real(strategy, wrapper):
+    check = parity_run(strategy)["strategy_check"]
     assert check["wrapper"] == wrapper
     # accelerate's own view too (it once drifted back to MULTI_CPU after `prepare` under FSDP on CPU)
     assert check["distributed_type"] == {"ddp": "MULTI_CPU", "fsdp": "FSDP"}.get(strategy, "DEEPSPEED")
@@ -131,50 +120,34 @@ def test_sharding_is_real(parity, runs_dir, strategy, wrapper):
         assert check["zero_stage"] == int(strategy[-1])
 
 
-# bf16 for every strategy. The offload, PowerSGD and launcher-config runs below train in bf16 too (one run each
-# serves both checks); ddp, fsdp, zero1 and zero3 get a run of their own (zero1's through `hfscale launch`).
-BF16_RUNS = {"ddp": ("ddp-bf16", "ddp", []), "fsdp": ("fsdp-bf16", "fsdp", []), "zero1": ("zero1-bf16", "zero1", []),
-             "zero3": ("zero3-bf16", "zero3", []),
-             "zero2_offload": ("zero2_offload", "zero2_offload", []), "zero3_offload": ("zero3_offload", "zero3_offload", []),
-             "fsdp_offload": ("fsdp_offload", "fsdp_offload", []),
-             "ddp_powersgd": ("powersgd", "ddp_powersgd", ["--powersgd_warmup_steps", "3", "--powersgd_rank", "2"]),
-             "zero2": ("cfg-zero2", None, [])}
-
-
-def bf16_result(runs_dir, strategy: str) -> dict:
-    key, name, extra = BF16_RUNS[strategy]
-    config = str(REPO / "accelerate_configs" / "zero2.yaml") if name is None else None
-    if key not in _cache:
-        _cache[key] = train(runs_dir / key, name, "--bf16", *extra, steps=PARITY_STEPS, config_file=config,
-                            hfscale_launch=strategy == "zero1")
-    return _cache[key]
-
+# bf16 for every strategy: conftest.BF16_RUNS (also the uninterrupted references of the fault tests).
 
 @pytest.mark.parametrize("strategy", list(BF16_RUNS))
-def test_bf16_reaches_the_engine_and_trains_the_same_model(parity, runs_dir, strategy):
-    res = bf16_result(runs_dir, strategy)
+def test_bf16_reaches_the_engine_and_trains_the_same_model(strategy):
+    res = bf16_result(strategy)
     assert res["config"]["precision"] == "bf16" and res["strategy"] == strategy
     check = res["strategy_check"]
     if strategy.startswith("zero"):  # DeepSpeed trains a bf16 copy; fp32 masters in the optimizer
         assert check["parameters"]["dtypes"] == ["bfloat16"] and check["optimizer_states"]["dtypes"] == ["float32"]
     if strategy.startswith("fsdp"):  # FSDP2 keeps fp32 shards and computes in its policy's dtype
         assert check["fsdp_param_dtype"] == "bfloat16" and check["parameters"]["dtypes"] == ["float32"]
-    # Same seed, data and batch as the fp32 ddp reference: the same curve up to bf16 rounding (8 mantissa bits)...
-    bf16, fp32 = losses(res), losses(parity_run(runs_dir, "ddp"))
+    # Same seed, data and samples per step as the fp32 ddp reference (MBS 2 x GAS 2 vs MBS 4): the same curve up to
+    # bf16 rounding (8 mantissa bits)...
+    bf16, fp32 = losses(res), losses(parity_run("ddp"))
     assert max_rel(bf16, fp32) < 5e-3
     if strategy != "ddp_powersgd":  # ...and not the fp32 curve itself: bf16 really ran (PowerSGD is lossy anyway)
         assert bf16 != fp32
 
 
 @pytest.mark.parametrize("strategy", ["zero2_offload", "zero3_offload", "fsdp_offload"])
-def test_offload_strategies(runs_dir, strategy):
-    res = bf16_result(runs_dir, strategy)
+def test_offload_strategies(strategy):
+    res = bf16_result(strategy)
     check = res["strategy_check"]
     assert check["optimizer_states"]["devices"] == ["cpu"]
     assert check["parameters"]["devices"] == ["cpu"]
     # on a CPU machine "device == cpu" proves nothing: the engines' own offload settings must differ from the
     # non-offload strategy's (its parity run), and ZeRO-Offload must step in DeepSpeed's CPU Adam
-    plain = parity_run(runs_dir, strategy.replace("_offload", ""))["strategy_check"]
+    plain = parity_run(strategy.replace("_offload", ""))["strategy_check"]
     if strategy.startswith("zero"):
         assert check["offload_optimizer"] is True and plain["offload_optimizer"] is False
         assert check["offload_param"] is (strategy == "zero3_offload") and plain["offload_param"] is False
@@ -186,8 +159,8 @@ def test_offload_strategies(runs_dir, strategy):
     assert math.isclose(check["optimizer_states"]["elements_local"] / check["optimizer_states"]["elements_unsharded"], 0.5, abs_tol=0.02)
 
 
-def test_powersgd_hook_compresses_after_warmup(runs_dir):
-    res = bf16_result(runs_dir, "ddp_powersgd")
+def test_powersgd_hook_compresses_after_warmup():
+    res = bf16_result("ddp_powersgd")
     psgd = res["strategy_check"]["powersgd"]
     assert psgd["rank"] == 2 and psgd["warmup_steps"] == 3
     assert psgd["compressing"] and psgd["compressed_buckets"] >= 1
@@ -195,31 +168,31 @@ def test_powersgd_hook_compresses_after_warmup(runs_dir):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
-def test_adamw_8bit_states_are_uint8_and_train_like_ddp(runs_dir, strategy):
+def test_adamw_8bit_states_are_uint8_and_train_like_ddp(strategy):
     """bitsandbytes under ddp and ZeRO; under FSDP2 torchao's AdamW8bit, whose 8-bit states are DTensors of its own
     subclass (uint8 codes, fp32 block scales): sharded per rank, and the same losses as ddp's bitsandbytes run up to
     the two libraries' quantization."""
-    res = result(runs_dir, f"{strategy}-8bit", strategy, "--optim", "adamw_8bit")
+    res = result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit")
     states = res["strategy_check"]["optimizer_states"]
     assert "uint8" in states["dtypes"]
     assert states["optimizer"].startswith("torchao." if strategy == "fsdp" else "bitsandbytes.")
     if strategy == "fsdp":
         assert states["elements_local"] / states["elements_unsharded"] == pytest.approx(0.5, abs=0.02)
-        reference = losses(result(runs_dir, "ddp-8bit", "ddp", "--optim", "adamw_8bit"))
+        reference = losses(result("ddp-8bit", "ddp", "--optim", "adamw_8bit"))
         assert max_rel(losses(res), reference) < 1e-4
         for noise in ("Failed to load", "is an Enum subclass"):  # torchao's import-time noise stays out of the log
             assert noise not in res["_stdout"] + res["_stderr"], noise
 
 
-def test_adafactor_states_are_factored(runs_dir):
-    states = result(runs_dir, "ddp-adafactor", "ddp", "--optim", "adafactor")["strategy_check"]["optimizer_states"]
+def test_adafactor_states_are_factored():
+    states = result("ddp-adafactor", "ddp", "--optim", "adafactor")["strategy_check"]["optimizer_states"]
     assert states["factored"] and {"exp_avg_sq_row", "exp_avg_sq_col"} <= set(states["keys"])
     # Factored second moments are far smaller than AdamW's two full copies.
-    assert states["elements_local"] < 0.1 * 2 * result(runs_dir, "ddp-adafactor", "ddp")["model"]["params_model"]
+    assert states["elements_local"] < 0.1 * 2 * result("ddp-adafactor", "ddp")["model"]["params_model"]
 
 
-def test_launcher_config_file_selects_the_strategy(runs_dir):
-    res = bf16_result(runs_dir, "zero2")
+def test_launcher_config_file_selects_the_strategy():
+    res = bf16_result("zero2")
     assert res["strategy"] == "zero2"
     assert res["strategy_check"]["wrapper"] == "DeepSpeedEngine" and res["strategy_check"]["zero_stage"] == 2
 
@@ -232,9 +205,9 @@ def test_launcher_config_contradicting_strategy_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_metrics_reach_tensorboard_and_results(parity, runs_dir):
-    res = parity_run(runs_dir, "zero1")
-    out = runs_dir / "parity" / "zero1"
+def test_metrics_reach_tensorboard_and_results():
+    res = parity_run("zero1")
+    out = Path(parity_runs()["folder"]) / "zero1"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(out))
@@ -245,7 +218,7 @@ def test_metrics_reach_tensorboard_and_results(parity, runs_dir):
     model = res["model"]
     assert model["params_formula"] == model["params_model"] == model["params_trainable"]
     assert res["perf"]["peak_source"].startswith("measured")  # a CPU never gets a GPU datasheet peak
-    assert "hfscale run" in res["_stdout"] and "days on 2 GPU(s)" in res["_stdout"]
+    assert "hfscale run" in res["_stdout"] and "days on 2 process(es)" in res["_stdout"]  # a CPU run's ranks
     # clean logs: hfscale's lines, the progress bar and the summary; no config dumps or library deprecations
     output = res["_stdout"] + res.get("_stderr", "")  # the parity runs' launch.log holds both streams
     for noise in ("Model config", "Generate config", "is deprecated", "kernels-community", "Configuration saved in"):
@@ -264,20 +237,20 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
 PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 
 
-def pair_result(runs_dir, strategy: str, optim: str, request) -> dict:
+def pair_result(strategy: str, optim: str, request) -> dict:
     if all_strategies()[strategy].hybrid:  # HSDP needs 2+ nodes: 2 x 2 simulated-SLURM jobs (conftest)
         return request.getfixturevalue("hsdp_8bit_job" if optim == "adamw_8bit" else "hsdp_job")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     if where.startswith("parity:"):
-        return parity_run(runs_dir, where.split(":")[1])
+        return parity_run(where.split(":")[1])
     if where.startswith("bf16:"):
-        return bf16_result(runs_dir, where.split(":")[1])
+        return bf16_result(where.split(":")[1])
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
-    return result(runs_dir, where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
+    return result(where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
 
 
 @pytest.mark.parametrize("strategy,optim", PAIRS)
-def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path, strategy, optim, request):
+def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, request):
     if (strategy, optim) in INCOMPATIBLE:
         out = tmp_path / "out"
         proc = run([sys.executable, "-m", "hfscale", "train", "--strategy", strategy, "--optim", optim, *TINY,
@@ -285,7 +258,7 @@ def test_every_pair_runs_or_is_refused_before_launch(parity, runs_dir, tmp_path,
         assert proc.returncode == 2 and f"strategy {strategy!r} cannot use optimizer {optim!r}" in proc.stderr
         assert not out.exists()
         return
-    res = pair_result(runs_dir, strategy, optim, request)
+    res = pair_result(strategy, optim, request)
     world = 4 if all_strategies()[strategy].hybrid else 2  # HSDP: 2 nodes x 2 processes
     assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == world
     check = res["strategy_check"]
@@ -300,24 +273,33 @@ BLOOM_RUNS = [("zero3", "adafactor"), ("ddp", "adamw_8bit"), ("fsdp", "adamw")]
 
 @pytest.mark.parametrize("strategy,optim,family", [(*p, "gpt2") for p in PAIRS if p not in INCOMPATIBLE]
                          + [(*p, "bloom") for p in BLOOM_RUNS])
-def test_memory_estimate_equals_what_the_engine_holds(parity, runs_dir, strategy, optim, family, request):
+def test_memory_estimate_equals_what_the_engine_holds(strategy, optim, family, request):
     """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
     states, counted by storage on the live engine, against hfscale.formulas.memory: equal within 2%. The estimate
     is for the rank that holds the most, so it is compared with the largest rank."""
     if family == "gpt2":
-        res = pair_result(runs_dir, strategy, optim, request)
+        res = pair_result(strategy, optim, request)
     else:
-        res = result(runs_dir, f"bloom-{strategy}-{optim}", strategy, "--optim", optim, "--model", "tiny-bloom",
+        res = result(f"bloom-{strategy}-{optim}", strategy, "--optim", optim, "--model", "tiny-bloom",
                      "--bf16", steps=3)
         assert res["model"]["family"] == "bloom"
         model = res["model"]  # the BigScience size formula has no position table for ALiBi BLOOM; its 2h LayerNorm
         assert model["params_bigscience"] == model["params_model"] - 2 * model["hidden"]  # counts one of BLOOM's two
     estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
+    accumulating = res["memory"]["gradients_accumulating_per_rank"]  # between micro-batches (GAS > 1), else None
     assert len(ranks) == res["config"]["world_size"]
     for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
         if (strategy, component) == ("zero1", "gradients"):  # estimated as the backward's full gradients; by the step
             continue  # DeepSpeed has reduced them to a partition: compared in test_gradient_partitions.py instead
-        expected = estimate[component] + estimate["host"].get(component, 0)  # wherever it lives
+        device, host = estimate[component], estimate["host"].get(component, 0)
         measured = max(r[component] for r in ranks)
-        assert expected == pytest.approx(measured, rel=0.02, abs=64), (component, expected, ranks)
+        if component == "gradients" and strategy == "fsdp_offload" and accumulating[0] is not None:
+            # FSDP2 offload under no_sync: whole gradients on the device while accumulating, shards on the host once
+            # the last micro-batch has reduce-scattered them - two peaks at two moments, each estimated where it is
+            assert device == pytest.approx(max(accumulating), rel=0.02, abs=64), (device, accumulating)
+            assert host == pytest.approx(measured, rel=0.02, abs=64), (host, ranks)
+            continue
+        assert device + host == pytest.approx(measured, rel=0.02, abs=64), (component, device, host, ranks)  # wherever
+        if component == "gradients" and accumulating[0] is not None:  # it lives; held between micro-batches too
+            assert device + host == pytest.approx(max(accumulating), rel=0.02, abs=64), (device, host, accumulating)
 

@@ -6,21 +6,30 @@ import sys
 
 import pytest
 
-from conftest import run
+from conftest import probe, run
 from hfscale.formulas import comm
 from hfscale.formulas.metrics import param_count
+from hfscale.parallel.optimizers import get_optimizer
 from hfscale.parallel.strategies import get_strategy
 from hfscale.plan.project import Baseline, project
-from hfscale.run.models import PRESETS
+from hfscale.runplan import RunPlan
+from hfscale.models import PRESETS
 
 SHAPE = PRESETS["bloom-7b1"]
 FAST = comm.Links(intra_bw=1e30, inter_bw=1e30, intra_latency_s=0, inter_latency_s=0)
 SLOW_INTER = comm.Links(intra_bw=150e9, inter_bw=3e9)
 
 
-def _base(grad_accum: int, strategy="ddp", gpus=8) -> Baseline:
+def _plan(grad_accum: int, strategy="ddp", gpus=8, **changes) -> RunPlan:
+    return RunPlan(get_strategy(strategy), get_optimizer("adamw"), SHAPE, 2048, per_device_train_batch_size=1,
+                   gradient_accumulation_steps=grad_accum, world_size=gpus, processes_per_node=8, precision="bf16",
+                   **changes)
+
+
+def _base(grad_accum: int, strategy="ddp", gpus=8, device_memory_bytes=None) -> Baseline:
     # bloom-7b1, MBS 1, seq 2048, ~1.1 s per micro-batch on one node of 8 (about 150 TFLOPs of hardware FLOPs)
-    return Baseline(SHAPE, strategy, 2048, 1, grad_accum, gpus, 8, "bf16", [1.1 * grad_accum] * 3, "test")
+    return Baseline(_plan(grad_accum, strategy, gpus), [1.1 * grad_accum] * 3, "test",
+                    device_memory_bytes=device_memory_bytes)
 
 
 def _days(points):
@@ -134,6 +143,7 @@ def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.exclusive  # it times this machine: nothing else may run beside it
 def test_projection_from_one_process_lands_within_25_percent_of_a_real_two_process_run():
     """Two 1-process runs side by side (the compute conditions of one rank of a 2-process run on 2 cores), the
     loopback bandwidth measured with that step's compute between collectives, the projection from the first run to 2
@@ -157,39 +167,24 @@ def test_ring_collective_time():
     assert comm.collective_s("reduce_scatter", 1e9, 1, 8, links) == 0.0
 
 
-def test_powersgd_bytes_equal_the_real_hooks_factor_sizes(tmp_path):
+def test_powersgd_bytes_equal_the_real_hooks_factor_sizes():
     """torch's PowerSGD hook counts the elements it all-reduces (total_numel_after_compression): after warm-up,
-    one step's count equals powersgd_elements of the model's tensors."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
+    one step's count equals powersgd_elements of the model's tensors (tests/probes/powersgd_hooks.py, its own gloo
+    process)."""
     from hfscale.formulas.memory import parameter_tensors
-    from hfscale.run.models import build_model
 
     shape = PRESETS["tiny"]
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(build_model(shape, seed=0))
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        ids = torch.randint(0, shape.vocab, (2, 16))
-        counts = []
-        for _ in range(4):
-            before = state.total_numel_after_compression
-            model(input_ids=ids, labels=ids).loss.backward()
-            counts.append(state.total_numel_after_compression - before)
-        assert counts[-1] > 0
-        assert counts[-1] == comm.powersgd_elements([t.shape for t in parameter_tensors(shape)], 2)
-        assert counts[-1] < 0.5 * param_count(shape)  # it does compress
-    finally:
-        dist.destroy_process_group()
+    counts = probe("powersgd_hooks", "counts")["counts"]
+    assert counts[-1] > 0
+    assert counts[-1] == comm.powersgd_elements([t.shape for t in parameter_tensors(shape)], 2)
+    assert counts[-1] < 0.5 * param_count(shape)  # it does compress
 
 
 def test_project_command_writes_table_plot_and_json(tmp_path):
     out = tmp_path / "proj"
     proc = run([sys.executable, "-m", "hfscale", "project", "--model", "bloom-7b1", "--tflops_per_gpu", "150",
-                "--seq_len", "2048", "--micro_batch_size", "1", "--grad_accum", "1", "--bf16", "--strategy", "ddp,zero1,zero3",
+                "--seq_len", "2048", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1", "--bf16",
+                "--strategy", "ddp,zero1,zero3",
                 "--gpus", "8,16,32,64", "--inter_bw", "3:12", "--out", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "projection.json").read_text())
@@ -203,7 +198,9 @@ def test_project_command_writes_table_plot_and_json(tmp_path):
 @pytest.mark.parametrize("argv,expected", [
     (["/nonexistent/results.json"], "file not found"),
     (["--tflops_per_gpu", "0"], "--tflops_per_gpu must be positive"),
-    (["--tflops_per_gpu", "100", "--gpus", "0,8"], "--gpus must be positive integers"),
+    (["--tflops_per_gpu", "100", "--gpus", "0,8"], "--gpus takes positive integers, got '0'"),
+    (["--tflops_per_gpu", "100", "--micro_batch_size", "2"], "--micro_batch_size is now --per_device_train_batch_size"),
+    (["--tflops_per_gpu", "100", "--device", "B300"], "unknown device 'B300'"),
     (["--tflops_per_gpu", "100", "--gpus", "12", "--gpus_per_node", "8"], "--gpus 12 is not a multiple of --gpus_per_node 8"),
     (["--tflops_per_gpu", "100", "--inter_bw", "-3"], "--inter_bw must be positive GB/s"),
     (["--tflops_per_gpu", "100", "--strategy", "zero9"], "unknown strategy 'zero9'"),
@@ -225,3 +222,69 @@ def test_project_refuses_a_failed_or_malformed_results_file(tmp_path):
     for path, expected in ((failed, "did not finish (status 'OOM')"), (garbage, "malformed results file")):
         proc = run([sys.executable, "-m", "hfscale", "project", str(path)], cwd=tmp_path, timeout=120)
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+
+
+def _project_json(*argv) -> dict:
+    proc = run([sys.executable, "-m", "hfscale", "project", *map(str, argv), "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+BIG = ["--tokens_per_s_per_gpu", 100, "--model", "bigscience-176b", "--seq_len", 2048, "--bf16", "--strategy", "all",
+       "--gpus", "384,768", "--gpus_per_node", 8, "--per_device_train_batch_size", 1, "--activation_checkpointing"]
+
+
+def test_a_projection_never_recommends_what_cannot_fit():
+    """176B on 80 GB GPUs: the fast data-parallel rows cannot start (ddp holds 3.8 TB per GPU, zero1 761 GB, HSDP and
+    zero2* ~400 GB): marked, with the estimate's bytes, never the knee, never the fastest that fits; fsdp* and zero3*
+    fit. With 64 accumulated micro-batches fsdp* hold whole gradients between them (accelerate's no_sync on FSDP2:
+    352 GB) and stop fitting too; ZeRO-3 keeps its partition."""
+    report = _project_json(*BIG, "--gradient_accumulation_steps", 1, "--device", "A100-80GB")
+    fits = {(p["strategy"], p["gpus"]): p["fits"] for p in report["points"]}
+    refused = {"ddp", "ddp_powersgd", "fsdp_hybrid", "zero1", "zero2", "zero2_offload"}
+    assert {s for (s, _), ok in fits.items() if not ok} == refused
+    assert {s for (s, _), ok in fits.items() if ok} == {"fsdp", "fsdp_offload", "zero3", "zero3_offload"}
+    ddp = next(p for p in report["points"] if p["strategy"] == "ddp")
+    assert ddp["total_per_gpu"] > 3.5e12 and "needs" in ddp["fit_reason"] and "80" in ddp["fit_reason"]
+    fastest = min(report["points"], key=lambda p: p["days"])
+    assert fastest["strategy"] in refused  # the raw speed ranking would book a job that cannot start...
+    assert set(report["best_that_fits"].values()) <= {"fsdp", "fsdp_offload", "zero3", "zero3_offload"}  # ...not here
+    accumulating = _project_json(*BIG, "--gradient_accumulation_steps", 64, "--device", "A100-80GB")
+    fitting = {p["strategy"] for p in accumulating["points"] if p["fits"]}
+    assert fitting == {"zero3", "zero3_offload"}
+    assert any("judged by the memory estimate on 80 GB" in a for a in accumulating["assumptions"])
+
+
+def test_a_small_model_fits_everywhere_and_an_unknown_device_is_said_once():
+    small = _project_json("--tokens_per_s_per_gpu", 5000, "--model", "gpt2-124m", "--bf16", "--strategy", "all",
+                          "--gpus", "8,16", "--device_memory_gb", 80)
+    assert all(p["fits"] for p in small["points"]) and len(small["best_that_fits"]) == 2
+    unknown = _project_json("--tokens_per_s_per_gpu", 5000, "--model", "gpt2-124m", "--strategy", "zero1",
+                            "--gpus", "8,16")
+    assert all(p["fits"] is None for p in unknown["points"])
+    said = [a for a in unknown["assumptions"] if "memory not judged" in a]
+    assert len(said) == 1 and "--device" in said[0]
+
+
+def test_tune_and_project_judge_the_same_plan_alike():
+    """One function decides what fits (plan/options.fit): tune's pruning and project's marks agree on the same plan."""
+    from types import SimpleNamespace
+
+    from hfscale.plan.options import fit
+    from hfscale.plan.tune import candidates
+
+    opts = SimpleNamespace(model="bloom-1b7", model_name_or_path=None, n_layer=None, hidden_size=None, n_head=None,
+                           ffn_hidden_size=None, vocab_size=None, seq_len=2048, num_processes=8, strategy="all",
+                           optim="adamw", per_device_train_batch_size="1,8,32", activation_checkpointing="false",
+                           global_batch_size=None, bf16=True, fp16=False, attn_implementation="sdpa", torch_compile=False,
+                           device="A100-40GB", device_memory_gb=None)
+    cands, _, _ = candidates(opts, [])
+    judged = {c.run.name: c.status for c in cands if c.status in ("planned", "pruned")}
+    assert "planned" in judged.values() and "pruned" in judged.values()
+    for c in cands:
+        if c.status not in ("planned", "pruned"):
+            continue
+        base = _base(1, c.run.strategy, 8, device_memory_bytes=40e9)
+        plan = base.plan.but(shape=PRESETS["bloom-1b7"], per_device_train_batch_size=c.run.micro_batch,
+                             activation_checkpointing=False, device_type="cpu")  # tune's trials run here (no GPU)
+        assert fit(plan, 40e9).fits is (c.status == "planned"), c.run.name

@@ -24,7 +24,11 @@ def test_readme_main_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "ok" and results["config"]["world_size"] == 2
-    assert "tokens/s" in proc.stdout and "days on 2 GPU(s)" in proc.stdout
+    # a CPU run's ranks are processes, and the summary says so; and where the Trainer's final checkpoint went
+    assert "tokens/s" in proc.stdout and "days on 2 process(es)" in proc.stdout and "GPU" not in proc.stdout.split(
+        "hfscale run ")[-1].split("\n", 2)[2]
+    last = results["checkpoints"][-1]
+    assert f"checkpoint-{last['step']} ({last['size_gb']:.3g} GB" in proc.stdout and last["step"] == results["steps"]
     assert_documented(results)
 
 

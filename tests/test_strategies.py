@@ -5,10 +5,12 @@ import json
 import pytest
 import yaml
 
+from conftest import probe
+
 from hfscale.parallel.configs import config_dir
 from hfscale.errors import HfscaleError
-from hfscale.parallel.strategies import (INCOMPATIBLE, OPTIMIZERS, all_strategies, check_pair, get_strategy,
-                                load_deepspeed_config, matrix_markdown)
+from hfscale.parallel.strategies import (INCOMPATIBLE, all_strategies, check_pair, get_strategy, load_deepspeed_config,
+                                         matrix_markdown)
 
 NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
 
@@ -43,17 +45,21 @@ def test_ds_configs_use_auto_for_trainer_filled_values():
             assert cfg[key] == "auto", (path, key)
 
 
-def test_every_pair_is_ok_or_refused_with_a_reason():
-    for s in NAMES:
-        for o in OPTIMIZERS:
-            if (s, o) in INCOMPATIBLE:
-                with pytest.raises(HfscaleError, match=f"{s}.*{o}"):
-                    check_pair(s, o)
-            else:
-                check_pair(s, o)
-    table = matrix_markdown()
-    assert table.count(" refused |") == len(INCOMPATIBLE)  # one table cell per refused pair
-    assert "| zero1 | ok | ok | ok |" in table
+def test_the_refused_pairs_are_the_ones_the_libraries_reject():
+    """Every pair the strategy table refuses fails in the library that would run it, tried directly
+    (tests/probes/refused_pairs.py, one gloo process): FSDP2's DTensor parameters under Adafactor, ZeRO-Offload with a
+    client optimizer; beside them the allowed pairs of the same engines step. And the refusal names the pair and its
+    reason, in one line (what `hfscale train` prints)."""
+    seen = probe("refused_pairs")
+    engine_of = {s: ("fsdp" if get_strategy(s).engine == "fsdp" else "zero2_offload") for s, _ in INCOMPATIBLE}
+    for (strategy, optim), reason in INCOMPATIBLE.items():
+        assert seen[f"{engine_of[strategy]} x {optim}"], (strategy, optim)  # the library fails it
+        with pytest.raises(HfscaleError, match=f"strategy '{strategy}' cannot use optimizer '{optim}'"):
+            check_pair(strategy, optim)
+    assert "mixed torch.Tensor and DTensor" in seen["fsdp x adafactor"] and "DTensor" in INCOMPATIBLE[("fsdp", "adafactor")]
+    assert "client provided optimizer" in seen["zero2_offload x adafactor"]
+    assert seen["fsdp x adamw"] is None and seen["zero2_offload x adamw"] is None  # the same engines step otherwise
+    assert matrix_markdown().count(" refused |") == len(INCOMPATIBLE)  # the generated docs table: one cell per pair
 
 
 def test_deepspeed_config_that_contradicts_strategy_is_refused(tmp_path):
@@ -86,23 +92,11 @@ def test_chained_comm_hook_finishes_before_ddp_goes_on():
     assert fut.done() and fut.value().tolist() == [7.0, 7.0, 7.0]
 
 
-def test_powersgd_on_gloo_registers_the_ordered_hook(tmp_path):
-    import torch
-    import torch.distributed as dist
-
-    from hfscale.parallel.hooks import PowerSGDConfig, apply_powersgd
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-        state = apply_powersgd(model, PowerSGDConfig(rank=1, warmup_steps=2))
-        hook, registered_state = model._comm_hooks[0]
-        assert hook.__name__ == "hook_in_order" and registered_state is state
-        for _ in range(4):  # past the warm-up: compressing, through the wrapper
-            model(torch.randn(4, 8)).sum().backward()
-        assert state.iter == 4 and state.p_memory_dict
-    finally:
-        dist.destroy_process_group()
+def test_powersgd_on_gloo_registers_the_ordered_hook():
+    """hfscale's PowerSGD wrapper is the hook DDP calls, with hfscale's state, and compresses past the warm-up
+    (tests/probes/powersgd_hooks.py, its own gloo process)."""
+    seen = probe("powersgd_hooks", "ordered")
+    assert seen == {"hook": "hook_in_order", "state_registered": True, "iter": 4, "compressed": True}
 
 
 def test_offload_proofs_refuse_an_engine_that_does_not_offload():
@@ -148,7 +142,7 @@ def test_hsdp_layout_proof_tells_hybrid_from_full_shard():
 
 @pytest.mark.parametrize("nodes,per_node", [(1, 8), (4, 1), (1, 1), (0, 2)])
 def test_hsdp_mesh_refuses_one_node_or_one_process_per_node(nodes, per_node):
-    from hfscale.parallel.distributed import hsdp_mesh
+    from hfscale.runplan import hsdp_mesh
 
     with pytest.raises(HfscaleError, match="needs 2\\+ nodes with 2\\+ processes each"):
         hsdp_mesh(nodes, per_node)
@@ -156,20 +150,28 @@ def test_hsdp_mesh_refuses_one_node_or_one_process_per_node(nodes, per_node):
 
 
 def test_hsdp_mesh_comes_from_the_launcher_world_and_must_agree_with_its_parallelism_config(monkeypatch):
-    from hfscale.parallel.distributed import hybrid_mesh
+    """A run's plan takes WORLD_SIZE and LOCAL_WORLD_SIZE from the launcher; HSDP's mesh is (nodes, processes per node)
+    and a launcher's own parallelism_config must agree with it."""
+    from hfscale.models import PRESETS
+    from hfscale.run.args import parse_args, plan_training
 
-    hybrid = get_strategy("fsdp_hybrid")
+    def plan(strategy, world):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        _, _, training, _ = parse_args(["--strategy", strategy])
+        return plan_training(training, PRESETS["tiny"], 64)[1]
+
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert hybrid_mesh(hybrid, 8) == (2, 4) and hybrid_mesh(get_strategy("fsdp"), 8) is None
+    hybrid = plan("fsdp_hybrid", 8)
+    assert (hybrid.mesh, hybrid.nodes, hybrid.shard_ranks) == ((2, 4), 2, 4) and plan("fsdp", 8).mesh is None
     with pytest.raises(HfscaleError, match="do not split into nodes of 4"):
-        hybrid_mesh(hybrid, 6)
+        plan("fsdp_hybrid", 6)
     monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2")
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "8")  # the shipped YAML's 2 x 8 on a 2 x 4 job
     with pytest.raises(HfscaleError, match="dp_replicate 2 x dp_shard 8, but this job is 2 nodes x 4 processes"):
-        hybrid_mesh(hybrid, 8)
+        plan("fsdp_hybrid", 8)
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4")
-    assert hybrid_mesh(hybrid, 8) == (2, 4)
+    assert plan("fsdp_hybrid", 8).mesh == (2, 4)
 
 
 def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
@@ -181,7 +183,7 @@ def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
     from transformers.integrations.deepspeed import (HfDeepSpeedConfig, is_deepspeed_zero3_enabled,
                                                      unset_hf_deepspeed_config)
 
-    from hfscale.train import plain_construction, rank0_builds
+    from hfscale.run.construction import plain_construction, rank0_builds
 
     strategies = all_strategies()
     config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}})  # what TrainingArguments(deepspeed=...) sets
@@ -207,19 +209,35 @@ def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
 def test_zero3_partitions_in_the_dtype_its_config_trains_in():
     import torch
 
-    from hfscale.run.models import zero3_dtype
+    from hfscale.models import zero3_dtype
 
     assert zero3_dtype({"bf16": {"enabled": True}, "fp16": {"enabled": False}}) == torch.bfloat16
     assert zero3_dtype({"bf16": {"enabled": False}, "fp16": {"enabled": True}}) == torch.float16
     assert zero3_dtype({"bf16": {"enabled": False}}) == torch.float32 == zero3_dtype({})
 
 
-def test_8bit_adam_is_torchao_under_fsdp_and_bitsandbytes_elsewhere_on_both_routes():
-    from hfscale.parallel.strategies import hf_optim_name
+def test_the_trainer_builds_the_optimizer_each_registry_entry_names(monkeypatch):
+    """The optimizer class transformers' Trainer really builds from the name the registry hands it, per engine and
+    route: torchao's AdamW8bit under fsdp* (DTensor states), bitsandbytes' elsewhere; torch's fused AdamW only on a
+    GPU; transformers' Adafactor. Checked against transformers' own mapping, not the registry's table."""
+    import torch
+    from transformers import Trainer, TrainingArguments
 
-    strategies = all_strategies()
+    from hfscale.parallel.optimizers import OPTIMIZERS
+
+    expected = {("adamw_8bit", "fsdp"): "torchao.optim.adam.AdamW8bit",
+                ("adamw_8bit", None): "bitsandbytes.optim.adamw.AdamW",  # with optim_bits=8 (below)
+                ("adamw", None): "torch.optim.adamw.AdamW", ("adafactor", None): "transformers.optimization.Adafactor"}
+    model = torch.nn.Linear(4, 4)
     for on_gpu in (True, False):
-        for name, strategy in strategies.items():
-            expected = "adamw_torch_8bit" if strategy.engine == "fsdp" else "adamw_bnb_8bit"
-            assert hf_optim_name("adamw_8bit", on_gpu, strategy) == expected, name
-        assert hf_optim_name("adamw", on_gpu, strategies["fsdp"]) == ("adamw_torch_fused" if on_gpu else "adamw_torch")
+        for name, optimizer in OPTIMIZERS.items():
+            for engine in ("ddp", "fsdp", "deepspeed"):
+                hf_name = optimizer.hf_name(on_gpu, engine)
+                args = TrainingArguments(output_dir="/tmp/hfscale-never-written", optim=hf_name, use_cpu=True,
+                                         report_to="none")
+                cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+                built = f"{cls.__module__}.{cls.__qualname__}"
+                assert built == expected.get((name, engine), expected[(name, None)]), (name, engine, built)
+                assert kwargs.get("fused", False) is (name == "adamw" and on_gpu), (name, on_gpu, kwargs)
+                if built.startswith("bitsandbytes"):
+                    assert kwargs["optim_bits"] == 8

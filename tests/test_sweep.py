@@ -12,7 +12,7 @@ from conftest import TINY, run
 pytestmark = pytest.mark.multiprocess
 
 _MBS = TINY.index("--per_device_train_batch_size")
-FIXED = [*TINY[:_MBS], *TINY[_MBS + 2:], "--max_steps", "3"]  # the micro-batch is a sweep axis (--mbs, default 4)
+FIXED = [*TINY[:_MBS], *TINY[_MBS + 2:], "--max_steps", "3"]  # the micro-batch is a sweep axis (default 4)
 
 
 def sweep(out, *args, fixed=FIXED, timeout=900):
@@ -26,10 +26,12 @@ def statuses(out) -> dict:
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    main = sweep(out, "--strategies", "ddp,zero2_offload", "--optims", "adamw,adafactor", "--nprocs", "2")
+    main = sweep(out, "--strategy", "ddp,zero2_offload", "--optim", "adamw,adafactor", "--num_processes", "2")
     # a run that cannot finish in 4 s however fast the machine starts it: a million steps
-    hung = sweep(out, "--strategies", "zero1", "--nprocs", "2", "--timeout", "4", fixed=[*FIXED, "--max_steps", "1000000"])
-    refused = sweep(out, "--strategies", "ddp", "--nprocs", "1", "--mbs", "3", fixed=[*FIXED, "--seq_len", "100000"])
+    hung = sweep(out, "--strategy", "zero1", "--num_processes", "2", "--timeout", "4",
+                 fixed=[*FIXED, "--max_steps", "1000000"])
+    refused = sweep(out, "--strategy", "ddp", "--num_processes", "1", "--per_device_train_batch_size", "3",
+                    fixed=[*FIXED, "--seq_len", "100000"])
     return out, main, hung, refused
 
 
@@ -56,7 +58,8 @@ def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
 def test_interrupted_sweep_skips_what_finished(swept):
     out = swept[0]
     before = {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")}
-    again = sweep(out, "--strategies", "ddp,zero2_offload", "--optims", "adamw,adafactor", "--nprocs", "2", timeout=120)
+    again = sweep(out, "--strategy", "ddp,zero2_offload", "--optim", "adamw,adafactor", "--num_processes", "2",
+                  timeout=120)
     assert again.returncode == 0
     assert again.stdout.count("(already done)") == 4
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text
-from ..launch import drop_flag, flag_value, split_train_args
+from ..launch import drop_flag, flag_value, split_train_args, strategy_launch
 
 DEFAULT_PORT = 29500
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+=@-]+$")  # partition, account, constraint, job name: one shell word, no spaces
@@ -67,8 +67,6 @@ def check(opts) -> None:
 
 def script(opts, train_args: list[str], job_name: str) -> str:
     """The sbatch script. Only `$SLURM_NODEID` is left for each node's shell; the rest is fixed here."""
-    from ..launch import strategy_launch
-
     total = opts.nodes * opts.gpus_per_node
     # validates the strategy, the launcher config and the process arithmetic now, not on the cluster
     strategy_launch(train_args, total, opts.config_file, opts.nodes, check_gpus=False)

@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
+from ..launch import OOM_MARKERS
 from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
-from ..run.results import write_results
+from ..run.results import ConfigRecord, ModelRecord, PerfRecord, Results, write_results
+from .report import collect, markdown_table
 
 ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][+-]?\d+)?)")
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/")
@@ -80,8 +82,6 @@ def parse_header(text: str) -> dict:
 
 
 def parse_log(text: str) -> dict:
-    from ..launch import OOM_MARKERS
-
     times, losses, batches = [], [], []
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
     for line in text.splitlines():
@@ -111,7 +111,7 @@ def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[s
 
 def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: float | None,
                checkpointing: bool | None, skip_first: int, token_budget: float = 1e11,
-               warnings: list[str] | None = None) -> dict:
+               warnings: list[str] | None = None) -> Results:
     """One results record (same schema as a training run's, `source: megatron-log`). seq_len/checkpointing None:
     from the log's header, else 2048 / on (the BigScience runs' settings). Warnings are appended to `warnings`."""
     path = Path(path)
@@ -144,33 +144,34 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     if gbs and mbs and gas is None:
         gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
     engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
-    record = {
-        "source": "megatron-log", "log_file": str(path.resolve()), "run_name": path.stem,
-        "strategy": f"{engine}-tp{tp}-pp{pp}", "optim": "?",
-        "model": {"name": name.get("size") or size_label(n_params), "params_model": n_params},
-        "config": {"world_size": world, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs, "grad_accum": gas,
-                   "global_batch_size": gbs, "seq_len": seq, "checkpointing": ckpt, "token_budget": token_budget,
-                   "rampup_batch_size": header.get("rampup"), "from_header": sorted(header)},
-        "memory": {}, "loss_history": log["loss_history"], "checkpoints": [],
-    }
+    record = Results(
+        source="megatron-log", log_file=str(path.resolve()), run_name=path.stem, strategy=f"{engine}-tp{tp}-pp{pp}",
+        optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params),
+        config=ConfigRecord(world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=gas,
+                            global_batch_size=gbs, seq_len=seq, checkpointing=ckpt, token_budget=token_budget,
+                            extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header)}),
+        loss_history=log["loss_history"])
     # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged)
     at_final = [t for t, b in zip(log["iteration_s"], log["iteration_gbs"]) if b in (None, gbs)]
     measured = at_final[skip_first:] if len(at_final) > skip_first else at_final
     if not measured:
-        if log["oom"]:
-            return {**record, "status": "OOM", "error": log["oom"][:300], "perf": {}}
-        return {**record, "status": "fail", "error": "no 'elapsed time per iteration' line in the log", "perf": {}}
+        record.status, record.error = ("OOM", log["oom"][:300]) if log["oom"] else (
+            "fail", "no 'elapsed time per iteration' line in the log")
+        return record
     if not gbs:
         raise HfscaleError(f"{path.name}: no global batch size in the log or MBS/GAS in the name; rename or pass them")
     s_per_iter = sum(measured) / len(measured)
     tokens_per_s = gbs * seq / s_per_iter
     days, gpu_days = days_to_train(token_budget, tokens_per_s, world)
-    perf = {"s_per_iter": s_per_iter, "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world,
-            "samples_per_s": gbs / s_per_iter,
-            "tflops_per_gpu_bigscience": bigscience_tflops_per_gpu(n_params, seq, gbs, s_per_iter, world, ckpt),
-            "days_to_budget": days, "gpu_days_to_budget": gpu_days, "iterations_averaged": len(measured),
-            "iterations_skipped": len(log["iteration_s"]) - len(measured)}
-    return {**record, "status": "ok", "error": None, "perf": perf}
+    record.status = "ok"
+    record.perf = PerfRecord(s_per_iter=s_per_iter, tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / world,
+                             samples_per_s=gbs / s_per_iter,
+                             tflops_per_gpu_bigscience=bigscience_tflops_per_gpu(n_params, seq, gbs, s_per_iter, world,
+                                                                                 ckpt),
+                             days_to_budget=days, gpu_days_to_budget=gpu_days,
+                             extra={"iterations_averaged": len(measured),
+                                    "iterations_skipped": len(log["iteration_s"]) - len(measured)})
+    return record
 
 
 def main(argv: list[str]) -> None:
@@ -197,11 +198,9 @@ def main(argv: list[str]) -> None:
                           warnings=warnings) for f in opts.files]
     for line in warnings:
         print(f"hfscale: warning: {line}", file=sys.stderr)
-    from .report import collect, markdown_table
-
     dirs = []
     for record in records:  # all parsed before anything is written: a bad file leaves nothing half-imported
-        run_dir = opts.out / record["run_name"]
+        run_dir = opts.out / record.run_name
         write_results(run_dir, record)
         dirs.append(run_dir)
     print(markdown_table(collect(dirs)))

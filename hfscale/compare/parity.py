@@ -1,7 +1,7 @@
 """`hfscale parity`: do the strategies train the same model? Each strategy's loss and grad-norm curves (and final
 weights) against the `ddp` reference, same data, seed and precision, for N steps.
 
-    hfscale parity --strategies zero1,zero2,zero3,fsdp --steps 20 --nproc 2 -- --model tiny --seq_len 64
+    hfscale parity --strategy zero1,zero2,zero3,fsdp --max_steps 20 --num_processes 2 -- --model tiny --seq_len 64
 
 Fairness: every run builds the model in fp32 from the same seed (so FSDP, which keeps parameters in the load
 dtype, and DeepSpeed, which keeps fp32 master weights, start from the same fp32 weights), uses dropout 0 (masks
@@ -15,10 +15,13 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ArgumentParser, HfscaleError, one_of
-from ..launch import flag_value, run_training, split_train_args
+from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text
-from ..run.results import read_results
+from ..flags import comma_list, refuse_renamed
+from ..launch import finished_status, flag_value, run_training, split_train_args
+from ..parallel.optimizers import get_optimizer
+from ..parallel.strategies import all_strategies
+from ..run.results import Results, read_results
 
 REFERENCE = "ddp"
 EXPECTED = {
@@ -32,8 +35,7 @@ EXPECTED = {
     "zero3": "exact: parameters sharded and gathered per layer; only summation order differs",
     "zero3_offload": "exact up to DeepSpeed's CPU Adam (its own fused kernel; same maths, different rounding)",
 }
-LOSSY_OPTIMIZERS = {"adamw_8bit": "8-bit Adam quantizes its states blockwise; block boundaries follow each strategy's shards"}
-LOSSY_STRATEGIES = {"ddp_powersgd"}
+LOSSY_STRATEGIES = {"ddp_powersgd"}  # lossy optimizers say so in their registry entry (parallel/optimizers.py)
 
 
 @dataclass
@@ -71,18 +73,18 @@ def weights_deviation(ref: dict | None, other: dict | None) -> float | None:
     return worst
 
 
-def curve(results: dict, key: str) -> list[float]:
-    return [p[key] for p in results.get("loss_history", []) if p.get(key) is not None]
+def curve(results: Results, key: str) -> list[float]:
+    return [p[key] for p in results.loss_history if p.get(key) is not None]
 
 
-def compare(reference: dict, run: dict, strategy: str, optim: str, tolerance: float,
+def compare(reference: Results, run: Results, strategy: str, optim: str, tolerance: float,
             lossy_tolerance: float | None) -> Comparison:
-    lossy_reason = LOSSY_OPTIMIZERS.get(optim) if optim in LOSSY_OPTIMIZERS else None
+    lossy_reason = get_optimizer(optim).lossy
     lossy = strategy in LOSSY_STRATEGIES or lossy_reason is not None
     explanation = "; ".join(x for x in (EXPECTED.get(strategy, ""), lossy_reason) if x)
-    if run.get("status") != "ok":
-        return Comparison(strategy, run.get("status", "?"), 0, None, None, None, lossy, "error",
-                          f"run did not finish: {run.get('error')}")
+    if run.status != "ok":
+        return Comparison(strategy, run.status, 0, None, None, None, lossy, "error",
+                          f"run did not finish: {run.error}")
     ref_loss, loss = curve(reference, "loss"), curve(run, "loss")
     if not ref_loss or len(loss) != len(ref_loss):
         return Comparison(strategy, "ok", len(loss), None, None, None, lossy, "error",
@@ -90,7 +92,7 @@ def compare(reference: dict, run: dict, strategy: str, optim: str, tolerance: fl
     loss_dev = max_rel(loss, ref_loss)
     ref_gn, gn = curve(reference, "grad_norm"), curve(run, "grad_norm")
     gn_dev = max_rel(gn, ref_gn) if gn and len(gn) == len(ref_gn) else None
-    weights_dev = weights_deviation(reference.get("final_weights"), run.get("final_weights"))
+    weights_dev = weights_deviation(reference.final_weights, run.final_weights)
     deviations = [d for d in (loss_dev, gn_dev, weights_dev) if d is not None and not math.isnan(d)]
     worst = max(deviations) if deviations else float("nan")
     limit = lossy_tolerance if lossy else tolerance
@@ -110,13 +112,12 @@ def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str
     for strategy in [REFERENCE, *[s for s in strategies if s != REFERENCE]]:
         run_dir = out / strategy
         outcome = run_training(["--strategy", strategy, *base], run_dir, nproc, timeout)
-        results[strategy] = read_results(run_dir) if (run_dir / "results.json").is_file() else {}
-        results[strategy].setdefault("status", outcome.status)
+        results[strategy] = read_results(run_dir) if finished_status(run_dir) else Results(run_name=strategy)
         if outcome.status != "ok":
-            results[strategy].update(status=outcome.status, error=outcome.error)
+            results[strategy].status, results[strategy].error = outcome.status, outcome.error
     reference = results[REFERENCE]
-    if reference.get("status") != "ok":
-        raise HfscaleError(f"the ddp reference run failed ({reference.get('error')}); see {out / REFERENCE}/launch.log")
+    if reference.status != "ok":
+        raise HfscaleError(f"the ddp reference run failed ({reference.error}); see {out / REFERENCE}/launch.log")
     return [compare(reference, results[s], s, optim, tolerance, lossy_tolerance) for s in strategies if s != REFERENCE]
 
 
@@ -133,34 +134,32 @@ def table(comparisons: list[Comparison], tolerance: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ..parallel.strategies import all_strategies
-
     argv, fixed = split_train_args(argv)
-    parser = ArgumentParser(prog="hfscale parity", description="Compare strategies' loss/grad-norm curves and final "
-                            "weights with ddp on the same data, seed and precision. Trainer flags go after `--`.")
-    parser.add_argument("--strategies", default="zero1,zero2,zero3,fsdp", help="comma-separated (default zero1,zero2,zero3,fsdp)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
+    refuse_renamed(argv)
+    parser = ArgumentParser(prog="hfscale parity", allow_abbrev=False,
+                            description="Compare strategies' loss/grad-norm curves and final weights with ddp on the "
+                                        "same data, seed and precision. Trainer flags go after `--`.")
+    parser.add_argument("--strategy", default="zero1,zero2,zero3,fsdp",
+                        help="comma-separated, or all (default zero1,zero2,zero3,fsdp)")
+    parser.add_argument("--max_steps", type=int, default=20)
+    parser.add_argument("--num_processes", type=int, default=2, help="processes per run (default 2)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="max relative deviation for exact strategies (default 1e-4)")
     parser.add_argument("--lossy_tolerance", type=float, help="also judge lossy runs (PowerSGD, 8-bit Adam) against this")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=Path("runs/parity"))
     opts = parser.parse_args(argv)
-    strategies = [s.strip() for s in opts.strategies.split(",") if s.strip()]
-    for s in strategies:
-        if s not in all_strategies():
-            raise one_of("strategy", s, all_strategies())
-    if opts.steps <= 0 or opts.nproc <= 0 or opts.tolerance <= 0:
-        raise HfscaleError("--steps, --nproc and --tolerance must be positive")
+    strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
+    if opts.max_steps <= 0 or opts.num_processes <= 0 or opts.tolerance <= 0:
+        raise HfscaleError("--max_steps, --num_processes and --tolerance must be positive")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
-    comparisons = run_parity(strategies, steps=opts.steps, nproc=opts.nproc, fixed=fixed, out=opts.out,
+    comparisons = run_parity(strategies, steps=opts.max_steps, nproc=opts.num_processes, fixed=fixed, out=opts.out,
                              tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)
     text = table(comparisons, opts.tolerance)
     atomic_write_text(opts.out / "parity.md", text)
-    atomic_write_text(opts.out / "parity.json", json.dumps({"tolerance": opts.tolerance, "steps": opts.steps,
-                                                            "nproc": opts.nproc, "train_args": fixed,
+    atomic_write_text(opts.out / "parity.json", json.dumps({"tolerance": opts.tolerance, "steps": opts.max_steps,
+                                                            "nproc": opts.num_processes, "train_args": fixed,
                                                             "comparisons": [asdict(c) for c in comparisons]}, indent=2) + "\n")
     print(text)
     failed = [c.strategy for c in comparisons if c.verdict in ("FAIL", "error")]

@@ -7,14 +7,18 @@ came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`. Columns and
 import base64
 import csv
 import io
-import json
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..formulas.metrics import days_to_train, size_label, tflops_label
 from ..files import atomic_path, atomic_write_text
-from ..run.results import RESULTS_FILE, read_results
+from ..formulas.metrics import SECONDS_PER_DAY, days_to_train, size_label, tflops_label
+from ..plan.options import check_whole_nodes
+from ..plan.project import add_link_flags, links_from, tokens_per_s_at
+from ..run.results import RESULTS_FILE, Results, read_results
+from .convergence import X_AXES, compare_runs, curve
+from .convergence import markdown as convergence_markdown
 
 BUDGET = 100e9  # the days/100B column
 COLUMNS = ["GPUs", "Size", "Strategy", "Optim", "DP", "MBS", "GAS", "GBS", "Speed (s/it)", "TFLOPs/GPU", "MFU",
@@ -67,55 +71,48 @@ def find_results(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def _notes(results: dict, status: str) -> str:
-    if status != "ok":
-        error = (results.get("error") or "").replace("|", "/")
-        return f"{status}: {error}"[:160] if error else status
-    cfg, env = results.get("config", {}), results.get("environment", {})
+def _notes(results: Results) -> str:
+    cfg, env = results.config, results.environment
     notes = []
-    if results.get("source") == "megatron-log":  # the file first, as the BigScience one-liner printed it
-        engine = "Megatron-DeepSpeed" if str(results.get("strategy", "")).startswith("megatron-deepspeed") else "Megatron"
-        ramp = ", at the final GBS after ramp-up" if cfg.get("rampup_batch_size") else ""
-        notes.append(f"{Path(results.get('log_file') or '?').name}: {engine} log, TP {cfg.get('tp', 1)} PP "
-                     f"{cfg.get('pp', 1)} DP {cfg.get('dp', '?')}, {results['perf'].get('iterations_averaged')} "
-                     f"iterations{ramp}")
-    if cfg.get("checkpointing"):
+    if results.source == "megatron-log":  # the file first, as the BigScience one-liner printed it - failures too
+        notes.append(f"{Path(results.log_file or '?').name}: " + ("Megatron-DeepSpeed" if str(results.strategy).startswith(
+            "megatron-deepspeed") else "Megatron") + " log")
+    if not results.ok:
+        error = (results.error or "").replace("|", "/")
+        return ", ".join([*notes, f"{results.status}: {error}"[:160] if error else results.status])
+    if results.source == "megatron-log":
+        ramp = ", at the final GBS after ramp-up" if cfg.extra.get("rampup_batch_size") else ""
+        notes[-1] += (f", TP {cfg.tp or 1} PP {cfg.pp or 1} DP {cfg.dp or '?'}, "
+                      f"{results.perf.extra.get('iterations_averaged')} iterations{ramp}")
+    if cfg.checkpointing:
         notes.append("act. ckpt")
-    if cfg.get("precision"):
-        notes.append(cfg["precision"])
-    if env.get("device_type") == "cpu":
+    if cfg.precision:
+        notes.append(cfg.precision)
+    if env.device_type == "cpu":
         notes.append("CPU")
-    if (env.get("nodes") or 1) > 1:
-        notes.append(f"{env['nodes']} nodes x {env.get('processes_per_node')}")
-    saves = [c for c in results.get("checkpoints", []) if c.get("save_s") is not None]
+    if (env.nodes or 1) > 1:
+        notes.append(f"{env.nodes} nodes x {env.processes_per_node}")
+    saves = [c for c in results.checkpoints if c.get("save_s") is not None]
     if saves:
         notes.append(f"ckpt save {max(c['save_s'] for c in saves):.1f} s, {saves[-1].get('size_gb', 0):.2g} GB")
     return ", ".join(notes)
 
 
 def to_row(path: Path) -> Row:
-    try:
-        results = read_results(path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise HfscaleError(f"{path}: not a results file ({err})") from None
-    if not isinstance(results, dict) or "status" not in results:
-        raise HfscaleError(f"{path}: not a results file (no status)")
-    perf, cfg, mem, model = (results.get(k) or {} for k in ("perf", "config", "memory", "model"))
-    status = results["status"]
-    ok = status == "ok"
-    tokens_per_s = perf.get("tokens_per_s") if ok else None
-    mem_kind = "device" if "peak_allocated_gb" in mem else "RSS"
+    results = read_results(path)
+    perf, cfg, mem, model = results.perf, results.config, results.memory, results.model
+    ok = results.ok
+    tokens_per_s = perf.tokens_per_s if ok else None
     return Row(
-        run=results.get("run_name") or path.parent.name, status=status, gpus=cfg.get("world_size"),
-        params=model.get("params_model"), strategy=results.get("strategy") or "?", optim=results.get("optim") or "?",
-        dp=cfg.get("dp", cfg.get("world_size")), mbs=cfg.get("micro_batch_size"), gas=cfg.get("grad_accum"),
-        gbs=cfg.get("global_batch_size"), s_per_iter=perf.get("s_per_iter") if ok else None,
-        tflops=perf.get("tflops_per_gpu_bigscience") if ok else None, mfu=perf.get("mfu") if ok else None,
-        mem_gb=mem.get("peak_allocated_gb", mem.get("peak_rss_gb")), mem_kind=mem_kind, tokens_per_s=tokens_per_s,
-        days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None, notes=_notes(results, status),
-        loss_history=results.get("loss_history") or [], eval_history=results.get("eval_history") or [],
-        path=str(path.parent),
-        group=f"{model.get('name', '?')} · {cfg.get('dataset', '?')} · seq {cfg.get('seq_len', '?')}")
+        run=results.run_name or path.parent.name, status=results.status, gpus=cfg.world_size,
+        params=model.params_model, strategy=results.strategy or "?", optim=results.optim or "?",
+        dp=cfg.dp if cfg.dp is not None else cfg.world_size, mbs=cfg.micro_batch_size, gas=cfg.grad_accum,
+        gbs=cfg.global_batch_size, s_per_iter=perf.s_per_iter if ok else None,
+        tflops=perf.tflops_per_gpu_bigscience if ok else None, mfu=perf.mfu if ok else None,
+        mem_gb=mem.peak_gb, mem_kind="device" if mem.peak_allocated_gb is not None else "RSS",
+        tokens_per_s=tokens_per_s, days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None,
+        notes=_notes(results), loss_history=results.loss_history, eval_history=results.eval_history,
+        path=str(path.parent), group=f"{model.name or '?'} · {cfg.dataset or '?'} · seq {cfg.seq_len or '?'}")
 
 
 def collect(paths: list[Path]) -> list[Row]:
@@ -159,7 +156,7 @@ def _label(row: Row) -> str:
 
 
 def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: int | None = None) -> list[Path]:
-    import matplotlib
+    import matplotlib  # heavy, and only for the plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -189,8 +186,6 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: 
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(title="strategy/optimizer", fontsize=8)
         finish(fig, "days_vs_gpus.png")
-
-    from .convergence import X_AXES, curve
 
     # One loss plot per x-axis: steps hold different numbers of tokens when GAS or GPUs differ, so runs are
     # compared by tokens seen, by wall-clock and by projected days too. Eval loss (dashed, dots) beside training loss.
@@ -235,8 +230,6 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: 
 
 
 def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
-    from html import escape
-
     head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells(r)) + "</tr>" for r in rows)
     figures = "".join(
@@ -251,22 +244,23 @@ def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
 
 def add_projected_days(rows: list[Row], gpus: int, gpus_per_node: int, links) -> list[str]:
     """Give every loss and eval point of each finished run `projected_days`: tokens / the run's projected tokens/s at
-    `gpus` GPUs (hfscale project, same global batch). Returns one note per run that cannot be projected."""
-    from ..plan.project import tokens_per_s_at
-    from ..formulas.metrics import SECONDS_PER_DAY
-
+    `gpus` GPUs (hfscale project, same global batch). Returns one note per run that cannot be projected, or whose
+    configuration the memory estimate says cannot fit there."""
     notes = []
     for r in rows:
         if not r.ok:
             continue
         try:
-            tps = tokens_per_s_at(Path(r.path) / RESULTS_FILE, gpus, gpus_per_node, links)
+            point = tokens_per_s_at(Path(r.path) / RESULTS_FILE, gpus, gpus_per_node, links)
         except HfscaleError as err:
             notes.append(f"- {r.run}: not projected to {gpus} GPUs ({str(err).split(': ', 1)[-1]})")
             continue
-        for point in (*r.loss_history, *r.eval_history):
-            if point.get("tokens") is not None:
-                point["projected_days"] = point["tokens"] / tps / SECONDS_PER_DAY
+        if point.fits is False:
+            notes.append(f"- {r.run}: does not fit at {gpus} GPUs ({point.fit_reason}); its projected days are shown "
+                         "for comparison only")
+        for p in (*r.loss_history, *r.eval_history):
+            if p.get("tokens") is not None:
+                p["projected_days"] = p["tokens"] / point.tokens_per_s / SECONDS_PER_DAY
     return notes
 
 
@@ -274,9 +268,6 @@ def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bo
                  smooth_weight: float = 0.0, target_loss: float | None = None,
                  days_at: tuple | None = None) -> tuple[list[Row], list[Path]]:
     """days_at: (GPUs, GPUs per node, links) to put the loss curves on projected days too."""
-    from .convergence import compare_runs
-    from .convergence import markdown as convergence_markdown
-
     rows = collect(paths)
     notes = add_projected_days(rows, *days_at) if days_at else []
     out.mkdir(parents=True, exist_ok=True)
@@ -308,8 +299,6 @@ def main(argv: list[str]) -> None:
                         "highest final loss, which every run reaches)")
     parser.add_argument("--days_at_gpus", type=int, help="also plot loss against the days each run's configuration "
                         "would take at this many GPUs (hfscale project, same global batch); the link flags as there")
-    from ..plan.project import add_link_flags, check_whole_nodes, links_from
-
     add_link_flags(parser)
     opts = parser.parse_args(argv)
     if not 0 <= opts.smooth < 1:

@@ -11,9 +11,7 @@ out of memory first. Bytes, not GiB; GB = 1e9.
 from dataclasses import asdict, dataclass, field
 from math import ceil
 
-from .metrics import ModelShape
-
-GB = 1e9
+from .metrics import GB, ModelShape
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # ---- optimizer states (per element of the tensor the optimizer steps) ------------------------------------------
@@ -43,12 +41,18 @@ RUNTIME_ALLOWANCE_BYTES = 1.0 * GB  # CUDA context, cuBLAS/NCCL workspaces: outs
 FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator, as a fraction of the total
 
 # ---- activations --------------------------------------------------------------------------------------------------
-# Bytes per element of six features (see activation_features), fitted to what autograd keeps after the forward in
-# HF's GPT-2/BLOOM (transformers 5.23, torch 2.13) by benchmarks/calibrate_activations.py (7 shapes per mode;
-# mode = family/attention/precision/checkpointing). The forward's peak adds LOGITS_PEAK_COPIES fp32 logits.
+# Bytes per element of six features (see activation_features), fitted per device to what autograd keeps after the
+# forward in HF's GPT-2/BLOOM (transformers 5.23) by benchmarks/calibrate_activations.py; mode =
+# family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel keeps
+# no s x s matrix and autocast keeps other copies), so each device has its own table:
+# - cpu: 7 shapes per mode measured on the 2-core CI machine (torch 2.13, benchmarks/results/activations_2026-11-22.json);
+# - cuda: 8 shapes per mode measured on one H100 (torch 2.11, benchmarks/results/h100_2026-11-23/cuda_activations.jsonl;
+#   worst fit 0.1%, leave-one-out 0.7%, except checkpointing: 2.4% / 16%). A mode with no CUDA measurement yet falls
+#   back to the CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
                        "weight matrices (autocast saves their bf16 copies)")
-ACTIVATION_COEFFICIENTS: dict[str, tuple[float, ...]] = {
+ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
+    "cpu": {
     'gpt2/eager/fp32/0': (112.295, 3.991, 4, 7.744, 0.509, -0.035),
     'gpt2/eager/fp32/1': (4.092, -0.004, 4, 7.995, 4.208, -0.018),
     'gpt2/eager/autocast_bf16/0': (60.353, 5.99, 3.999, 5.702, 0.581, 1.965),
@@ -67,7 +71,25 @@ ACTIVATION_COEFFICIENTS: dict[str, tuple[float, ...]] = {
     'bloom/eager/autocast_bf16/1': (3.347, -0.015, 4.175, 10.481, 4.658, 0.476),
     'bloom/eager/bf16/0': (32.22, 5.995, 3.999, 5.681, 0.394, -0.011),
     'bloom/eager/bf16/1': (2.111, 0, 4.001, 5.663, 1.998, 0.009),
+},
+    "cuda": {
+        'gpt2/sdpa/fp32/0': (119.987, 0.005, 4.002, 8.264, -0.334, 0.002),
+        'gpt2/sdpa/autocast_bf16/0': (87.969, 0.005, 4.001, 6.366, -0.29, 2.003),
+        'gpt2/sdpa/autocast_bf16/1': (1.224, 0.028, 4.257, 7.024, -1.543, 0.813),
+        'gpt2/sdpa/bf16/0': (59.986, 0.005, 4.004, 4.224, -0.319, 0.003),
+        'gpt2/eager/autocast_bf16/0': (83.941, 6.004, 4.001, 6.2, -0.218, 2.005),
+        'bloom/eager/autocast_bf16/0': (36.028, 5.999, 4.0, 10.055, 0.085, 2.002),
+    },
 }
+# Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
+# the logits' gradients and one block's full activations plus its backward's gradients, RECOMPUTE_GRADIENT_BYTES per
+# b·s·h element (fitted on CUDA from the measured row where the block, not the logits, sets the peak; the CPU
+# calibration had no such row).
+RECOMPUTE_GRADIENT_BYTES = {"cpu": 0.0, "cuda": 34.1}
+# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): the activation peak of
+# a compiled run over the eager estimate, measured on CUDA from two whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
+# benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
+COMPILED_ACTIVATION_FACTOR = {"cuda": 0.51}
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
 
 
@@ -126,12 +148,17 @@ def block_numel(shape: ModelShape) -> int:
 
 # ---- optimizer states -----------------------------------------------------------------------------------------------
 
-def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full_precision: list[bool] | None = None,
-                          torchao: bool = False) -> int:
-    """State bytes of `optim` stepping these tensors (each as the optimizer sees it: whole, a DTensor shard, or one of
-    DeepSpeed's flat 1-D partitions). `full_precision[i]`: bitsandbytes keeps 32-bit states for tensor i.
-    bitsandbytes' shared quantization maps are not included (BNB_QMAP_BYTES). torchao: adamw_8bit is torchao's
-    AdamW8bit (what fsdp* steps with)."""
+OPTIMIZER_RULES = ("adamw", "adafactor", "bnb_8bit", "torchao_8bit")
+
+
+def optimizer_state_bytes(rule: str, tensor_shapes: list[tuple[int, ...]], full_precision: list[bool] | None = None) -> int:
+    """State bytes of an optimizer stepping these tensors (each as the optimizer sees it: whole, a DTensor shard, or one
+    of DeepSpeed's flat 1-D partitions), by its memory rule (each optimizer's rule per engine: parallel/optimizers.py):
+    adamw (torch AdamW), adafactor (transformers' Adafactor), bnb_8bit (bitsandbytes' AdamW8bit; `full_precision[i]`:
+    it keeps 32-bit states for tensor i; its shared quantization maps are not included, BNB_QMAP_BYTES), torchao_8bit
+    (torchao's AdamW8bit)."""
+    if rule not in OPTIMIZER_RULES:
+        raise ValueError(f"unknown optimizer memory rule {rule!r}; known: {', '.join(OPTIMIZER_RULES)}")
     total = 0
     for i, dims in enumerate(tensor_shapes):
         n = 1
@@ -139,22 +166,18 @@ def optimizer_state_bytes(optim: str, tensor_shapes: list[tuple[int, ...]], full
             n *= d
         if n == 0:
             continue
-        if optim == "adamw":
+        if rule == "adamw":
             total += ADAMW_STATE_BYTES * n
-        elif optim == "adamw_8bit" and torchao:
+        elif rule == "torchao_8bit":
             quantized = n >= TORCHAO_MIN_8BIT_SIZE and n % TORCHAO_BLOCK == 0
             total += 2 * (n + 4 * (n // TORCHAO_BLOCK) + TORCHAO_QMAP_BYTES) if quantized else 2 * 4 * n
-        elif optim == "adamw_8bit":
+        elif rule == "bnb_8bit":
             fp32 = n < BNB_MIN_8BIT_SIZE or (full_precision is not None and full_precision[i])
             total += 2 * 4 * n if fp32 else 2 * n + 2 * 4 * ceil(n / BNB_BLOCK)
-        elif optim == "adafactor":
-            if len(dims) >= 2:
-                rows = n // dims[-1]
-                total += ADAFACTOR_STATE_BYTES * (rows + n // dims[-2])
-            else:
-                total += ADAFACTOR_STATE_BYTES * n
+        elif len(dims) >= 2:  # adafactor: a row and a column statistic per matrix
+            total += ADAFACTOR_STATE_BYTES * (n // dims[-1] + n // dims[-2])
         else:
-            raise ValueError(f"unknown optimizer {optim!r}")
+            total += ADAFACTOR_STATE_BYTES * n
     return total
 
 
@@ -217,6 +240,13 @@ class RankMemory:
     activation_peak: int = 0  # activations + what the backward's start adds (the step's transient peak)
     comm_buffers: int = 0
     host: dict = field(default_factory=dict)  # per rank, in host RAM: the offloaded part of each component
+    activation_calibration: str = ""  # which measurements the activation figures come from (activation_bytes)
+    # bytes (of the gradients and comm buffers above) that exist only after the activation peak: created in the
+    # backward as the activations are freed, and freed again by the step (see rank_memory)
+    after_peak: int = 0
+    # what the allocator does not count, on CUDA only (a CPU run has neither: rank_memory sets them by the route)
+    fragmentation: float = FRAGMENTATION
+    runtime_allowance: int = int(RUNTIME_ALLOWANCE_BYTES)
 
     @property
     def host_offload(self) -> int:
@@ -232,13 +262,14 @@ class RankMemory:
 
     @property
     def allocated(self) -> int:
-        """What torch's allocator would report as the step's peak."""
-        return self.model_states + self.activation_peak + self.comm_buffers
+        """What torch's allocator would report as the step's peak: the model states and buffers, and the larger of the
+        activation peak (the start of the backward) and the gradients that only exist after it."""
+        return self.model_states + self.comm_buffers - self.after_peak + max(self.activation_peak, self.after_peak)
 
     @property
     def device_total(self) -> int:
         """allocated + fragmentation + the runtime allowance: compare with the device's memory."""
-        return int(self.allocated * (1 + FRAGMENTATION) + RUNTIME_ALLOWANCE_BYTES)
+        return int(self.allocated * (1 + self.fragmentation) + self.runtime_allowance)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "model_states": self.model_states, "allocated": self.allocated,
@@ -251,7 +282,7 @@ def _offload(mem: RankMemory, *names: str) -> None:
         setattr(mem, name, 0)
 
 
-def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: str, ranks: int,
+def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, precision: str, ranks: int,
                       grad_accum: int = 1) -> RankMemory:
     """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live. With gradient
     accumulation (grad_accum > 1) FSDP2 keeps unsharded gradients between micro-batches (accelerate's no_sync)."""
@@ -262,12 +293,12 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
     mem = RankMemory()
     if layout.engine == "ddp":  # fp32 weights (autocast casts on the fly), fp32 gradients, full optimizer states
         mem.parameters, mem.gradients = 4 * P, 4 * P
-        mem.optimizer_states = optimizer_state_bytes(optim, [t.shape for t in tensors], embeddings_32bit)
+        mem.optimizer_states = optimizer_state_bytes(optimizer_rule, [t.shape for t in tensors], embeddings_32bit)
     elif layout.engine == "fsdp":  # fp32 DTensor shards of parameters, gradients and states
         shards = [shard_rows(t.shape, ranks) for t in tensors]
         local = sum(Tensor("", s).numel for s in shards)
         mem.parameters, mem.gradients = 4 * local, 4 * local
-        mem.optimizer_states = optimizer_state_bytes(optim, shards, torchao=True)
+        mem.optimizer_states = optimizer_state_bytes(optimizer_rule, shards)
         if layout.offload_params:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the host
             _offload(mem, "parameters", "gradients", "optimizer_states")
         if grad_accum > 1:  # no_sync: whole gradients in the compute dtype on the device until the last micro-batch
@@ -284,7 +315,7 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
             # reduces them as they come and keeps its slice's tensors (measured: tests/test_gradient_partitions.py)
             mem.gradients = train * (P if layout.zero_stage == 1 else zero_gradient_buffer(tensors, ranks))
         mem.master_weights = MASTER_BYTES * partition
-        mem.optimizer_states = optimizer_state_bytes(optim, [(g,) for g in groups])
+        mem.optimizer_states = optimizer_state_bytes(optimizer_rule, [(g,) for g in groups])
         if layout.offload_optimizer:  # DeepSpeed's CPU Adam steps the fp32 masters with an fp32 gradient on the host
             _offload(mem, "master_weights", "optimizer_states")
             mem.host["gradients"] = MASTER_BYTES * partition
@@ -292,22 +323,26 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optim: str, precision: 
                 mem.gradients = 0
         if layout.offload_params and layout.zero_stage == 3:
             _offload(mem, "parameters")
-    if optim == "adamw_8bit" and layout.engine != "fsdp":
+    if optimizer_rule == "bnb_8bit":
         mem.optimizer_states += BNB_QMAP_BYTES
     return mem
 
 
-def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str) -> int:
+def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda: bool = False, ranks: int = 2) -> int:
     """Buffers the engine allocates to communicate (the largest moment, not their sum over the step)."""
     train = DTYPE_BYTES[precision]
     P = sum(t.numel for t in parameter_tensors(shape))
-    if layout.engine == "ddp":
-        return DDP_BUCKET_COPIES * 4 * P
+    if layout.engine == "ddp":  # one process is not wrapped in DDP (accelerate): no buckets
+        return DDP_BUCKET_COPIES * 4 * P if ranks > 1 else 0
     if layout.engine == "fsdp":  # the root unit (embeddings) stays gathered; blocks are gathered one ahead
         root = P - shape.n_layer * block_numel(shape)
         return train * (root + FSDP_PREFETCH_UNITS * block_numel(shape)) + 4 * block_numel(shape)
-    # A bucket never holds more than the model: DeepSpeed's default sizes (5e8 elements) exceed small models.
-    reduce = min(layout.reduce_bucket, P) * (ZERO_BUCKETS_IN_FLIGHT if layout.overlap_comm else 1)
+    # ZeRO-1/2 allocate their whole reduce bucket (reduce_bucket_size elements, x2 with overlap_comm) at the first
+    # gradient of every micro-step (stage_1_and_2.setup_buckets): on CUDA the allocator counts all of it - 2 GB for
+    # DeepSpeed's default 5e8 fp32 elements, whatever the model (seen: the README's tiny zero1 run held 2.04 GB above
+    # its states on an H100). On a CPU only the touched pages become resident: at most the model's size.
+    bucket = layout.reduce_bucket if on_cuda and layout.zero_stage in (1, 2) else min(layout.reduce_bucket, P)
+    reduce = bucket * (ZERO_BUCKETS_IN_FLIGHT if layout.overlap_comm else 1)
     gather = min(layout.prefetch_bucket, P) + block_numel(shape) if layout.zero_stage == 3 else 0
     return train * (reduce + gather)
 
@@ -330,29 +365,55 @@ def activation_mode(family: str, attention: str, compute: str, checkpointing: bo
     return f"{family}/{attn}/{compute}/{int(checkpointing)}"
 
 
-def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> tuple[int, int]:
-    """(kept after the forward, the step's peak) for one micro-batch, from the calibrated coefficients."""
-    if mode not in ACTIVATION_COEFFICIENTS:
-        raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(ACTIVATION_COEFFICIENTS)}")
+def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu",
+                     compiled: bool = False) -> tuple[int, int, str]:
+    """(kept after the forward, the step's peak, which calibration gave them) for one micro-batch on `device`."""
+    table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
+    if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
+        table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
+    if mode not in table:
+        raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
     feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
-    kept = sum(c * x for c, x in zip(ACTIVATION_COEFFICIENTS[mode], feats))
+    kept = sum(c * x for c, x in zip(table[mode], feats))
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
-    if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time
-        full = ACTIVATION_COEFFICIENTS[mode[:-1] + "0"]
-        one_block = (full[0] * micro_batch * seq * shape.hidden + full[1] * micro_batch * shape.n_head * seq * seq)
+    if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
+        full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
+        bsh = micro_batch * seq * shape.hidden
+        one_block = (full[0] + RECOMPUTE_GRADIENT_BYTES.get(device, 0.0)) * bsh + full[1] * micro_batch * shape.n_head * seq * seq
         peak_extra = max(peak_extra, one_block)
-    return int(kept), int(kept + peak_extra)
+    factor = 1.0
+    if compiled and device in COMPILED_ACTIVATION_FACTOR:
+        factor = COMPILED_ACTIVATION_FACTOR[device]
+        calibration += f", x {factor:g} compiled"
+    return int(kept * factor), int((kept + peak_extra) * factor), calibration
 
 
 # ---- one rank, all together ----------------------------------------------------------------------------------------
 
-def rank_memory(shape: ModelShape, layout: Layout, *, optim: str, precision: str, ranks: int, micro_batch: int,
-                seq: int, checkpointing: bool, attention: str | None, grad_accum: int = 1) -> RankMemory:
-    mem = model_state_bytes(shape, layout, optim, precision, ranks, grad_accum)
+def rank_memory(plan) -> RankMemory:
+    """Bytes per rank of one training step of `plan` (a hfscale.runplan.RunPlan: everything here is read from it), for
+    the rank that holds the most. On the CUDA route the caching allocator's fragmentation and the runtime allowance
+    (CUDA context, cuBLAS/NCCL workspaces) are added to the device total; a CPU run has neither."""
+    layout, precision = plan.memory_layout, "fp32" if plan.precision == "tf32" else plan.precision
+    mem = model_state_bytes(plan.shape, layout, plan.optimizer_memory_rule, precision, plan.shard_ranks,
+                            plan.gradient_accumulation_steps)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
-    mem.activations, mem.activation_peak = activation_bytes(
-        shape, seq, micro_batch, activation_mode(shape.family, attention, compute, checkpointing))
-    mem.comm_buffers = comm_buffer_bytes(shape, layout, precision)
+    mem.activations, mem.activation_peak, mem.activation_calibration = activation_bytes(
+        plan.shape, plan.seq_len, plan.per_device_train_batch_size,
+        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
+        plan.device_type, plan.torch_compile)
+    mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
+    # What the backward allocates after the activation peak (its start), as the activations are freed: without
+    # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the
+    # backward and dropped at the step; ZeRO-3's flat gradient buffer lives from the start); on CUDA, ZeRO-1/2's reduce
+    # bucket (allocated at the first gradient of every micro-step). Checked against whole H100 runs
+    # (tests/test_memory.py: the allocator's peak within 10%).
+    if plan.gradient_accumulation_steps == 1 and (layout.engine in ("ddp", "fsdp") or layout.zero_stage in (1, 2)):
+        mem.after_peak += mem.gradients
+    if plan.on_cuda and layout.zero_stage in (1, 2):
+        mem.after_peak += mem.comm_buffers
+    if not plan.on_cuda:
+        mem.fragmentation, mem.runtime_allowance = 0.0, 0
     return mem
 
 

@@ -9,6 +9,7 @@ Units: FLOPs are floating-point operations (a multiply-add is 2); `_s` seconds; 
 from dataclasses import dataclass
 
 SECONDS_PER_DAY = 86_400
+GB = 1e9  # bytes; GB as sold and as nccl-tests and the BigScience notes count (not GiB)
 
 
 @dataclass(frozen=True)

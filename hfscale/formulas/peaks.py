@@ -54,6 +54,17 @@ def device_memory_gb(name: str) -> float:
     raise KeyError(name)
 
 
+def memory_of_device_name(device_name: str) -> float | None:
+    """GB of memory of a device as torch names it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"): the size its
+    name states, else the only size its family is sold in here (DEVICES); None when that cannot be told."""
+    stated = re.search(r"(\d+)\s*GB\b", device_name, re.IGNORECASE)
+    if stated:
+        return float(stated.group(1))
+    key = device_key(device_name)
+    sizes = {memory for memory, k in DEVICES.values() if k == key}
+    return sizes.pop() if key and len(sizes) == 1 else None
+
+
 def device_peak(name: str, dtype: str) -> float | None:
     for known, (_, key) in DEVICES.items():
         if known.lower() == name.lower():
@@ -88,7 +99,7 @@ def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | No
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}[dtype]
     on_cuda = device.startswith("cuda")
-    size = size or (8192 if on_cuda else 1024)
+    size = size or (8192 if on_cuda else 512)  # a CPU core reaches its peak at 512 already
     matmul = torch.backends.cuda.matmul
     tf32_before = matmul.fp32_precision
     try:

@@ -16,7 +16,8 @@ import os
 import socket
 
 from ..errors import HfscaleError
-from .strategies import Strategy, all_strategies, hsdp_refusal
+from ..files import load_json
+from .strategies import all_strategies
 
 
 def has_accelerator() -> bool:
@@ -54,17 +55,6 @@ def tf32_matmuls(on_cuda: bool) -> bool:
     return on_cuda and torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
-def run_precision(bf16: bool, fp16: bool, mixed_precision: str | None, tf32_flag: bool | None, tf32_on: bool) -> str:
-    """What a run computes in, as the engines really set it: the Trainer's mixed precision - its flags, or
-    ACCELERATE_MIXED_PRECISION from a user's accelerate config, which transformers reads into `mixed_precision` and
-    accelerate turns into autocast - else TF32 where torch's matmuls use it, else fp32."""
-    if bf16 or mixed_precision == "bf16":
-        return "bf16"
-    if fp16 or mixed_precision == "fp16":
-        return "fp16"
-    return "tf32" if tf32_flag or tf32_on else "fp32"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,43 +76,29 @@ def ensure_process_group_env() -> None:
 
 
 def launcher_world_size() -> int:
+    """Processes the launcher started (WORLD_SIZE; 1 without a launcher)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def processes_per_node(world: int) -> int:
+def launcher_processes_per_node(world: int) -> int:
     """Processes on this node, as the launcher says (torchrun and accelerate set LOCAL_WORLD_SIZE)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world)) or 1
-
-
-def hsdp_mesh(nodes: int, per_node: int) -> tuple[int, int]:
-    """HSDP's 2-D mesh, (dp_replicate, dp_shard) = (nodes, processes per node): replicated across nodes, sharded over
-    a node's processes. One node is plain FSDP and one process per node plain DDP, so both are refused."""
-    reason = hsdp_refusal(nodes, per_node)
-    if reason:
-        raise HfscaleError(f"{reason}; use fsdp on one node or ddp with one process per node")
-    return nodes, per_node
 
 
 PARALLELISM_ENV = ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "PARALLELISM_CONFIG_DP_SHARD_SIZE")
 
 
-def hybrid_mesh(strategy: Strategy, world: int) -> tuple[int, int] | None:
-    """The (dp_replicate, dp_shard) mesh of this job for an HSDP strategy (None for the others), from the launcher's
-    world; refused when the job's shape cannot be HSDP or the launcher's own parallelism_config says otherwise."""
-    if not strategy.hybrid:
-        return None
-    per_node = processes_per_node(world)
-    if world % per_node:
-        raise HfscaleError(f"{world} processes do not split into nodes of {per_node} (LOCAL_WORLD_SIZE)")
-    mesh = hsdp_mesh(world // per_node, per_node)
-    if _true("ACCELERATE_USE_PARALLELISM_CONFIG"):  # accelerate launch with a parallelism_config (YAML or flags)
-        asked = tuple(int(os.environ.get(var, "1")) for var in PARALLELISM_ENV)
-        if asked != mesh:
-            raise HfscaleError(f"the launcher's parallelism_config is dp_replicate {asked[0]} x dp_shard {asked[1]}, but "
-                               f"this job is {mesh[0]} nodes x {mesh[1]} processes; launch with `hfscale launch` or "
-                               f"`hfscale slurm`, which set it from the job, or pass --parallelism_config_dp_replicate_size "
-                               f"{mesh[0]} --parallelism_config_dp_shard_size {mesh[1]}")
-    return mesh
+def check_launcher_mesh(mesh: tuple[int, int] | None) -> None:
+    """A launcher started with its own parallelism_config (accelerate launch, YAML or flags) must agree with the job's
+    HSDP mesh (RunPlan.mesh: nodes x processes per node)."""
+    if mesh is None or not _true("ACCELERATE_USE_PARALLELISM_CONFIG"):
+        return
+    asked = tuple(int(os.environ.get(var, "1")) for var in PARALLELISM_ENV)
+    if asked != mesh:
+        raise HfscaleError(f"the launcher's parallelism_config is dp_replicate {asked[0]} x dp_shard {asked[1]}, but "
+                           f"this job is {mesh[0]} nodes x {mesh[1]} processes; launch with `hfscale launch` or "
+                           f"`hfscale slurm`, which set it from the job, or pass --parallelism_config_dp_replicate_size "
+                           f"{mesh[0]} --parallelism_config_dp_shard_size {mesh[1]}")
 
 
 def _true(var: str) -> bool:
@@ -141,16 +117,16 @@ def deepspeed_strategy(config_file: str, zero_stage, offload_optimizer: bool) ->
     return guess
 
 
-def launcher_strategy() -> str | None:
-    """The strategy an `accelerate launch --config_file ...` asked for, read from the environment it sets."""
+def launcher_strategy(deepspeed_json: dict | None = None) -> str | None:
+    """The strategy an `accelerate launch --config_file ...` asked for, read from the environment it sets
+    (`deepspeed_json`: the launcher's DeepSpeed JSON, already read)."""
     if _true("ACCELERATE_USE_DEEPSPEED"):
-        path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")
-        ds = {"deepspeed_config_file": path}
+        ds = {"deepspeed_config_file": os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")}
         stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
         if stage.isdigit():  # set from the launcher config's fields; "None" when it names a JSON file instead
             ds["zero_stage"] = stage
             ds["offload_optimizer_device"] = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
-        return config_strategy({"distributed_type": "DEEPSPEED", "deepspeed_config": ds}, _json_or_none(path))
+        return config_strategy({"distributed_type": "DEEPSPEED", "deepspeed_config": ds}, deepspeed_json)
     if _true("ACCELERATE_USE_FSDP"):
         hybrid = _true("ACCELERATE_USE_PARALLELISM_CONFIG") and int(os.environ.get(PARALLELISM_ENV[0], "1")) > 1
         return "fsdp_hybrid" if hybrid else "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
@@ -163,13 +139,14 @@ def launcher_deepspeed_config() -> str | None:
     return path if _true("ACCELERATE_USE_DEEPSPEED") and path and os.path.isfile(path) else None
 
 
-def _json_or_none(path: str) -> dict | None:
-    from ..files import load_json
-
+def read_launcher_deepspeed_json() -> tuple[str | None, dict | None]:
+    """(path, parsed JSON) of the launcher's DeepSpeed config, read once per run; a malformed file is reported when
+    the run checks it against its strategy (strategies.load_deepspeed_config), not here."""
+    path = launcher_deepspeed_config()
     try:
-        return load_json(path) if path and os.path.isfile(path) else None
+        return path, load_json(path) if path else None
     except HfscaleError:
-        return None  # the strategy is then read from the launcher's fields; the Trainer reports the file later
+        return path, None  # the strategy is then read from the launcher's fields
 
 
 def config_strategy(config: dict, deepspeed_json: dict | None = None) -> str | None:
@@ -197,9 +174,9 @@ def check_agree(asked: str, launched: str | None) -> None:
         )
 
 
-def resolve_strategy(asked: str | None) -> str:
+def resolve_strategy(asked: str | None, launcher_json: dict | None = None) -> str:
     """--strategy, checked against the launcher's config; the launcher's choice when no --strategy; else ddp."""
-    launched = launcher_strategy()
+    launched = launcher_strategy(launcher_json)
     if asked is None:
         return launched or "ddp"
     check_agree(asked, launched)
@@ -217,15 +194,15 @@ def configure_state_for_cpu_deepspeed() -> dict:
     return {"use_configured_state": True}
 
 
-def setup_processes(strategy: Strategy, use_cpu: bool = False) -> dict:
-    """Everything that must happen before the TrainingArguments build their device state: the one-process group
-    environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs and HSDP's mesh (as
-    accelerate's ParallelismConfig); on the CPU route, the DeepSpeed set-up above, and HSDP's mesh kept from accelerate,
-    which refuses a ParallelismConfig without GPUs (hooks.force_fsdp_state applies it). Called once, explicitly, by
-    train.run(). Returns the TrainingArguments overrides this needs."""
+def setup_processes(plan) -> dict:
+    """Everything that must happen before the TrainingArguments build their device state, for a run's RunPlan: the
+    one-process group environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs and
+    HSDP's mesh (as accelerate's ParallelismConfig); on the CPU route, the DeepSpeed set-up above, and HSDP's mesh kept
+    from accelerate, which refuses a ParallelismConfig without GPUs (hooks.force_fsdp_state applies it). Called once,
+    explicitly, by train.run(). Returns the TrainingArguments overrides this needs."""
     ensure_process_group_env()
-    mesh = hybrid_mesh(strategy, launcher_world_size())
-    if on_accelerator(use_cpu):
+    strategy, mesh = plan.strategy, plan.mesh
+    if plan.on_cuda:
         if mesh:
             from accelerate.parallelism_config import ParallelismConfig
 
@@ -244,6 +221,18 @@ def setup_processes(strategy: Strategy, use_cpu: bool = False) -> dict:
     return {}
 
 
+def barrier() -> None:
+    """torch.distributed.barrier on the GPU this rank drives: without device_ids NCCL guesses the device from the
+    current context and warns ("barrier(): using the device under current context ...") at every call."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
 def shutdown(wait_for_all: bool = True) -> bool:
     """Tear the process group down before interpreter exit (after a barrier when the run succeeded).
 
@@ -255,7 +244,7 @@ def shutdown(wait_for_all: bool = True) -> bool:
 
     if dist.is_available() and dist.is_initialized():
         if wait_for_all:
-            dist.barrier()
+            barrier()
         dist.destroy_process_group()
         return True
     return False

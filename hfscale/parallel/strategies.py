@@ -1,32 +1,22 @@
-"""Strategies (declarative files in strategies/) and the optimizer axis, with the one table of what pairs work.
+"""Strategies (declarative files in strategies/) and the one table of which strategy x optimizer pairs work.
 
 A strategy file names its engine (ddp | fsdp | deepspeed), the accelerate and DeepSpeed configs it points at,
-and what it shards and offloads. Code exists only for what no library does; see hooks.py and verify.py.
+and what it shards and offloads. Code exists only for what no library does; see hooks.py and verify.py. The optimizer
+axis is its own registry (optimizers.py).
 """
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
-from ..files import load_json, load_yaml
-from .configs import config_dir
 from ..errors import HfscaleError, one_of
+from ..files import load_json, load_yaml
+from ..formulas.memory import Layout
+from .configs import config_dir
+from .optimizers import OPTIMIZERS, get_optimizer
 
 ENGINES = ("ddp", "fsdp", "deepspeed")
 STATE_KINDS = ("parameters", "gradients", "optimizer_states")
-
-# The optimizer axis: hfscale name -> (TrainingArguments.optim on a GPU, on CPU, one line).
-# Fused AdamW needs its parameters on an accelerator; on CPU the foreach implementation is the fast one.
-OPTIMIZERS = {
-    "adamw": ("adamw_torch_fused", "adamw_torch", "torch AdamW (fused kernel on GPU); 8 bytes of state per parameter"),
-    "adafactor": ("adafactor", "adafactor", "Adafactor (transformers); factored second moment, ~4 bytes/row+col"),
-    "adamw_8bit": ("adamw_bnb_8bit", "adamw_bnb_8bit",
-                   "8-bit AdamW: bitsandbytes, or torchao's AdamW8bit under fsdp* (DTensor states); ~2 bytes of state "
-                   "per parameter"),
-}
-# FSDP2 steps DTensor shards: bitsandbytes' kernels have no DTensor rule, torchao's AdamW8bit keeps its 8-bit states
-# as DTensors of its own tensor subclass (transformers' optim name adamw_torch_8bit)
-FSDP_OPTIMIZERS = {"adamw_8bit": "adamw_torch_8bit"}
 
 _OFFLOAD_NEEDS_CPU_ADAM = (
     "DeepSpeed ZeRO-Offload runs the optimizer step on the CPU with its own CPU Adam kernel "
@@ -64,6 +54,11 @@ class Strategy:
     @property
     def deepspeed_config_path(self) -> Path | None:
         return config_dir("ds_configs") / self.deepspeed_config if self.deepspeed_config else None
+
+    @cached_property
+    def shipped_deepspeed_config(self) -> dict | None:
+        """Its ds_configs/ JSON, parsed once and checked (the ZeRO stage and offload the strategy claims)."""
+        return load_deepspeed_config(self.deepspeed_config_path, self) if self.deepspeed_config else None
 
     @property
     def accelerate_config_path(self) -> Path:
@@ -125,15 +120,10 @@ def get_strategy(name: str) -> Strategy:
     return strategies[name]
 
 
-def check_optimizer(name: str) -> None:
-    if name not in OPTIMIZERS:
-        raise one_of("optimizer", name, OPTIMIZERS)
-
-
 def incompatibility(strategy: str, optim: str) -> str | None:
     """Why this pair is refused, or None when it works."""
     get_strategy(strategy)
-    check_optimizer(optim)
+    get_optimizer(optim)
     return INCOMPATIBLE.get((strategy, optim))
 
 
@@ -162,16 +152,6 @@ def layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
             return f"fsdp_hybrid needs whole nodes: {gpus} processes do not split into nodes of {per_node}"
         return hsdp_refusal(gpus // per_node, per_node)
     return None
-
-
-def hf_optim_name(optim: str, on_gpu: bool, strategy: Strategy | None = None) -> str:
-    """The Trainer's `optim` for hfscale's optimizer name on this route and strategy."""
-    check_optimizer(optim)
-    if strategy is not None and strategy.engine == "fsdp" and optim in FSDP_OPTIMIZERS:
-        return FSDP_OPTIMIZERS[optim]
-    gpu_name, cpu_name, _ = OPTIMIZERS[optim]
-    return gpu_name if on_gpu else cpu_name
-
 
 
 def load_deepspeed_config(path: Path, strategy: Strategy) -> dict:
@@ -215,14 +195,12 @@ def _bucket(zero: dict, key: str, auto: int) -> int:
     return auto if value == "auto" else int(float(value))
 
 
-def memory_layout(strategy: Strategy, hidden: int, deepspeed_json: dict | None = None):
+def memory_layout(strategy: Strategy, hidden: int, deepspeed_json: dict | None = None) -> Layout:
     """The memory model's view of a strategy (hfscale.formulas.memory.Layout), buckets read from its DeepSpeed JSON."""
-    from ..formulas.memory import Layout
-
     if strategy.engine != "deepspeed":
         return Layout(engine=strategy.engine, offload_params=strategy.offloads_state("parameters"),
                       offload_optimizer=strategy.offloads_state("optimizer_states"))
-    zero = (deepspeed_json if deepspeed_json is not None else load_json(strategy.deepspeed_config_path)).get(
+    zero = (deepspeed_json if deepspeed_json is not None else strategy.shipped_deepspeed_config).get(
         "zero_optimization", {})
     return Layout(engine="deepspeed", zero_stage=strategy.zero_stage,
                   offload_optimizer=strategy.offloads_state("optimizer_states"),

@@ -2,7 +2,7 @@
 reported the way nccl-tests reports it (algbw = size / time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n
 for all-gather and reduce-scatter), so `hfscale project --bandwidth_file` can use what this machine really does.
 
-    hfscale bandwidth --nproc 2 --out runs/bandwidth.json        # this node (gloo on CPU, NCCL on GPUs)
+    hfscale bandwidth --num_processes 2 --out runs/bandwidth.json        # this node (gloo on CPU, NCCL on GPUs)
     srun ... torchrun --nnodes 2 ... -m hfscale.plan.bandwidth --worker --out bw.json   # across nodes
 
 Each size is timed `--iters` times after a warm-up, with a barrier before each. The mean is reported, as nccl-tests
@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
-from ..files import atomic_write_text
+from ..files import atomic_write_text, load_json
+from ..flags import refuse_renamed
+from ..formulas.comm import RING
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -71,8 +73,6 @@ def _time_collective(kind: str, size_bytes: int, iters: int, device, compute_s: 
 def fit_latency_bandwidth(rows: list[dict], kind: str, ranks: int) -> dict:
     """Fit time = ring_steps x latency + volume x size / busbw to the rows of one collective, minimising relative
     errors (so the small, latency-bound sizes count as much as the large ones). Latency is per ring step."""
-    from ..formulas.comm import RING
-
     volume, steps = RING[kind]
     pts = [(steps(ranks), volume(ranks) * r["size_bytes"], r["time_s"]) for r in rows if r["kind"] == kind]
     # weighted normal equations for t = a*x + b*y with weights 1/t^2
@@ -136,8 +136,6 @@ def table(report: dict) -> str:
 
 def read_bandwidth_file(path) -> dict:
     """A file written by `hfscale bandwidth --out`: {"busbw_largest": {kind: bytes/s}, "nodes": ...}."""
-    from ..files import load_json
-
     data = load_json(Path(path), "bandwidth file")
     bw = data.get("busbw_largest")
     if not isinstance(bw, dict) or not all(isinstance(bw.get(k), (int, float)) and bw[k] > 0 for k in KINDS):
@@ -149,8 +147,9 @@ def read_bandwidth_file(path) -> dict:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = ArgumentParser(prog="hfscale bandwidth", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", type=int, default=None, help="processes on this node (default: every GPU, or 2 on CPU)")
+    refuse_renamed(argv)
+    parser = ArgumentParser(prog="hfscale bandwidth", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--num_processes", type=int, default=None, help="processes on this node (default: every GPU, or 2 on CPU)")
     parser.add_argument("--min_bytes", type=int, default=1 << 12)
     parser.add_argument("--max_bytes", type=int, default=None, help="largest message (default 256 MB on GPU, 16 MB on CPU)")
     parser.add_argument("--iters", type=int, default=20)
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if not 0 <= opts.compute_ms < float("inf"):
         raise HfscaleError(f"--compute_ms must be >= 0, got {opts.compute_ms}")
-    for name in ("nproc", "min_bytes", "max_bytes", "iters"):
+    for name in ("num_processes", "min_bytes", "max_bytes", "iters"):
         value = getattr(opts, name)
         if value is not None and value <= 0:
             raise HfscaleError(f"--{name} must be positive, got {value}")
@@ -179,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if opts.worker:
         worker(sizes, opts.iters, opts.out, opts.compute_ms / 1e3)
         return 0
-    nproc = opts.nproc or torch.cuda.device_count() or 2
+    nproc = opts.num_processes or torch.cuda.device_count() or 2
     if nproc < 2:
-        raise HfscaleError("--nproc must be at least 2: a collective over one rank moves nothing")
+        raise HfscaleError("--num_processes must be at least 2: a collective over one rank moves nothing")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "hfscale.plan.bandwidth", "--worker", "--min_bytes", str(opts.min_bytes), "--max_bytes",
            str(max_bytes), "--iters", str(opts.iters), "--compute_ms", str(opts.compute_ms),

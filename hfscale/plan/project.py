@@ -3,12 +3,15 @@ measured run (or a given per-GPU throughput) and a communication model (hfscale/
 
     hfscale project runs/zero1-run/results.json --gpus 8,16,32,64,128 --gpus_per_node 8 \\
         --intra_bw 150 --inter_bw 12.5:25 --strategy zero1,zero3,ddp --out runs/projection
-    hfscale project --model bloom-7b1 --tflops_per_gpu 120 --seq_len 2048 --micro_batch_size 2 --grad_accum 16 ...
+    hfscale project --model bloom-7b1 --tflops_per_gpu 120 --seq_len 2048 --per_device_train_batch_size 2 \\
+        --gradient_accumulation_steps 16 --bf16 --device A100-80GB ...
 
 Compute per micro-batch comes from the measurement with the run's own exposed communication taken out (at the
 run's GPU count and links); each projected point adds back what the strategy moves at that GPU count. By default
 each GPU keeps the measured micro-batch and accumulation (the global batch grows with the GPUs);
-`--global_batch_size` holds the global batch instead (accumulation shrinks as GPUs are added). docs/project.md.
+`--global_batch_size` holds the global batch instead (accumulation shrinks as GPUs are added). Every point is also a
+RunPlan the memory estimate judges on the device (`--device`, `--device_memory_gb`, or the run's own GPU): a point that
+cannot fit is marked, and is never the knee or the recommendation. docs/project.md.
 """
 
 import csv
@@ -17,34 +20,35 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ArgumentParser, HfscaleError, one_of
+from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text
+from ..flags import comma_list, refuse_renamed
 from ..formulas.comm import Links, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES, parameter_tensors
-from ..formulas.metrics import SECONDS_PER_DAY, ModelShape, param_count, training_flops_per_sequence
-from ..parallel.strategies import layout_refusal
+from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
+from ..formulas.peaks import DEVICES, memory_of_device_name
+from ..parallel.optimizers import get_optimizer
+from ..parallel.strategies import get_strategy
+from ..run.results import read_results
+from ..runplan import RunPlan, accumulation_steps
+from .bandwidth import read_bandwidth_file
+from .options import (add_model_flags, add_precision_flags, base_plan, check_whole_nodes, device_memory_bytes, fit,
+                      optimizers_option, positive, strategies_option)
 
-GB = 1e9
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
 
 @dataclass
 class Baseline:
-    """What was measured (or given): the model, the per-GPU work and its speed."""
+    """What was measured (or given): the run's plan and its speed."""
 
-    shape: ModelShape
-    strategy: str
-    seq: int
-    micro_batch: int
-    grad_accum: int
-    gpus: int
-    gpus_per_node: int
-    precision: str
+    plan: RunPlan  # model, strategy, optimizer, per-GPU work, world, nodes, precision: the measured configuration
     s_per_iter: list[float]  # [typical, fastest, slowest]; equal when only one figure is known
     source: str
     powersgd_rank: int | None = None
     overlap: bool = True  # communication hides under compute (GPUs); not on a CPU, where gloo shares the cores
     step_sd_s: float = 0.0  # per-step noise of the step time (the straggler term), from the run's logging intervals
+    device_memory_bytes: float | None = None  # memory per GPU the points are judged on (None: not judged)
 
 
 @dataclass
@@ -64,33 +68,55 @@ class Point:
     straggler_s: float  # waiting for the slowest rank per iteration
     comm_bytes_per_gpu: float
     efficiency: float  # tokens/s per GPU relative to the measured point's
+    fits: bool | None = None  # the memory estimate's verdict on the device (None: no device memory known)
+    total_per_gpu: int | None = None  # bytes per GPU the estimate gives this point
+    fit_reason: str | None = None
 
 
-def _pattern(strategy, base: Baseline, ranks: int, gpus_per_node: int):
-    P = param_count(base.shape)
-    t = DTYPE_BYTES["fp32" if base.precision == "tf32" else base.precision]
+def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
+    """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates."""
+    strategy, P = plan.strategy, param_count(plan.shape)
+    t = DTYPE_BYTES["fp32" if plan.precision == "tf32" else plan.precision]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
         psgd = None
         if strategy.comm_hook == "powersgd":
-            rank = base.powersgd_rank or strategy.powersgd["rank"]
-            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(base.shape)], rank)
-        return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=ranks, powersgd_bytes=psgd)
-    return comm_pattern(strategy.engine, strategy.zero_stage, param_bytes=t * P, grad_bytes=t * P, ranks=ranks,
-                        offload_optimizer=strategy.offloads_state("optimizer_states"),
+            rank = powersgd_rank or strategy.powersgd["rank"]
+            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(plan.shape)], rank)
+        return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=plan.world_size,
+                            powersgd_bytes=psgd)
+    return comm_pattern(strategy.engine, strategy.zero_stage, param_bytes=t * P, grad_bytes=t * P,
+                        ranks=plan.world_size, offload_optimizer=strategy.offloads_state("optimizer_states"),
                         offload_params=strategy.offloads_state("parameters"),
-                        shard_ranks=strategy.shard_ranks(ranks, gpus_per_node) if strategy.hybrid else None)
+                        shard_ranks=plan.shard_ranks if strategy.hybrid else None)
 
 
-def micro_compute_s(strategy, base: Baseline, s_per_iter: float, links: Links) -> float:
+def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links):
+    return step_time(pattern_of(plan, base.powersgd_rank), micro_compute_s=micro_compute,
+                     grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
+                     gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
+                     step_sd_s=base.step_sd_s)
+
+
+def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links) -> float:
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
     configuration itself (solved by fixed-point iteration: the exposed part depends on the compute that hides it)."""
-    pattern = _pattern(strategy, base, base.gpus, base.gpus_per_node)
-    compute = s_per_iter / base.grad_accum
+    compute = s_per_iter / plan.gradient_accumulation_steps
     for _ in range(50):
-        st = step_time(pattern, micro_compute_s=compute, grad_accum=base.grad_accum, ranks=base.gpus,
-                       gpus_per_node=base.gpus_per_node, links=links, overlap=base.overlap, step_sd_s=base.step_sd_s)
-        compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / base.grad_accum
+        st = step_of(plan, base, compute, links)
+        compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / plan.gradient_accumulation_steps
     return compute
+
+
+def plan_at(base: Baseline, strategy, gpus: int, gpus_per_node: int, global_batch: int | None) -> RunPlan | None:
+    """The measured configuration under `strategy` on `gpus` GPUs (None: the global batch does not split there)."""
+    gas = base.plan.gradient_accumulation_steps
+    if global_batch is not None:
+        try:
+            gas = accumulation_steps(global_batch, base.plan.per_device_train_batch_size, gpus)
+        except HfscaleError:
+            return None  # not a whole number of micro-batches per GPU at this count
+    return base.plan.but(strategy=strategy, world_size=gpus, processes_per_node=min(gpus, gpus_per_node),
+                         gradient_accumulation_steps=gas)
 
 
 def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: int, links: tuple[Links, Links, Links],
@@ -98,38 +124,47 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     """links = (typical, optimistic, pessimistic) bandwidths; s_per_iter = (typical, fastest, slowest)."""
     points = []
     for strategy in strategies:
-        computes = [micro_compute_s(strategy, base, s, link) for s, link in zip(base.s_per_iter, links)]
+        measured = base.plan.but(strategy=strategy)
+        computes = [micro_compute_s(measured, base, s, link) for s, link in zip(base.s_per_iter, links)]
         reference_tps = None
         for n in gpus:
-            gas = base.grad_accum
-            if global_batch is not None:
-                if global_batch % (base.micro_batch * n):
-                    continue  # not a whole number of micro-batches per GPU at this count
-                gas = global_batch // (base.micro_batch * n)
-            if layout_refusal(strategy, n, min(n, gpus_per_node)):
-                continue  # e.g. HSDP on one node
-            pattern = _pattern(strategy, base, n, gpus_per_node)
-            times = [step_time(pattern, micro_compute_s=c, grad_accum=gas, ranks=n, gpus_per_node=gpus_per_node,
-                               links=link, overlap=base.overlap, step_sd_s=base.step_sd_s)
-                     for c, link in zip(computes, links)]
-            gbs = base.micro_batch * gas * n
-            tokens = gbs * base.seq
+            plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
+            if plan is None or plan.refusal():
+                continue  # e.g. HSDP on one node, or a pair the strategy table refuses
+            times = [step_of(plan, base, c, link) for c, link in zip(computes, links)]
+            tokens = plan.tokens_per_step
             days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
             tps = tokens / times[0].total_s
             reference_tps = reference_tps or tps / n
-            points.append(Point(strategy.name, n, max(1, -(-n // gpus_per_node)), gas, gbs, times[0].total_s, tps,
-                                days[0], days[0] * n, min(days), max(days), times[0].exposed_s, times[0].straggler_s,
-                                pattern.bytes_per_step(gas, n, gpus_per_node), tps / n / reference_tps))
+            verdict = fit(plan, base.device_memory_bytes)
+            points.append(Point(strategy.name, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size,
+                                times[0].total_s, tps, days[0], days[0] * n, min(days), max(days), times[0].exposed_s,
+                                times[0].straggler_s,
+                                pattern_of(plan, base.powersgd_rank).bytes_per_step(plan.gradient_accumulation_steps,
+                                                                                    n, gpus_per_node),
+                                tps / n / reference_tps, verdict.fits, verdict.total_per_gpu,
+                                verdict.reason if verdict.fits is False else None))
     return points
 
 
 def knee(points: list[Point], gain_threshold: float) -> int | None:
-    """The first GPU count from which doubling the GPUs saves less than `gain_threshold` of the days."""
-    by_gpus = {p.gpus: p for p in points}
+    """The first GPU count from which doubling the GPUs saves less than `gain_threshold` of the days (points that
+    cannot fit are never the knee)."""
+    by_gpus = {p.gpus: p for p in points if p.fits is not False}
     for n in sorted(by_gpus):
         if 2 * n in by_gpus and 1 - by_gpus[2 * n].days / by_gpus[n].days < gain_threshold:
             return n
     return None
+
+
+def best(points: list[Point]) -> dict[int, str]:
+    """The fastest strategy that fits, at each GPU count."""
+    out = {}
+    for n in sorted({p.gpus for p in points}):
+        fitting = [p for p in points if p.gpus == n and p.fits is not False]
+        if fitting:
+            out[n] = min(fitting, key=lambda p: p.days).strategy
+    return out
 
 
 # ---- inputs --------------------------------------------------------------------------------------------------------
@@ -146,16 +181,6 @@ def _bandwidths(text: str, flag: str) -> tuple[float, float, float]:
     return (low + high) / 2 * GB, high * GB, low * GB
 
 
-def _positive_ints(text: str, flag: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise HfscaleError(f"--{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or values[0] <= 0:
-        raise HfscaleError(f"--{flag} must be positive integers, got {text!r}")
-    return values
-
-
 def step_noise_s(history: list[dict]) -> float:
     """Per-step standard deviation of the step time, from the logging intervals of a run (`perf_history`): an interval
     of k steps averages k step times, so its mean varies with sd sigma/sqrt(k); sigma^2 is estimated as the k-weighted
@@ -169,66 +194,71 @@ def step_noise_s(history: list[dict]) -> float:
     return (sum(k * (x - mean) ** 2 for k, x in pts) / (len(pts) - 1)) ** 0.5
 
 
-def baseline_from_results(path: Path) -> Baseline:
-    from ..files import load_json
-
-    data = load_json(path, "results file")
-    if data.get("status") != "ok":
-        raise HfscaleError(f"{path}: the run did not finish (status {data.get('status')!r}); project from a run "
-                           "that ended `ok`")
+def baseline_from_results(path: Path, device_bytes: float | None = None) -> Baseline:
+    """The measured plan of a finished run; `device_bytes` judges fits, else the run's own GPU (CPU runs: not judged)."""
+    data = read_results(path)
+    if data.status != "ok":
+        raise HfscaleError(f"{path}: the run did not finish (status {data.status!r}); project from a run that ended `ok`")
+    cfg, perf, env = data.config, data.perf, data.environment
     try:
-        model, cfg, perf = data["model"], data["config"], data["perf"]
-        shape = ModelShape(model["family"], model["n_layer"], model["hidden"], model["n_head"], model["vocab"],
-                           model["positions"], model.get("ffn"))
-        s = float(perf["s_per_iter"])
-        history = [x for x in data.get("perf_history", []) if x.get("s_per_iter")]
+        strategy = get_strategy(data.strategy)
+        history = [x for x in data.perf_history if x.get("s_per_iter")]
+        s = float(perf.s_per_iter)
         spread = [float(x["s_per_iter"]) for x in history]
-        nodes = (data.get("environment") or {}).get("nodes", 1) or 1
-        return Baseline(shape, data["strategy"], cfg["seq_len"], cfg["micro_batch_size"], cfg["grad_accum"],
-                        cfg["world_size"], max(1, cfg["world_size"] // nodes), cfg.get("precision", "fp32"),
-                        [s, min(spread + [s]), max(spread + [s])], str(path), cfg.get("powersgd_rank"),
-                        overlap=(data.get("environment") or {}).get("device_type") != "cpu",
-                        step_sd_s=step_noise_s(history))
-    except (KeyError, TypeError, ValueError) as err:
-        raise HfscaleError(f"{path}: not an hfscale results file with measured throughput (missing {err})") from None
+        world, nodes = cfg.world_size, env.nodes or 1
+        plan = RunPlan(strategy, get_optimizer(data.optim), data.model.shape(), cfg.seq_len,
+                       per_device_train_batch_size=cfg.micro_batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                       world_size=world, processes_per_node=max(1, world // nodes), precision=cfg.precision or "fp32",
+                       activation_checkpointing=bool(cfg.checkpointing),
+                       attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
+                       device_type=env.device_type or "cuda")
+    except (TypeError, ValueError) as err:
+        raise HfscaleError(f"{path}: not an hfscale results file with measured throughput ({err})") from None
+    on_cpu = env.device_type == "cpu"
+    if device_bytes is None and not on_cpu:
+        device_bytes = memory_of_device_name(env.device_name or "")
+        device_bytes = device_bytes * GB if device_bytes else None
+    return Baseline(plan, [s, min(spread + [s]), max(spread + [s])], str(path), cfg.powersgd_rank,
+                    overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes)
 
 
-def baseline_from_flags(opts) -> Baseline:
-    from ..run.models import resolve_seq_len
-    from .estimate import model_shape
-
-    shape = model_shape(opts)
-    seq = resolve_seq_len(shape, opts.seq_len)
-    tokens_per_micro = opts.micro_batch_size * seq
+def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
+    strategy, optimizer = strategies_option(opts.strategy)[0], optimizers_option(opts.optim)[0]
+    plan = base_plan(opts, strategy, optimizer, world_size=1, processes_per_node=1,
+                     per_device_train_batch_size=opts.per_device_train_batch_size,
+                     gradient_accumulation_steps=opts.gradient_accumulation_steps)
+    tokens_per_micro = plan.per_device_train_batch_size * plan.seq_len
     if opts.tokens_per_s_per_gpu is not None:
         micro_s = tokens_per_micro / opts.tokens_per_s_per_gpu
         source = f"--tokens_per_s_per_gpu {opts.tokens_per_s_per_gpu:g}"
     else:
-        _, hardware = training_flops_per_sequence(shape, seq, opts.activation_checkpointing)
-        micro_s = hardware * opts.micro_batch_size / (opts.tflops_per_gpu * 1e12)
+        _, hardware = training_flops_per_sequence(plan.shape, plan.seq_len, plan.activation_checkpointing)
+        micro_s = hardware * plan.per_device_train_batch_size / (opts.tflops_per_gpu * 1e12)
         source = f"--tflops_per_gpu {opts.tflops_per_gpu:g} (hardware FLOPs)"
-    s = micro_s * opts.grad_accum  # compute only: a one-GPU baseline, no communication
-    return Baseline(shape, opts.strategy.split(",")[0], seq, opts.micro_batch_size, opts.grad_accum, 1, 1,
-                    "bf16" if opts.bf16 else "fp32", [s, s, s], source)
+    s = micro_s * plan.gradient_accumulation_steps  # compute only: a one-GPU baseline, no communication
+    return Baseline(plan, [s, s, s], source, device_memory_bytes=device_bytes)
 
 
 def build_parser() -> ArgumentParser:
-    from .estimate import add_model_flags
-
     p = ArgumentParser(prog="hfscale project", allow_abbrev=False,
-                       description="Days and GPU-days to a token budget vs number of GPUs, per strategy.")
+                       description="Days and GPU-days to a token budget vs number of GPUs, per strategy; every point "
+                                   "judged by the memory estimate on the device.")
     p.add_argument("results", nargs="?", type=Path, help="a results.json of a finished run (its measured throughput)")
     p.add_argument("--tokens_per_s_per_gpu", type=float, help="instead of a results file: measured per-GPU throughput")
     p.add_argument("--tflops_per_gpu", type=float, help="instead of a results file: achieved hardware TFLOPs per GPU")
     add_model_flags(p)
     p.add_argument("--seq_len", type=int)
-    p.add_argument("--micro_batch_size", type=int, default=1)
-    p.add_argument("--grad_accum", type=int, default=1)
+    p.add_argument("--per_device_train_batch_size", type=int, default=1)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--activation_checkpointing", action="store_true")
-    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--attn_implementation", default="sdpa")
+    add_precision_flags(p)
+    p.add_argument("--optim", default="adamw", help="the optimizer (its states count in the memory verdict)")
     p.add_argument("--strategy", help="comma-separated or `all` (default: the run's)")
     p.add_argument("--gpus", default=DEFAULT_GPUS, help=f"GPU counts (default {DEFAULT_GPUS})")
     p.add_argument("--global_batch_size", type=int, help="hold the global batch (samples) fixed instead of the per-GPU work")
+    p.add_argument("--device", help=f"the GPU the points are judged on: {', '.join(DEVICES)} (default: a run's own)")
+    p.add_argument("--device_memory_gb", type=float, help="memory per GPU in GB instead of a --device name")
     add_link_flags(p)
     p.add_argument("--token_budget", type=float, default=1e11)
     p.add_argument("--gain_threshold", type=float, default=0.25, help="report where doubling GPUs saves less than this share of the days")
@@ -247,30 +277,19 @@ def add_link_flags(p) -> None:
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
-def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus") -> None:
-    """A GPU count beyond one node must fill whole nodes (estimate, project and report --days_at_gpus)."""
-    bad = [n for n in gpus if n > gpus_per_node and n % gpus_per_node]
-    if bad:
-        raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
-
-
-def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) -> float:
-    """Projected tokens/s of a finished run's configuration at `gpus` GPUs with the same global batch (so its loss
-    per token is unchanged). Raises HfscaleError when the batch does not split over that many GPUs."""
-    from ..parallel.strategies import all_strategies
-
+def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) -> Point:
+    """The projected point of a finished run's configuration at `gpus` GPUs with the same global batch (so its loss
+    per token is unchanged), judged on the run's own GPU. HfscaleError when it cannot be projected there."""
     base = baseline_from_results(results_path)
-    global_batch = base.micro_batch * base.grad_accum * base.gpus
-    strategy = all_strategies().get(base.strategy)
-    if strategy is None:
-        raise HfscaleError(f"{results_path}: strategy {base.strategy!r} is not one hfscale projects")
-    reason = layout_refusal(strategy, gpus, min(gpus, gpus_per_node))
+    strategy = base.plan.strategy
+    reason = base.plan.but(world_size=gpus, processes_per_node=min(gpus, gpus_per_node)).refusal()
     if reason:
         raise HfscaleError(reason)
-    points = project(base, [strategy], [gpus], gpus_per_node, links, 1.0, global_batch)
+    points = project(base, [strategy], [gpus], gpus_per_node, links, 1.0, base.plan.global_batch_size)
     if not points:
-        raise HfscaleError(f"its global batch {global_batch} is not a multiple of MBS {base.micro_batch} x {gpus} GPUs")
-    return points[0].tokens_per_s
+        raise HfscaleError(f"its global batch {base.plan.global_batch_size} is not a multiple of MBS "
+                           f"{base.plan.per_device_train_batch_size} x {gpus} GPUs")
+    return points[0]
 
 
 def links_from(opts) -> tuple[Links, Links, Links]:
@@ -280,8 +299,6 @@ def links_from(opts) -> tuple[Links, Links, Links]:
             raise HfscaleError(f"--{name} must be >= 0, got {getattr(opts, name)}")
     intra_lat = opts.intra_latency_us * 1e-6
     if opts.bandwidth_file:
-        from .bandwidth import read_bandwidth_file
-
         measured = read_bandwidth_file(opts.bandwidth_file)
         if "fit" in measured:  # the latency-bandwidth line fitted over every size
             bw, intra_lat = measured["fit"]["all_reduce"]["busbw"], measured["fit"]["all_reduce"]["latency_s"]
@@ -294,32 +311,25 @@ def links_from(opts) -> tuple[Links, Links, Links]:
 
 
 def run_projection(opts):
-    from ..parallel.strategies import all_strategies
-
     if opts.results and (opts.tokens_per_s_per_gpu or opts.tflops_per_gpu):
         raise HfscaleError("give a results file or --tokens_per_s_per_gpu/--tflops_per_gpu, not both")
-    for name in ("tokens_per_s_per_gpu", "tflops_per_gpu", "micro_batch_size", "grad_accum", "gpus_per_node",
-                 "global_batch_size", "token_budget", "seq_len"):
-        value = getattr(opts, name)
-        if value is not None and not 0 < value < float("inf"):
-            raise HfscaleError(f"--{name} must be positive, got {value}")
+    positive(opts, "tokens_per_s_per_gpu", "tflops_per_gpu", "per_device_train_batch_size",
+             "gradient_accumulation_steps", "gpus_per_node", "global_batch_size", "token_budget", "seq_len")
     if not 0 < opts.gain_threshold < 1:
         raise HfscaleError(f"--gain_threshold must be between 0 and 1, got {opts.gain_threshold}")
-    gpus = _positive_ints(opts.gpus, "gpus")
+    gpus = sorted(set(comma_list(opts.gpus, "--gpus", int)))
     check_whole_nodes(gpus, opts.gpus_per_node)
     links = links_from(opts)
+    device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
+                    if opts.device or opts.device_memory_gb is not None else None)
     if opts.results:
-        base = baseline_from_results(opts.results)
+        base = baseline_from_results(opts.results, device_bytes)
     elif opts.tokens_per_s_per_gpu or opts.tflops_per_gpu:
         opts.strategy = opts.strategy or "ddp"
-        base = baseline_from_flags(opts)
+        base = baseline_from_flags(opts, device_bytes)
     else:
         raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
-    names = list(all_strategies()) if opts.strategy == "all" else (opts.strategy or base.strategy).split(",")
-    for name in names:
-        if name not in all_strategies():
-            raise one_of("strategy", name, [*all_strategies(), "all"])
-    strategies = [all_strategies()[n] for n in names]
+    strategies = strategies_option(opts.strategy) if opts.strategy else [base.plan.strategy]
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     if not points:
         raise HfscaleError(f"--global_batch_size {opts.global_batch_size} is not a multiple of MBS x GPUs for any of "
@@ -330,21 +340,24 @@ def run_projection(opts):
 
 def markdown(points: list[Point], knees: dict, budget: float) -> str:
     lines = [f"| strategy | GPUs | nodes | GAS | GBS | s/it | tokens/s | days to {budget / 1e9:g}B | band | GPU-days | "
-             "exposed comm s/it | straggler s/it | comm GB/GPU/it | scaling eff. |", "|" + "---|" * 14]
+             "exposed comm s/it | straggler s/it | comm GB/GPU/it | scaling eff. | fits |", "|" + "---|" * 15]
     for p in points:
+        fits = "?" if p.fits is None else "yes" if p.fits else f"**no**: {p.fit_reason}"
         lines.append(f"| {p.strategy} | {p.gpus} | {p.nodes} | {p.grad_accum} | {p.global_batch} | {p.s_per_iter:.4g} | "
                      f"{p.tokens_per_s:,.0f} | {p.days:,.2f} | {p.days_low:,.2f}–{p.days_high:,.2f} | "
                      f"{p.gpu_days:,.1f} | {p.exposed_comm_s:.3g} | {p.straggler_s:.3g} | "
-                     f"{p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} |")
+                     f"{p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} | {fits} |")
     lines.append("")
     for name, n in knees.items():
         lines.append(f"- {name}: " + (f"doubling past {n} GPUs saves less than the threshold" if n else
                                       "doubling keeps paying over the counts given"))
+    for n, name in best(points).items():
+        lines.append(f"- fastest that fits at {n} GPUs: {name}")
     return "\n".join(lines) + "\n"
 
 
 def plot(points: list[Point], path: Path, budget: float) -> None:
-    import matplotlib
+    import matplotlib  # heavy, and only for the plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -352,9 +365,16 @@ def plot(points: list[Point], path: Path, budget: float) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(p.strategy for p in points):
         mine = [p for p in points if p.strategy == name]
-        xs = [p.gpus for p in mine]
-        ax.plot(xs, [p.days for p in mine], marker="o", label=name)
-        ax.fill_between(xs, [p.days_low for p in mine], [p.days_high for p in mine], alpha=0.2)
+        fitting = [p for p in mine if p.fits is not False]
+        line = ax.plot([p.gpus for p in fitting], [p.days for p in fitting], marker="o", label=name)
+        color = line[0].get_color()
+        if fitting:
+            ax.fill_between([p.gpus for p in fitting], [p.days_low for p in fitting], [p.days_high for p in fitting],
+                            alpha=0.2, color=color)
+        out = [p for p in mine if p.fits is False]  # hollow, no line: a configuration that cannot start
+        if out:
+            ax.scatter([p.gpus for p in out], [p.days for p in out], facecolors="none", edgecolors=color,
+                       label=f"{name} (does not fit)")
     ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="days (wall clock)",
            title=f"Projected days to train {budget / 1e9:g}B tokens")
     ax.grid(True, which="both", alpha=0.3)
@@ -364,22 +384,34 @@ def plot(points: list[Point], path: Path, budget: float) -> None:
     plt.close(fig)
 
 
+def assumptions_of(base: Baseline, links) -> list[str]:
+    plan = base.plan
+    memory = (f"every point judged by the memory estimate on {base.device_memory_bytes / GB:g} GB per GPU "
+              "(hfscale estimate's verdict; a point that does not fit is marked and never recommended)"
+              if base.device_memory_bytes else
+              "memory not judged: no device memory known (pass --device or --device_memory_gb) - a point may not fit")
+    return [f"from {base.source}: {plan.strategy.name} with {plan.optimizer.name} on {plan.world_size} GPU(s), MBS "
+            f"{plan.per_device_train_batch_size}, GAS {plan.gradient_accumulation_steps}, seq {plan.seq_len}, "
+            f"{plan.precision}, {base.s_per_iter[0]:.4g} s/it (spread {base.s_per_iter[1]:.4g}–{base.s_per_iter[2]:.4g})",
+            f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
+            f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
+            f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
+            (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
+             "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else
+             "per-step noise unknown (fewer than 4 logging intervals, or no run): no straggler term"),
+            "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
+            "own exposed communication); docs/project.md lists what overlaps"
+            + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
+            memory]
+
+
 def main(argv: list[str]) -> None:
+    refuse_renamed(argv)
     opts = build_parser().parse_args(argv)
     base, links, points, knees = run_projection(opts)
-    assumptions = [f"from {base.source}: {base.strategy} on {base.gpus} GPU(s), MBS {base.micro_batch}, GAS "
-                   f"{base.grad_accum}, seq {base.seq}, {base.precision}, {base.s_per_iter[0]:.4g} s/it "
-                   f"(spread {base.s_per_iter[1]:.4g}–{base.s_per_iter[2]:.4g})",
-                   f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
-                   f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
-                   f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
-                   (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
-                    "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else
-                    "per-step noise unknown (fewer than 4 logging intervals, or no run): no straggler term"),
-                   "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
-                   "own exposed communication); docs/project.md lists what overlaps"
-                   + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores")]
-    report = {"assumptions": assumptions, "knee_gpus": knees, "points": [asdict(p) for p in points]}
+    assumptions = assumptions_of(base, links)
+    report = {"assumptions": assumptions, "knee_gpus": knees, "best_that_fits": best(points),
+              "points": [asdict(p) for p in points]}
     text = markdown(points, knees, opts.token_budget) + "\n" + "\n".join(f"- {a}" for a in assumptions) + "\n"
     if opts.out:
         csv_buf = io.StringIO()

@@ -3,8 +3,9 @@
 Config flows one way: CLI/JSON -> dataclasses -> the strategy file fills defaults -> explicit flags win. Every
 transformers TrainingArguments flag works; hfscale adds --strategy and gives --optim its own three names.
 
-Parsing is pure: `parse_args` checks everything and returns the TrainingArguments as keyword arguments plus
-hfscale's own `RunState`. Building the TrainingArguments (`build_training_arguments`) creates accelerate's device
+Parsing is pure: `parse_args` reads the flags into the dataclasses, `plan_training` checks the choices and decides the
+run's RunPlan (hfscale/runplan.py) - every fact about the run, decided here once - and hfscale's defaults for the
+TrainingArguments keywords. Building the TrainingArguments (`build_training_arguments`) creates accelerate's device
 state and process group, so `train.run()` does it explicitly, after `parallel.distributed.setup_processes`.
 """
 
@@ -19,12 +20,13 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError
 from ..files import load_json, load_yaml
 from ..formulas.metrics import ModelShape
-from ..parallel.distributed import (hybrid_mesh, launcher_deepspeed_config, launcher_world_size, on_accelerator,
-                                    resolve_strategy)
-from ..parallel.strategies import (OPTIMIZERS, Strategy, all_strategies, check_optimizer, check_pair, get_strategy,
-                                   hf_optim_name, load_deepspeed_config)
-from .data import EMBEDDED
-from .models import PRESETS, resolve_shape
+from ..models import PRESETS, model_shape, resolve_shape
+from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
+                                    on_accelerator, read_launcher_deepspeed_json, resolve_strategy)
+from ..parallel.optimizers import OPTIMIZERS, get_optimizer
+from ..parallel.strategies import Strategy, all_strategies, check_pair, get_strategy, load_deepspeed_config
+from ..runplan import RunPlan, accumulation_steps, compute_precision
+from .data import EMBEDDED, check_file_content, check_local_files
 
 DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
@@ -52,12 +54,14 @@ class ModelArguments:
 
     def __post_init__(self):
         require_finite(vars(self))
-        if self.model_name_or_path is None:
-            self.shape = resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head,
-                                       self.ffn_hidden_size, self.vocab_size)
-        else:
-            self.shape = None  # known once the pretrained config is read
+        if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
+            resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
+
+    def shape(self) -> ModelShape:
+        """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""
+        return model_shape(self.model, self.model_name_or_path, self.trust_remote_code, self.n_layer,
+                           self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size)
 
 
 def has_tokenizer_files(path: str) -> bool:
@@ -93,8 +97,6 @@ class DataArguments:
         require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
-        from .data import check_file_content, check_local_files
-
         if self.tokenizer_name and Path(self.tokenizer_name).exists() and not has_tokenizer_files(self.tokenizer_name):
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name} is not a tokenizer directory (no tokenizer.json "
                                "or tokenizer_config.json)")
@@ -142,15 +144,9 @@ class HfscaleTrainingArguments(TrainingArguments):
 @dataclass
 class RunState:
     """hfscale's own facts about one run, decided from the arguments and passed explicitly to whatever needs them
-    (nothing of hfscale's is stored on the Trainer's args). The Trainer's `args.optim` holds transformers' name for
-    the optimizer; `optim` here is hfscale's."""
+    (nothing of hfscale's is stored on the Trainer's args): the RunPlan, and what only a launched run has."""
 
-    strategy: Strategy
-    optim: str
-    shape: ModelShape
-    seq_len: int
-    launcher_world_size: int  # processes the launcher started (WORLD_SIZE), before any library is asked
-    mesh: tuple | None  # HSDP's (dp_replicate, dp_shard) = (nodes, processes per node); None for other strategies
+    plan: RunPlan
     tensorboard: bool  # hfscale writes the TensorBoard events itself
     auto_output_dir: bool  # no --output_dir: runs/<run name>
     explicit: set = field(default_factory=set)  # the training flags the user set
@@ -160,40 +156,59 @@ class RunState:
     validation: dict | None = None  # where validation text comes from (run/data.validation_plan), None: no evaluation
 
 
-def plan_training(training: dict) -> tuple[dict, dict]:
-    """The hfscale checks and strategy defaults on the TrainingArguments keywords, without building them.
+# torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
+# H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
+# when asked, until a GPU session has measured them (benchmarks/gpu_suite.py).
+COMPILE_BY_DEFAULT_ON_GPUS = ("ddp",)
 
-    Returns (the keywords to build the TrainingArguments with, hfscale's decisions for RunState). Pure: reads the
-    launcher's environment and the strategy/DeepSpeed files, changes nothing.
-    """
+
+def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
+                  explicit: set[str] = frozenset()) -> tuple[dict, RunPlan, bool]:
+    """The hfscale checks and strategy defaults on the TrainingArguments keywords, and the run's plan, without building
+    the arguments. Returns (the keywords to build the TrainingArguments with, the RunPlan, whether hfscale writes
+    TensorBoard). Pure: reads the launcher's environment and the strategy/DeepSpeed files, changes nothing."""
     kw = dict(training)
     require_finite(kw)
-    optim = kw["optim"]
-    check_optimizer(optim)
-    kw["strategy"] = resolve_strategy(kw["strategy"])
-    strategy = get_strategy(kw["strategy"])
-    check_pair(strategy.name, optim)
+    optimizer = get_optimizer(kw["optim"])
+    launcher_json_path, launcher_json = read_launcher_deepspeed_json()
+    strategy = get_strategy(resolve_strategy(kw["strategy"], launcher_json))
+    kw["strategy"] = strategy.name
+    check_pair(strategy.name, optimizer.name)
     gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
-    kw["optim"] = hf_optim_name(optim, gpu, strategy)
-    _apply_strategy(kw, strategy)
-    _apply_batch_sizes(kw)
+    kw["optim"] = optimizer.hf_name(gpu, strategy.engine)
+    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path)
+    world = launcher_world_size()
+    _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     if kw["fp16"] and not gpu:
         raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
-    decided = dict(strategy=strategy, optim=optim, launcher_world_size=launcher_world_size(),
-                   mesh=hybrid_mesh(strategy, launcher_world_size()), tensorboard=tensorboard,
-                   auto_output_dir=kw["output_dir"] is None)
-    return kw, decided
+    elif strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
+        kw["torch_compile"] = True
+    plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
+                   gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
+                   processes_per_node=launcher_processes_per_node(world),
+                   # the flags' precision; train.run() reads back what torch really computes in (TF32) once built
+                   precision=compute_precision(kw["bf16"], kw["fp16"], os.environ.get("ACCELERATE_MIXED_PRECISION"),
+                                               kw["tf32"]),
+                   activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
+                   attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
+                   device_type="cuda" if gpu else "cpu")
+    check_launcher_mesh(plan.mesh)  # HSDP: whole nodes of 2+ processes, as the launcher's own config says
+    return kw, plan, tensorboard
 
 
-def _apply_strategy(kw: dict, strategy: Strategy) -> None:
+def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None) -> dict | None:
+    """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
+    deepspeed_config = None
     if strategy.engine == "deepspeed":
-        path = kw["deepspeed"] or launcher_deepspeed_config() or strategy.deepspeed_config_path
-        if not isinstance(path, dict):
-            load_deepspeed_config(path, strategy)
+        path = kw["deepspeed"] or launcher_json_path or strategy.deepspeed_config_path
+        if isinstance(path, dict):
+            deepspeed_config = path
+        else:
+            deepspeed_config = load_deepspeed_config(path, strategy)
             path = str(path)
         kw["deepspeed"] = path
     elif kw["deepspeed"]:
@@ -217,6 +232,7 @@ def _apply_strategy(kw: dict, strategy: Strategy) -> None:
             raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
         if launcher_world_size() < 2:
             raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
+    return deepspeed_config
 
 
 def user_fsdp_config(value) -> dict:
@@ -238,18 +254,13 @@ def user_fsdp_config(value) -> dict:
     return load_json(value, "FSDP config")
 
 
-def _apply_batch_sizes(kw: dict) -> None:
-    world = launcher_world_size()
+def _apply_batch_sizes(kw: dict, world: int) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if kw[name] <= 0:
             raise HfscaleError(f"--{name} must be positive, got {kw[name]}")
     if kw["global_batch_size"] is not None:
-        per_step = kw["per_device_train_batch_size"] * world
-        if kw["global_batch_size"] <= 0 or kw["global_batch_size"] % per_step:
-            raise HfscaleError(
-                f"--global_batch_size {kw['global_batch_size']} is not a positive multiple of "
-                f"MBS x GPUs = {kw['per_device_train_batch_size']} x {world} = {per_step}")
-        kw["gradient_accumulation_steps"] = kw["global_batch_size"] // per_step
+        kw["gradient_accumulation_steps"] = accumulation_steps(kw["global_batch_size"],
+                                                               kw["per_device_train_batch_size"], world)
     if kw["token_budget"] <= 0:
         raise HfscaleError(f"--token_budget must be positive, got {kw['token_budget']}")
 
@@ -338,15 +349,13 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     return _split_by_dataclass(values, ""), explicit
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, dict, dict]:
-    """(model args, data args, TrainingArguments keywords, hfscale's decisions): every check that needs no data, model
-    weights or output directory. Pure; raises HfscaleError (and only that) for anything a user got wrong.
-    decisions["explicit"]: the TrainingArguments the user set (hfscale's pretraining recipe fills the others)."""
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, dict, set[str]]:
+    """(model args, data args, TrainingArguments keywords, the training flags the user set): the flags read into the
+    dataclasses, each checked by its own __post_init__. Pure; raises HfscaleError (and only that)."""
     argv = sys.argv[1:] if argv is None else argv
     (model_kw, data_kw, training), explicit = _read_values(argv)
     try:
         model_args, data_args = ModelArguments(**model_kw), DataArguments(**data_kw)
     except (ValueError, TypeError) as err:
         raise HfscaleError(" ".join(str(err).split())) from None
-    training, decided = plan_training(training)
-    return model_args, data_args, training, {**decided, "explicit": explicit}
+    return model_args, data_args, training, explicit

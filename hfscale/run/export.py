@@ -10,8 +10,9 @@ The checkpoint must be complete (hfscale_checkpoint.json written after every ran
 
 from pathlib import Path
 
-from .checkpoints import MARKER, is_complete, read_marker
 from ..errors import ArgumentParser, HfscaleError, one_of
+from ..parallel.strategies import get_strategy
+from .checkpoints import MARKER, is_complete, read_marker
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -59,8 +60,6 @@ def _fsdp_state_dict(checkpoint: Path, model) -> dict:
 
 
 def consolidated_state_dict(checkpoint: Path, model) -> dict:
-    from ..parallel.strategies import get_strategy
-
     engine = get_strategy(read_marker(checkpoint)["strategy"]).engine
     if engine == "deepspeed":
         return _deepspeed_state_dict(checkpoint)

@@ -8,13 +8,11 @@ from formulas/metrics.py; this module only measures time and memory and routes t
 import resource
 import sys
 import time
-from dataclasses import asdict
 
 from transformers import TrainerCallback
 
 from ..formulas import metrics
-
-GB = 1e9
+from ..formulas.metrics import GB
 
 
 def _sync(on_cuda: bool) -> None:
@@ -148,14 +146,13 @@ class StepMemory:
 
 
 class Meter:
-    """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures."""
+    """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures for the run's plan."""
 
-    def __init__(self, shape, *, micro_batch, grad_accum, gpus, seq, checkpointing, token_budget, peak_tflops,
-                 warmup_steps, on_cuda, full_recompute: bool = False):
-        self.fixed = dict(micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, seq=seq,
-                          checkpointing=checkpointing, token_budget=token_budget, peak_tflops=peak_tflops,
-                          full_recompute=full_recompute)
-        self.shape, self.warmup_steps, self.on_cuda = shape, warmup_steps, on_cuda
+    def __init__(self, plan, *, token_budget, peak_tflops, warmup_steps, full_recompute: bool = False):
+        self.fixed = dict(micro_batch=plan.per_device_train_batch_size, grad_accum=plan.gradient_accumulation_steps,
+                          gpus=plan.world_size, seq=plan.seq_len, checkpointing=plan.activation_checkpointing,
+                          token_budget=token_budget, peak_tflops=peak_tflops, full_recompute=full_recompute)
+        self.shape, self.warmup_steps, self.on_cuda = plan.shape, warmup_steps, plan.on_cuda
         self.start_step = self.start_time = None  # the end of the warm-up: where the whole-run average starts
         self.mark_step = self.mark_time = None  # the last logging step: where the current interval starts
         self.paused_s = 0.0  # time spent saving/evaluating since start, excluded from training time
@@ -271,7 +268,6 @@ class MeasureCallback(TrainerCallback):
                  step_memory: StepMemory | None = None):
         self.meter, self.record, self.tb, self.is_main = meter, record, tensorboard, is_main
         self.step_memory = step_memory
-        self._logged_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.meter:
@@ -308,13 +304,9 @@ class MeasureCallback(TrainerCallback):
         values = {TRAIN_SCALARS[k]: v for k, v in logs.items() if k in TRAIN_SCALARS}
         values.update({k: v for k, v in logs.items() if k.startswith(("perf/", "memory/"))})
         if "perf/s_per_iter" in logs:  # the interval figures: their spread is the run-to-run noise (hfscale project)
-            self.record.data.setdefault("perf_history", []).append(
-                {"step": state.global_step, "s_per_iter": logs["perf/s_per_iter"]})
+            self.record.results.perf_history.append({"step": state.global_step, "s_per_iter": logs["perf/s_per_iter"]})
         if "loss" in logs:
             self.record.add_loss(state.global_step, logs)
-            if self.step_memory:  # this rank's figures (rank 0); the results file has every rank's
-                values.update(self.step_memory.window(self._logged_step))
-            self._logged_step = state.global_step
         if "eval_loss" in logs:
             self.record.add_eval(state.global_step, logs)
         if self.tb and self.is_main:
@@ -334,41 +326,58 @@ class MeasureCallback(TrainerCallback):
             self.tb.close()
 
 
-def format_summary(results: dict) -> str:
-    """The one-screen summary printed at the end of a run."""
-    perf, mem, model, cfg = results.get("perf") or {}, results.get("memory") or {}, results["model"], results["config"]
+def format_summary(results) -> str:
+    """The one-screen summary printed at the end of a run (a run/results.Results)."""
+    perf, mem, model, cfg, env = results.perf, results.memory, results.model, results.config, results.environment
+    unit = "GPU" if env.device_type == "cuda" else "process"  # a CPU run's ranks are processes, not GPUs
+
     def f(key, fmt="{:.3g}"):
-        value = perf.get(key)
+        value = getattr(perf, key)
         return fmt.format(value) if isinstance(value, (int, float)) else "n/a"
 
     def t(key):
-        return metrics.tflops_label(perf[key]) if isinstance(perf.get(key), (int, float)) else "n/a"
+        return metrics.tflops_label(getattr(perf, key)) if isinstance(getattr(perf, key), (int, float)) else "n/a"
     lines = [
-        f"hfscale run {results['run_name']}  [{results['status']}]",
-        f"  strategy {results['strategy']} · optim {results['optim']} · model {model['name']} "
-        f"({model['params_model'] / 1e6:.2f}M params) · {cfg['world_size']} x {results['environment']['device_name']}",
-        f"  DP {cfg['world_size']} · MBS {cfg['micro_batch_size']} · GAS {cfg['grad_accum']} · GBS "
-        f"{cfg['global_batch_size']} · seq {cfg['seq_len']} · checkpointing {cfg['checkpointing']} · {cfg['precision']}",
-        f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.get('measured_steps', 0)} steps · "
-        f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per GPU)",
-        f"  TFLOPs/GPU: exact {t('tflops_per_gpu_model')} · hardware {t('tflops_per_gpu_hardware')} · "
+        f"hfscale run {results.run_name}  [{results.status}]",
+        f"  strategy {results.strategy} · optim {results.optim} · model {model.name} "
+        f"({model.params_model / 1e6:.2f}M params) · {cfg.world_size} x {env.device_name}",
+        f"  DP {cfg.world_size} · MBS {cfg.micro_batch_size} · GAS {cfg.grad_accum} · GBS "
+        f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.checkpointing} · {cfg.precision} · "
+        + ("compiled (--torch_compile false for eager)" if cfg.torch_compile else "eager"),
+        f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.measured_steps or 0} steps · "
+        f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per {unit})",
+        f"  TFLOPs/{unit}: exact {t('tflops_per_gpu_model')} · hardware {t('tflops_per_gpu_hardware')} · "
         f"BigScience {t('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
-        f"(peak {t('peak_tflops')} TFLOPs, {perf.get('peak_source', 'n/a')})",
-        f"  memory: peak RSS {mem.get('peak_rss_gb', 0):.2f} GB"
-        + (f" · device allocated {mem['peak_allocated_gb']:.2f} GB, reserved {mem['peak_reserved_gb']:.2f} GB"
-           if "peak_allocated_gb" in mem else ""),
+        f"(peak {t('peak_tflops')} TFLOPs, {perf.peak_source or 'n/a'})",
+        f"  memory: peak RSS {mem.peak_rss_gb or 0:.2f} GB"
+        + (f" · device allocated {mem.peak_allocated_gb:.2f} GB, reserved {mem.peak_reserved_gb:.2f} GB"
+           if mem.peak_allocated_gb is not None else ""),
         loss_line(results),
-        *([eval_line(results)] if results.get("eval_history") else []),
+        *([eval_line(results)] if results.eval_history else []),
         memory_line(results),
-        f"  {results['config']['token_budget'] / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
-        f"{cfg['world_size']} GPU(s) = {f('gpu_days_to_budget', '{:,.1f}')} GPU-days",
-        f"  results: {results['output_dir']}/results.json",
+        f"  {cfg.token_budget / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
+        f"{cfg.world_size} {unit}{'(es)' if unit == 'process' else '(s)'} = {f('gpu_days_to_budget', '{:,.1f}')} "
+        f"{unit}-days",
+        *checkpoint_line(results),
+        f"  results: {results.output_dir}/results.json",
     ]
     return "\n".join(lines)
 
 
-def loss_line(results: dict) -> str:
-    points = [p for p in results.get("loss_history") or [] if p.get("loss") is not None]
+def checkpoint_line(results) -> list[str]:
+    """Where the checkpoints went and how big they are: the Trainer's final save keeps a full one even for a smoke
+    run (--save_strategy no keeps none)."""
+    saved = [c for c in results.checkpoints if c.get("step") is not None]
+    if not saved:
+        return []
+    last = saved[-1]
+    size = f"{last['size_gb']:.3g} GB" if isinstance(last.get("size_gb"), (int, float)) else "size unknown"
+    return [f"  checkpoints: {len(saved)} saved; the last {results.output_dir}/checkpoint-{last['step']} ({size}; "
+            "--save_strategy no keeps none, --save_total_limit N the newest N)"]
+
+
+def loss_line(results) -> str:
+    points = [p for p in results.loss_history if p.get("loss") is not None]
     if not points:
         return "  loss: not logged"
     first, last = points[0], points[-1]
@@ -376,17 +385,17 @@ def loss_line(results: dict) -> str:
     return f"  loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}{tokens}"
 
 
-def eval_line(results: dict) -> str:
-    last = results["eval_history"][-1]
+def eval_line(results) -> str:
+    last = results.eval_history[-1]
     return (f"  eval loss {last['loss']:.3f} (perplexity {last['perplexity']:,.1f}) at step {last['step']} over "
-            f"{len(results['eval_history'])} evaluation(s)")
+            f"{len(results.eval_history)} evaluation(s)")
 
 
-def memory_line(results: dict) -> str:
+def memory_line(results) -> str:
     """Estimated vs measured memory of the rank that holds the most (hfscale.formulas.memory; docs/estimate.md)."""
-    est, mem = results.get("estimate") or {}, results.get("memory") or {}
-    ranks = [r for r in mem.get("model_states_per_rank") or [] if r]
-    steps = [r for r in mem.get("step_per_rank") or [] if r]
+    est, mem = results.estimate or {}, results.memory
+    ranks = [r for r in mem.model_states_per_rank or [] if r]
+    steps = [r for r in mem.step_per_rank or [] if r]
     measured_states = max((sum(v or 0 for v in r.values()) for r in ranks), default=None)
     est_states = est.get("model_states", 0) + est.get("host_offload", 0) if est else None
     step = max((r["step_delta_gb"] for r in steps), default=None)
@@ -398,9 +407,5 @@ def memory_line(results: dict) -> str:
             f"step peak above the states {gb(est.get('activation_peak'))} / {gb(step, 1)} GB")
 
 
-def print_summary(results: dict) -> None:
+def print_summary(results) -> None:
     print(format_summary(results), file=sys.stdout, flush=True)
-
-
-def figures_dict(fig: metrics.StepFigures | None) -> dict:
-    return asdict(fig) if fig is not None else {}

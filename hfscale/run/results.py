@@ -1,61 +1,257 @@
-"""The per-run results file (results.json): written atomically, so a crash never leaves half a file.
+"""The per-run results file (results.json): its typed schema, shared by every writer and reader, written atomically so a
+crash never leaves half a file.
 
-Schema (version 1) — documented in docs/results.md:
-  schema_version, status ("running" | "ok" | "fail" | "refused"), error, run_name, strategy, optim,
-  started_at, finished_at, model{...}, config{...}, environment{...}, strategy_check{...},
-  perf{...}, memory{...}, loss_history[{step, loss, grad_norm, lr, tokens, elapsed_s}],
-  eval_history[{step, loss, perplexity, tokens, elapsed_s}]
+Writers: a training run (train.py through RunRecord), a sweep's row for a run that never started
+(compare/sweep.py), an imported Megatron log (compare/megatron.py). Readers: report, parity, project, tune, the run
+summary. All of them go through `Results`; the JSON is documented key by key in docs/results.md. Keys a reader does
+not know (a newer writer's) are kept in `extra` and written back unchanged.
 """
 
 import json
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..errors import HfscaleError
 from ..files import atomic_write_text
+from ..formulas.metrics import ModelShape
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 
 
-def write_results(output_dir: Path, results: dict) -> Path:
+class _Section:
+    """A dataclass read from / written to one JSON object; keys it does not declare go to `extra`, and back."""
+
+    @classmethod
+    def from_dict(cls, data: dict | None):
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: data.pop(k) for k in list(data) if k in known}
+        for f in fields(cls):  # nested sections
+            if f.name in values and isinstance(f.default_factory, type) and issubclass(f.default_factory, _Section):
+                values[f.name] = f.default_factory.from_dict(values[f.name])
+        return cls(**values, extra=data)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, _Section) else value
+        return {**out, **self.extra}
+
+
+@dataclass
+class ModelRecord(_Section):
+    name: str | None = None
+    family: str | None = None  # gpt2 | bloom
+    n_layer: int | None = None
+    hidden: int | None = None
+    n_head: int | None = None
+    vocab: int | None = None
+    positions: int | None = None
+    ffn: int | None = None
+    ffn_size: int | None = None
+    params_formula: int | None = None
+    params_bigscience: int | None = None
+    params_model: int | None = None  # sum of numel: the report's Size
+    params_trainable: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def shape(self) -> ModelShape:
+        missing = [k for k in ("family", "n_layer", "hidden", "n_head", "vocab", "positions") if getattr(self, k) is None]
+        if missing:
+            raise HfscaleError(f"the results file does not describe the model's shape (no {', '.join(missing)})")
+        return ModelShape(self.family, self.n_layer, self.hidden, self.n_head, self.vocab, self.positions, self.ffn)
+
+
+@dataclass
+class ConfigRecord(_Section):
+    world_size: int | None = None
+    micro_batch_size: int | None = None
+    grad_accum: int | None = None
+    global_batch_size: int | None = None  # samples
+    seq_len: int | None = None
+    checkpointing: bool | None = None
+    precision: str | None = None
+    max_steps: int | None = None
+    seed: int | None = None
+    learning_rate: float | None = None
+    recipe: dict | None = None
+    token_budget: float | None = None
+    dataset: object = None
+    validation: dict | None = None
+    powersgd_rank: int | None = None
+    powersgd_warmup_steps: int | None = None
+    torch_compile: bool | None = None
+    dp: int | None = None  # Megatron logs: data-, tensor- and pipeline-parallel degrees
+    tp: int | None = None
+    pp: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class EnvironmentRecord(_Section):
+    versions: dict = field(default_factory=dict)
+    hostname: str | None = None
+    device_type: str | None = None  # cuda | cpu: the route the run took
+    device_name: str | None = None
+    device_count: int | None = None
+    world_size: int | None = None
+    processes_per_node: int | None = None
+    nodes: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class PerfRecord(_Section):
+    s_per_iter: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    samples_per_s: float | None = None
+    tflops_per_gpu_bigscience: float | None = None
+    tflops_per_gpu_model: float | None = None
+    tflops_per_gpu_hardware: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    days_to_budget: float | None = None
+    gpu_days_to_budget: float | None = None
+    tokens_per_step: int | None = None
+    measured_steps: int | None = None
+    warmup_steps: int | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
+    measured_peak_tflops: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class MemoryRecord(_Section):
+    peak_rss_gb: float | None = None
+    peak_allocated_gb: float | None = None  # CUDA only
+    peak_reserved_gb: float | None = None
+    model_states_per_rank: list | None = None
+    gradients_accumulating_per_rank: list | None = None
+    step_per_rank: list | None = None
+    build_peak_bytes_per_rank: list | None = None
+    construction_peak_bytes_per_rank: list | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def peak_gb(self) -> float | None:
+        """The peak a report shows: device memory where the run had a GPU, else the host process's."""
+        return self.peak_allocated_gb if self.peak_allocated_gb is not None else self.peak_rss_gb
+
+
+@dataclass
+class Results(_Section):
+    status: str = "running"  # running | ok | fail | refused | OOM | timeout
+    error: str | None = None
+    run_name: str | None = None
+    output_dir: str | None = None
+    strategy: str | None = None
+    optim: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    model: ModelRecord = field(default_factory=ModelRecord)
+    config: ConfigRecord = field(default_factory=ConfigRecord)
+    environment: EnvironmentRecord = field(default_factory=EnvironmentRecord)
+    strategy_check: dict = field(default_factory=dict)
+    perf: PerfRecord = field(default_factory=PerfRecord)
+    memory: MemoryRecord = field(default_factory=MemoryRecord)
+    estimate: dict = field(default_factory=dict)
+    loss_history: list = field(default_factory=list)
+    eval_history: list = field(default_factory=list)
+    perf_history: list = field(default_factory=list)
+    checkpoints: list = field(default_factory=list)
+    resumed_from: str | None = None
+    steps: int | None = None
+    epoch: float | None = None
+    samples_seen: int | None = None
+    trainer_metrics: dict = field(default_factory=dict)
+    final_weights: dict | None = None
+    probe_logits: list | None = None
+    batch_digests: list | None = None
+    source: str | None = None  # "megatron-log" for an imported log
+    log_file: str | None = None
+    log_tail: str | None = None  # a sweep's failed run: the end of its log
+    sweep: dict | None = None  # a sweep's {wall_s, nproc}
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, **super().to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        data = dict(data)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise HfscaleError(f"results schema version {version}; this hfscale reads version {SCHEMA_VERSION}")
+        return super().from_dict(data)
+
+
+def write_results(output_dir: Path, results: Results) -> Path:
     path = Path(output_dir) / RESULTS_FILE
-    atomic_write_text(path, json.dumps({"schema_version": SCHEMA_VERSION, **results}, indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(results.to_dict(), indent=2, default=str) + "\n")
     return path
 
 
-def read_results(path: Path) -> dict:
+def read_results(path: Path) -> Results:
+    """A results file (or a run directory holding one), typed. Malformed JSON or not an object: HfscaleError."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
-    return json.loads(path.read_text())
+    if not path.is_file():
+        raise HfscaleError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HfscaleError(f"{path}: malformed results file, not a results file ({err})") from None
+    if not isinstance(data, dict) or "status" not in data:
+        raise HfscaleError(f"{path}: not a results file (no status)")
+    try:
+        return Results.from_dict(data)
+    except TypeError as err:  # a section that is not an object
+        raise HfscaleError(f"{path}: not a results file ({err})") from None
 
 
 class RunRecord:
     """The results of one run, kept in memory and flushed atomically (main process only) at each milestone."""
 
-    def __init__(self, output_dir: Path, base: dict, is_main: bool):
+    def __init__(self, output_dir: Path, results: Results, is_main: bool):
         self.output_dir, self.is_main = Path(output_dir), is_main
-        self.data = {"status": "running", "error": None, "loss_history": [], "eval_history": [], "checkpoints": [],
-                     **base}
+        self.results = results
 
     def add_loss(self, step: int, logs: dict) -> None:
-        self.data["loss_history"].append(
+        self.results.loss_history.append(
             {"step": step, "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "lr": logs.get("learning_rate"),
              "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s"),
              **({"tokens_counted": logs["num_input_tokens_seen"]} if "num_input_tokens_seen" in logs else {})}
         )
 
     def add_eval(self, step: int, logs: dict) -> None:
-        self.data["eval_history"].append(
+        self.results.eval_history.append(
             {"step": step, "loss": logs["eval_loss"], "perplexity": logs.get("eval_perplexity"),
              "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")})
 
     def note_checkpoint(self, step: int, save_s: float | None = None, size_gb: float | None = None) -> None:
-        self.data["checkpoints"].append({"step": step, "save_s": save_s, "size_gb": size_gb})
+        self.results.checkpoints.append({"step": step, "save_s": save_s, "size_gb": size_gb})
         self.flush()
 
-    def update(self, **fields) -> None:
-        self.data.update(fields)
+    def update(self, **values) -> None:
+        """Set top-level fields of the results (a key the schema does not declare is kept in `extra`)."""
+        declared = {f.name for f in fields(Results)}
+        for name, value in values.items():
+            if name in declared:
+                setattr(self.results, name, value)
+            else:
+                self.results.extra[name] = value
 
     def flush(self) -> None:
         if self.is_main:
-            write_results(self.output_dir, self.data)
+            write_results(self.output_dir, self.results)

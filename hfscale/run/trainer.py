@@ -14,16 +14,26 @@ import math
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..parallel import verify
+from ..parallel.distributed import barrier
 from ..parallel.hooks import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd, save_powersgd
+from .checkpoints import dir_size_bytes, write_marker
+from .measure import perf_scalars
 
 logger = logging.getLogger("hfscale")
 
-# Optimizer state elements per parameter element when unsharded (exp_avg + exp_avg_sq); Adafactor's factored
-# states are not proportional to the parameters, so its sharding is reported, not checked.
-STATE_ELEMENTS_PER_PARAM = {"adamw": 2, "adamw_8bit": 2}
+# The console line of a logging step: the Trainer's familiar dict, short. The full perf/* and memory/* set goes to
+# TensorBoard and results.json (14 perf keys at every logging step could not be read).
+CONSOLE_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "learning_rate": "lr", "perf/tokens_per_s": "tokens_per_s",
+                "perf/tflops_per_gpu": "tflops_per_gpu", "perf/mfu": "mfu", "memory/step_peak_gb": "mem_gb",
+                "eval_loss": "eval_loss", "eval_perplexity": "eval_perplexity", "epoch": "epoch"}
 MAX_SKIPPED_STEPS = 50  # fp16 loss scaling from 2^16 halves per overflow: a healthy run steps long before this
 
 
@@ -34,22 +44,40 @@ def token_weighted_eval_loss(prediction) -> dict:
     return {"loss": float(stats[:, 0].sum()) / tokens, "tokens_evaluated": int(tokens)}
 
 
+def console_logs(logs: dict) -> dict:
+    """What a logging step prints: CONSOLE_KEYS, renamed; any other log (the end-of-training metrics) as it is."""
+    short = {name: logs[key] for key, name in CONSOLE_KEYS.items() if key in logs}
+    return short if "loss" in short or "eval_loss" in short else logs
+
+
+class ConsoleProgressCallback(ProgressCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
+class ConsolePrinterCallback(PrinterCallback):  # --disable_tqdm: the same short line, without the bar
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
 class HfscaleTrainer(Trainer):
-    def __init__(self, *args, strategy, mesh=None, meter=None, step_memory=None, checkpoint_identity=None,
-                 on_checkpoint=None, tokens_per_step: int = 0, **kwargs):
-        self.strategy, self.meter, self.step_memory = strategy, meter, step_memory
-        self.mesh = mesh  # HSDP's (dp_replicate, dp_shard); None for the other strategies
-        self.tokens_per_step = tokens_per_step  # global: MBS x GAS x DP x seq
+    def __init__(self, *args, plan, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
+                 **kwargs):
+        self.plan, self.meter, self.step_memory = plan, meter, step_memory  # plan: the run's RunPlan
         self._clock_start = None  # wall clock of the first micro-batch of this process's training
         self._elapsed_before = 0.0  # training seconds before a resume (from the checkpoint's log history)
         self._paused_s = 0.0  # evaluations and checkpoint saves since the clock started: not training time
         self._eval_start = None
+        self._memory_logged_step = 0  # the step of the last log: where the next memory window starts
         self.checkpoint_identity, self.on_checkpoint = checkpoint_identity or {}, on_checkpoint
         self.powersgd_state = None  # set by StrategyCallback; saved with every checkpoint
         kwargs.setdefault("compute_metrics", token_weighted_eval_loss)
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
         self.batch_digests: list[list[int]] = []  # [step, sum of input ids] per micro-batch, with --record_batches
         super().__init__(*args, **kwargs)
+        for library, ours in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsolePrinterCallback)):
+            if self.pop_callback(library) is not None:
+                self.add_callback(ours)
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self._clock_start is None:
@@ -71,9 +99,6 @@ class HfscaleTrainer(Trainer):
         counts; when the blocks do not divide evenly over ranks x eval batch, accelerate pads the last batches with
         repeated blocks that stay inside those means, and the figure drifts. Per-block sums are gathered with the
         padding dropped (gather_for_metrics), so token_weighted_eval_loss is exact for any world size and batch."""
-        import torch
-        import torch.nn.functional as F
-
         inputs = self._prepare_inputs(inputs)
         labels = inputs["labels"][..., 1:]
         with torch.no_grad(), self.compute_loss_context_manager():
@@ -86,10 +111,6 @@ class HfscaleTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's save, then: every rank done -> rank 0 marks the checkpoint complete (run/checkpoints.py)."""
-        import torch.distributed as dist
-
-        from .checkpoints import dir_size_bytes, write_marker
-
         start = time.perf_counter()
         super()._save_checkpoint(model, trial)
         step = self.state.global_step
@@ -97,7 +118,7 @@ class HfscaleTrainer(Trainer):
         if self.powersgd_state is not None:
             save_powersgd(self.powersgd_state, folder, self.args.process_index)
         if dist.is_initialized():
-            dist.barrier()
+            barrier()
         seconds = time.perf_counter() - start
         if self._clock_start is not None:
             self._paused_s += seconds
@@ -110,16 +131,18 @@ class HfscaleTrainer(Trainer):
             write_marker(folder, {**self.checkpoint_identity, **info, "size_bytes": size,
                                   "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         if dist.is_initialized():
-            dist.barrier()  # nobody goes on (or gets killed mid-step) believing in a checkpoint not yet marked
+            barrier()  # nobody goes on (or gets killed mid-step) believing in a checkpoint not yet marked
         if self.on_checkpoint:
             self.on_checkpoint(info)
 
+    @property
+    def strategy(self):
+        return self.plan.strategy
+
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
-        from accelerate.utils import DistributedType
-
         if self.strategy.engine == "fsdp" and self.accelerator.state.distributed_type == DistributedType.MULTI_CPU:
-            force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args, self.mesh)
+            force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args, self.plan.mesh)
             self.is_fsdp_enabled = True
 
     def evaluate(self, *args, **kwargs):
@@ -133,7 +156,7 @@ class HfscaleTrainer(Trainer):
 
     def log(self, logs: dict, *args, **kwargs) -> None:
         if "loss" in logs or "eval_loss" in logs:  # where the point lies in tokens seen and training seconds (kept
-            logs["tokens"] = self.state.global_step * self.tokens_per_step  # in the checkpoint's history)
+            logs["tokens"] = self.state.global_step * self.plan.tokens_per_step  # in the checkpoint's history)
             if self._clock_start is not None:
                 now = self._eval_start if "eval_loss" in logs and self._eval_start else time.perf_counter()
                 logs["elapsed_s"] = round(self._elapsed_before + now - self._clock_start - self._paused_s, 3)
@@ -142,21 +165,20 @@ class HfscaleTrainer(Trainer):
         if self.meter is not None and "loss" in logs:
             figures = self.meter.interval(self.state.global_step)
             if figures is not None:
-                from .measure import perf_scalars
-
                 logs.update(perf_scalars(figures))
+        if self.step_memory is not None and "loss" in logs:  # this rank's step memory since the last log (rank 0's
+            logs.update(self.step_memory.window(self._memory_logged_step))  # on the console; every rank's in results)
+            self._memory_logged_step = self.state.global_step
         super().log(logs, *args, **kwargs)
 
 
 class StrategyCallback(TrainerCallback):
     """Registers PowerSGD and proves at start-up that the strategy running is the one asked for."""
 
-    def __init__(self, trainer: HfscaleTrainer, *, optim: str, total_params: int, powersgd: PowerSGDConfig | None,
-                 launcher_world_size: int, on_accelerator: bool, record, resume_from: str | None = None,
-                 construction=None):
-        self.trainer, self.optim, self.total_params = trainer, optim, total_params
-        self.powersgd = powersgd
-        self.launcher_world_size, self.on_accelerator, self.record = launcher_world_size, on_accelerator, record
+    def __init__(self, trainer: HfscaleTrainer, *, total_params: int, powersgd: PowerSGDConfig | None, record,
+                 resume_from: str | None = None, construction=None):
+        self.trainer, self.total_params = trainer, total_params
+        self.powersgd, self.record = powersgd, record
         self.resume_from = resume_from
         self.construction = construction  # measure.ConstructionMemory: host memory to build and shard the model
         self.facts: dict = {}
@@ -165,32 +187,27 @@ class StrategyCallback(TrainerCallback):
         self.states_checked = False  # optimizer states are checked after the first step that really ran
 
     @property
-    def strategy(self):
-        return self.trainer.strategy
+    def plan(self):
+        return self.trainer.plan
 
     @property
-    def shard_ranks(self) -> int:
-        """Ranks that share one copy of what the strategy shards (Strategy.shard_ranks; HSDP's mesh gives a node's
-        processes)."""
-        world, mesh = self.trainer.accelerator.num_processes, self.trainer.mesh
-        return self.strategy.shard_ranks(world, mesh[1] if mesh else world)
+    def strategy(self):
+        return self.trainer.plan.strategy
 
     @property
     def powersgd_state(self):
         return self.trainer.powersgd_state  # the trainer saves it with every checkpoint
 
     def on_train_begin(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
         trainer, strategy = self.trainer, self.strategy
         world = trainer.accelerator.num_processes
         self.facts = {
             "strategy": strategy.name,
-            "world_size_launcher": self.launcher_world_size,
+            "world_size_launcher": self.plan.world_size,
             "world_size_accelerate": world,
             "world_size_torch": dist.get_world_size() if dist.is_initialized() else 1,
             "distributed_type": str(trainer.accelerator.state.distributed_type).split(".")[-1],
-            "mesh": list(trainer.mesh) if trainer.mesh else None,
+            "mesh": list(self.plan.mesh) if self.plan.mesh else None,
             **verify.inspect_wrapper(trainer.model_wrapped),
             "parameters": {**verify.inspect_parameters(trainer.model_wrapped), "elements_total": self.total_params},
         }
@@ -199,8 +216,8 @@ class StrategyCallback(TrainerCallback):
         running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
         verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
-        verify.check_sharded("parameters", params["elements_local"], self.total_params, self.shard_ranks, strategy)
-        verify.check_placement("parameters", params["devices"], strategy, self.on_accelerator)
+        verify.check_sharded("parameters", params["elements_local"], self.total_params, self.plan.shard_ranks, strategy)
+        verify.check_placement("parameters", params["devices"], strategy, self.plan.on_cuda)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:
@@ -212,8 +229,6 @@ class StrategyCallback(TrainerCallback):
     def _record_construction_memory(self) -> None:
         """Every rank's host-memory peaks to build the model, and from the build to training begin (all ranks take
         part)."""
-        import torch.distributed as dist
-
         if self.construction is None:
             return
         self.construction.read()
@@ -221,9 +236,9 @@ class StrategyCallback(TrainerCallback):
         if dist.is_initialized() and dist.get_world_size() > 1:
             ranks = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, (self.construction.build_bytes(), self.construction.bytes()))
-        memory = self.record.data.setdefault("memory", {})
-        memory["build_peak_bytes_per_rank"] = [built for built, _ in ranks]
-        memory["construction_peak_bytes_per_rank"] = [through_prepare for _, through_prepare in ranks]
+        memory = self.record.results.memory
+        memory.build_peak_bytes_per_rank = [built for built, _ in ranks]
+        memory.construction_peak_bytes_per_rank = [through_prepare for _, through_prepare in ranks]
 
     def _measure_gradients_before_the_first_step(self) -> None:
         """The gradients a rank holds are measured right before its first optimizer step: by the Trainer's
@@ -276,8 +291,6 @@ class StrategyCallback(TrainerCallback):
 
     def _check_data_sharded(self) -> None:
         """Every rank must have trained on different samples (the DeepSpeed-on-CPU trap gives them the same)."""
-        import torch.distributed as dist
-
         digests = [self.trainer.first_batch_digest]
         if dist.is_initialized() and dist.get_world_size() > 1:
             digests = [None] * dist.get_world_size()
@@ -288,35 +301,34 @@ class StrategyCallback(TrainerCallback):
 
     def _check_optimizer_states(self) -> None:
         self._check_data_sharded()
-        strategy = self.strategy
+        strategy, optimizer = self.strategy, self.plan.optimizer
         states = verify.inspect_optimizer_states(self.trainer.optimizer)
-        per_param = STATE_ELEMENTS_PER_PARAM.get(self.optim)
+        # Adafactor's factored states are not proportional to the parameters: their sharding is reported, not checked
+        per_param = optimizer.state_elements_per_param
         states["elements_unsharded"] = per_param * self.total_params if per_param else None
         self.facts["optimizer_states"] = states
         if per_param:
             verify.check_sharded("optimizer_states", states["elements_local"], states["elements_unsharded"],
-                                 self.shard_ranks, strategy)
-        verify.check_placement("optimizer_states", states["devices"], strategy, self.on_accelerator)
+                                 self.plan.shard_ranks, strategy)
+        verify.check_placement("optimizer_states", states["devices"], strategy, self.plan.on_cuda)
         verify.check_optimizer_engine(states["optimizer"], strategy)
-        if self.optim == "adamw_8bit":
+        if optimizer.eight_bit:
             verify.require("uint8" in states["dtypes"], f"8-bit Adam states are {states['dtypes']}", strategy)
-        if self.optim == "adafactor" and strategy.engine != "deepspeed":
+        if optimizer.factored and strategy.engine != "deepspeed":  # DeepSpeed steps flat 1-D partitions
             verify.require(states["factored"], "Adafactor states are not factored", strategy)
         self._publish()
 
     def _measure_model_states(self) -> None:
         """Bytes of parameters, gradients, fp32 masters and optimizer states on every rank (all ranks take part)."""
-        import torch.distributed as dist
-
         mine = ({**verify.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
                  "gradients": self.gradient_bytes}, self.accumulating_gradient_bytes)
         ranks = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
             ranks = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, mine)
-        memory = self.record.data.setdefault("memory", {})
-        memory["model_states_per_rank"] = [states for states, _ in ranks]
-        memory["gradients_accumulating_per_rank"] = [accumulating for _, accumulating in ranks]
+        memory = self.record.results.memory
+        memory.model_states_per_rank = [states for states, _ in ranks]
+        memory.gradients_accumulating_per_rank = [accumulating for _, accumulating in ranks]
 
     def _publish(self) -> None:
         self.record.update(strategy_check=self.facts)

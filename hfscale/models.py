@@ -1,13 +1,17 @@
-"""Model presets (GPT-2, BLOOM and BigScience experiment shapes) and building a model from one.
+"""Model presets (GPT-2, BLOOM and BigScience experiment shapes), the shape of a model a user names, and building a
+model from one. Below both a run and the planners: `hfscale train`, `estimate`, `project` and `tune` name models with
+the same flags and resolve them here.
 
 A preset is only a ModelShape; the model is built from a transformers config so every Trainer feature works.
+torch and transformers are imported inside the functions that build models: the planners import this module without
+paying for them.
 """
 
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import HfscaleError, one_of
-from ..formulas.metrics import ModelShape
+from .errors import HfscaleError, one_of
+from .formulas.metrics import ModelShape
 
 GPT2_VOCAB, BLOOM_VOCAB = 50257, 250880
 
@@ -61,6 +65,20 @@ def resolve_shape(
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
     validate_shape(shape)
     return shape
+
+
+# The shape overrides every model flag set takes (hfscale train's ModelArguments and the planners' options).
+MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size")
+
+
+def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trust_remote_code: bool = False,
+                n_layer: int | None = None, hidden_size: int | None = None, n_head: int | None = None,
+                ffn_hidden_size: int | None = None, vocab_size: int | None = None) -> ModelShape:
+    """The shape of the model these flags name: a pretrained checkpoint's config (read, not its weights), else the
+    preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve."""
+    if model_name_or_path:
+        return pretrained_shape(model_name_or_path, trust_remote_code)
+    return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size)
 
 
 def validate_shape(shape: ModelShape) -> None:
@@ -146,7 +164,6 @@ def partition_zero3(model, ds_config: dict):
     elsewhere (train.build): no rank ever holds more than its partitions plus one whole parameter beyond what it
     started with. Parameters are cast to the config's dtype first, one at a time, as the engine would have."""
     import deepspeed
-    import torch
     import torch.distributed as dist
 
     dtype = zero3_dtype(ds_config)

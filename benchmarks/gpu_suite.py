@@ -1,0 +1,289 @@
+"""Measure a GPU machine in one call: every strategy x optimizer that fits the visible GPUs, a hand-written training
+step of the same shape (eager and compiled, no Trainer), and the CUDA activation calibration grid. Prints progress as it
+goes; writes one JSON and one markdown table. The committed results under benchmarks/results/ are what CI checks the
+formulas against (tests/test_memory.py), so one GPU session guards the code for good. benchmarks/README.md says how to
+install the packages on a machine without a registry.
+
+    python benchmarks/gpu_suite.py --out benchmarks/results/h100_$(date +%F)      # gpt2-350m, bf16, seq 1024, MBS 8
+    python benchmarks/gpu_suite.py --model gpt2-1.3b --only reference,runs --strategy ddp,zero1
+    python benchmarks/gpu_suite.py --dry_run --out /tmp/suite                       # CPU: the same code, tiny sizes
+
+Sections (--only): `runs` (hfscale launch of each pair, plus ddp with --torch_compile: s/it, tokens/s, TFLOPs, MFU,
+the allocator's peak beside the estimate), `reference` (the same model stepped by hand: bf16 autocast over fp32
+weights, SDPA, fused AdamW, clipping 1.0, random tokens, median step after warm-up; eager and torch.compile), `grid`
+(what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x checkpointing
+off/on x compiled or not, over shapes varied one at a time: the rows benchmarks/calibrate_activations.py --fit takes).
+`--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4, 1024, 16, 50257, 2048, 4),
+               (4, 1024, 16, 50257, 1024, 8), (4, 2048, 16, 50257, 1024, 4), (4, 1024, 16, 8192, 1024, 4),
+               (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2)]  # (layers, hidden, heads, vocab, seq, MBS)
+DRY_SHAPES = [(2, 64, 4, 512, 64, 2), (3, 64, 4, 512, 64, 2)]
+GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)))
+              for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
+COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
+
+
+class Clock:
+    """Progress with elapsed time, and the budget: `left()` says whether a new item may start."""
+
+    def __init__(self, budget_s: float):
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.start:6.0f} s] {text}", flush=True)
+
+    def left(self) -> bool:
+        return time.monotonic() - self.start < self.budget_s
+
+
+# ---- runs ----------------------------------------------------------------------------------------------------------
+
+def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
+    """Every strategy x optimizer hfscale runs on `gpus` processes of one node."""
+    from hfscale.flags import comma_list
+    from hfscale.models import PRESETS
+    from hfscale.parallel.optimizers import OPTIMIZERS, get_optimizer
+    from hfscale.parallel.strategies import all_strategies, get_strategy
+    from hfscale.runplan import RunPlan
+
+    out = []
+    for s in comma_list(strategies, "--strategy", valid=all_strategies(), what="strategy"):
+        for o in comma_list(optims, "--optim", valid=OPTIMIZERS, what="optimizer"):
+            plan = RunPlan(get_strategy(s), get_optimizer(o), PRESETS["tiny"], 64, world_size=gpus,
+                           processes_per_node=gpus)
+            if plan.refusal() is None:
+                out.append((s, o))
+    return out
+
+
+def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False) -> dict:
+    name = f"{strategy}-{optim}" + ("-compiled" if compiled else "")
+    args = [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(gpus), "--strategy", strategy,
+            "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
+            str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps), "--logging_steps", "5",
+            "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
+            *(["--bf16"] if opts.bf16 else []), *(["--torch_compile"] if compiled else []),
+            *(["--use_cpu"] if opts.dry_run else [])]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    path = out / name / "results.json"
+    if proc.returncode or not path.is_file():
+        return {"run": name, "status": "fail", "error": (proc.stderr or proc.stdout)[-600:]}
+    res = json.loads(path.read_text())
+    perf, est, mem = res["perf"], res["estimate"], res["memory"]
+    steps = [r for r in mem.get("step_per_rank") or [] if r]
+    return {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
+            "s_per_iter": perf.get("s_per_iter"), "tokens_per_s": perf.get("tokens_per_s"),
+            "tflops_per_gpu": perf.get("tflops_per_gpu_model"), "mfu": perf.get("mfu"),
+            "device_allocated_gb": mem.get("peak_allocated_gb"), "estimate_allocated_gb": est["allocated"] / 1e9,
+            "step_peak_above_states_gb": max((r["step_delta_gb"] for r in steps), default=None),
+            "estimate_activation_peak_gb": est["activation_peak"] / 1e9, "plan": {
+                "strategy": strategy, "optim": optim, "model": opts.model, "seq_len": opts.seq_len,
+                "per_device_train_batch_size": opts.per_device_train_batch_size, "world_size": gpus,
+                "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
+                "attention": est.get("attention") or "sdpa"}}
+
+
+# ---- the hand-written reference ---------------------------------------------------------------------------------------
+
+def reference_step(opts, compiled: bool, device: str) -> dict:
+    """tokens/s of the same model stepped by hand: no Trainer, no accelerate, no hfscale code in the loop."""
+    import torch
+
+    from hfscale.models import PRESETS, build_model
+
+    shape = PRESETS[opts.model]
+    model = build_model(shape, seed=0, attn_implementation="sdpa").to(device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
+    step_fn = torch.compile(model) if compiled else model
+    ids = torch.randint(0, shape.vocab, (opts.per_device_train_batch_size, opts.seq_len), device=device)
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if opts.bf16 else contextlib.nullcontext()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    times = []
+    for step in range(opts.steps):
+        sync()
+        start = time.perf_counter()
+        with autocast:
+            loss = step_fn(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times[max(2, len(times) // 3):])  # after warm-up (and compilation)
+    tokens = opts.per_device_train_batch_size * opts.seq_len
+    return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
+            "compiled": compiled, "s_per_step": median, "tokens_per_s": tokens / median}
+
+
+# ---- the activation grid ----------------------------------------------------------------------------------------------
+
+def grid_point(mode: str, shape: tuple, compiled: bool, device: str) -> dict:
+    """What autograd keeps after the forward and the step's peak above the level before it, third step, in this
+    process (the allocator's statistics on CUDA; resident memory on CPU, as calibrate_activations.py measures)."""
+    import torch
+
+    from hfscale.formulas.metrics import ModelShape
+    from hfscale.models import build_model
+
+    fam, attn, prec, ck = mode.split("/")
+    l, h, a, v, s, b = shape
+    row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b}
+    try:
+        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn).to(device)
+    except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it
+        return {**row, "error": f"ValueError: {str(err)[:160]}"}
+    if ck == "1":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if prec == "bf16":
+        model.to(torch.bfloat16)
+    model.train()
+    forward = torch.compile(model) if compiled else model
+    optimizer = torch.optim.AdamW(model.parameters(), fused=device.startswith("cuda"))
+    ids = torch.randint(0, v, (b, s), device=device)
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if prec == "autocast_bf16" else contextlib.nullcontext()
+    on_cuda = device.startswith("cuda")
+    for _ in range(3):  # the third step is reported: the optimizer states exist, the allocator has settled
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if on_cuda else _rss()
+        with autocast:
+            loss = forward(input_ids=ids, labels=ids).loss
+        after = torch.cuda.memory_allocated() if on_cuda else _rss()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated() if on_cuda else _rss()
+    del model, forward, optimizer, ids, loss
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return {**row, "activations": after - before, "peak": peak - before}
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+
+# ---- out ---------------------------------------------------------------------------------------------------------------
+
+def machine(device: str) -> dict:
+    import importlib.metadata
+
+    import torch
+
+    versions = {}
+    for name in ("torch", "transformers", "accelerate", "deepspeed", "datasets", "torchao", "bitsandbytes"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    return {"machine": torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({platform.machine()})",
+            "gpus": torch.cuda.device_count(), "versions": {**versions, "hfscale": head.strip() or None},
+            "command": " ".join(["python", *sys.argv])}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# {report['machine']} ({report['date']})", "", f"`{report['command']}`", "",
+             "| run | s/it | tokens/s | TFLOPs/GPU | MFU | allocated GB (est / measured) |", "|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['run']} | {r['status']} | | | | |")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") else ""
+        alloc = r["device_allocated_gb"]
+        lines.append(f"| {r['run']} | {r['s_per_iter']:.4f} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
+                     f"{mfu} | {r['estimate_allocated_gb']:.2f} / {alloc if alloc is None else f'{alloc:.2f}'} |")
+    lines += ["", "| reference | tokens/s | hfscale ddp / reference |", "|---|---|---|"]
+    for r in report["references"]:
+        lines.append(f"| {r['reference']} | {r['tokens_per_s']:,.0f} | {r.get('hfscale_ratio', '')} |")
+    lines += ["", f"activation grid: {len(report['grid'])} rows (JSON: grid), skipped: {len(report['skipped'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gpt2-350m")
+    parser.add_argument("--seq_len", type=int, default=1024)
+    parser.add_argument("--per_device_train_batch_size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run and reference (default 12)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--strategy", default="all")
+    parser.add_argument("--optim", default="all")
+    parser.add_argument("--only", default="runs,reference,grid")
+    parser.add_argument("--budget_s", type=float, default=530.0)
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu_suite"), help="gpu_suite.json/.md and the grid rows")
+    parser.add_argument("--runs_dir", type=Path, help="the runs' own directories (default OUT/runs; on the device "
+                        "machine put them outside $OUT, which brings back only a few files)")
+    parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
+    opts = parser.parse_args()
+    import torch
+
+    device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"
+    if opts.dry_run:
+        opts.model, opts.seq_len, opts.per_device_train_batch_size, opts.steps = "tiny", 64, 2, 4
+        opts.strategy, opts.optim = ("ddp", "adamw") if opts.strategy == "all" else (opts.strategy, opts.optim)
+    gpus = max(torch.cuda.device_count(), 1) if device != "cpu" else 1
+    clock, sections = Clock(opts.budget_s), set(opts.only.split(","))
+    report = {**machine(device), "date": time.strftime("%Y-%m-%d"), "runs": [], "references": [], "grid": [],
+              "skipped": []}
+    opts.out.mkdir(parents=True, exist_ok=True)
+    if "runs" in sections:
+        todo = [(s, o, False) for s, o in pairs(gpus, opts.strategy, opts.optim)]
+        todo += [("ddp", "adamw", True)] if not opts.dry_run else []
+        for strategy, optim, compiled in todo:
+            if not clock.left():
+                report["skipped"].append(f"run {strategy}-{optim}")
+                continue
+            clock.say(f"run {strategy} x {optim}{' compiled' if compiled else ''}")
+            report["runs"].append(launch_run(strategy, optim, opts, opts.runs_dir or opts.out / "runs", gpus, compiled))
+    if "reference" in sections:
+        for compiled in (False, True) if not opts.dry_run else (False,):
+            clock.say(f"reference step{' (compiled)' if compiled else ''}")
+            ref = reference_step(opts, compiled, device)
+            hf = next((r for r in report["runs"] if r["status"] == "ok" and r["strategy"] == "ddp"
+                       and r["optim"] == "adamw" and r["compiled"] == compiled), None)
+            if hf:
+                ref["hfscale_ratio"] = round(hf["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+            report["references"].append(ref)
+    if "grid" in sections:
+        shapes = DRY_SHAPES if opts.dry_run else GRID_SHAPES
+        points = [(m, shape, False) for m in GRID_MODES for shape in shapes]
+        if not opts.dry_run:
+            points += [(m, shape, True) for m in GRID_MODES if not m.endswith("/1") for shape in shapes[:COMPILED_SHAPES]]
+        for mode, shape, compiled in points if not opts.dry_run else points[:2]:
+            if not clock.left():
+                report["skipped"].append(f"grid {mode} {shape}{' compiled' if compiled else ''}")
+                continue
+            clock.say(f"grid {mode}{' compiled' if compiled else ''} {shape}")
+            report["grid"].append(grid_point(mode, shape, compiled, device))
+    (opts.out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")
+    (opts.out / "cuda_activations.jsonl" if device != "cpu" else opts.out / "activations.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in report["grid"]))
+    (opts.out / "gpu_suite.md").write_text(markdown(report))
+    clock.say(f"wrote {opts.out}/gpu_suite.json, gpu_suite.md; {len(report['skipped'])} item(s) skipped by the budget")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,72 @@
+"""Command-line values every hfscale command reads the same way: comma-separated lists of a flag's values, on/off
+values, and the flags renamed to the Trainer's names (refused for one release with a one-line hint).
+
+One vocabulary: a planner's flag has the name of the training flag it stands for (`--per_device_train_batch_size`,
+`--gradient_accumulation_steps`, `--activation_checkpointing`, `--bf16`, ...), and a list of values is that flag with
+comma-separated values (`--per_device_train_batch_size 1,2,4`, `--strategy zero1,zero3` or `all`).
+"""
+
+from .errors import HfscaleError, one_of
+
+ALL = "all"
+BOOLEANS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+# Old spelling -> the name it has now (0.1 -> 0.2); refused with a hint until the next release drops this table.
+RENAMED = {
+    "--mbs": "--per_device_train_batch_size",
+    "--micro_batch_size": "--per_device_train_batch_size",
+    "--micro_batch_sizes": "--per_device_train_batch_size",
+    "--grad_accum": "--gradient_accumulation_steps",
+    "--gas": "--gradient_accumulation_steps",
+    "--checkpointing": "--activation_checkpointing",
+    "--strategies": "--strategy",
+    "--optims": "--optim",
+    "--nprocs": "--num_processes",
+    "--nproc": "--num_processes",
+    "--steps": "--max_steps",
+}
+
+
+def refuse_renamed(argv: list[str], renamed: dict[str, str] | None = None) -> None:
+    """One line for a flag that has been renamed (`--mbs 4` or `--mbs=4`) - never a silent wrong value."""
+    for arg in argv:
+        if arg == "--":
+            return  # what follows belongs to the training script
+        name = arg.split("=", 1)[0]
+        new = (renamed or RENAMED).get(name)
+        if new:
+            raise HfscaleError(f"{name} is now {new} (the Trainer's name; lists are comma-separated values of it): "
+                               f"{arg.replace(name, new, 1)}")
+
+
+def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -> list:
+    """`a,b,c` -> [a, b, c] as `kind` (str, int, bool, float); `all` -> every valid value. Checked: names against
+    `valid` (`what` names them in the message: "unknown optimizer 'sgd'"), numbers positive; an empty list is refused.
+    One line naming the flag otherwise."""
+    if isinstance(text, (list, tuple)):
+        items = list(text)
+    else:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if valid is not None and items == [ALL]:
+        return list(valid)
+    if not items:
+        raise HfscaleError(f"{flag}: give at least one value")
+    out = []
+    for item in items:
+        if kind is bool:
+            value = item if isinstance(item, bool) else BOOLEANS.get(str(item).lower())
+            if not isinstance(value, bool):
+                raise HfscaleError(f"{flag} takes true/false (or on/off) values, got {item!r}")
+        elif kind in (int, float):
+            try:
+                value = kind(item) if not isinstance(item, bool) else None
+            except (TypeError, ValueError):
+                value = None
+            if value is None or not 0 < value < float("inf"):
+                raise HfscaleError(f"{flag} takes positive {'integers' if kind is int else 'numbers'}, got {item!r}")
+        else:
+            value = str(item)
+            if valid is not None and value not in valid:
+                raise one_of(what or flag.lstrip("-").replace("_", " "), value, [*valid, ALL])
+        out.append(value)
+    return out

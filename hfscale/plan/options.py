@@ -1,0 +1,139 @@
+"""What `hfscale estimate`, `project` and `tune` share: their model and run flags, named as the training flags are,
+and the RunPlan a set of those flags describes (hfscale/runplan.py) - the same plan a launched run builds from its
+training arguments, so the planners and the run can never disagree on what a configuration is."""
+
+from dataclasses import dataclass
+
+from ..errors import ArgumentParser, HfscaleError, one_of
+from ..flags import comma_list
+from ..formulas.memory import construction_host_bytes
+from ..formulas.metrics import GB, ModelShape
+from ..formulas.peaks import DEVICES, device_memory_gb
+from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
+from ..parallel.optimizers import OPTIMIZERS, get_optimizer
+from ..parallel.strategies import all_strategies, get_strategy
+from ..runplan import RunPlan, compute_precision
+
+ATTENTION = ("eager", "sdpa", "flash_attention_2")
+
+
+def add_model_flags(p: ArgumentParser) -> None:
+    """The model flags, named as the training flags are."""
+    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
+    p.add_argument("--model_name_or_path", help="a local model directory (its config.json is read)")
+    for flag in MODEL_OVERRIDES:
+        p.add_argument(f"--{flag}", type=int, help="override the preset's")
+
+
+def add_precision_flags(p: ArgumentParser) -> None:
+    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast under ddp)")
+    p.add_argument("--fp16", action="store_true", help="fp16 mixed precision (GPUs only)")
+    p.add_argument("--torch_compile", action="store_true", help="the run is compiled (torch.compile)")
+
+
+def model_flags(opts) -> list[str]:
+    """The same model as training flags (for the runs hfscale tune launches)."""
+    if opts.model_name_or_path:
+        return ["--model_name_or_path", opts.model_name_or_path]
+    out = ["--model", opts.model]
+    for flag in MODEL_OVERRIDES:
+        if getattr(opts, flag) is not None:
+            out += [f"--{flag}", str(getattr(opts, flag))]
+    return out
+
+
+def shape_from_options(opts) -> ModelShape:
+    return model_shape(opts.model, opts.model_name_or_path,
+                       **{flag: getattr(opts, flag) for flag in MODEL_OVERRIDES})
+
+
+def precision_from_options(opts) -> str:
+    if opts.bf16 and opts.fp16:
+        raise HfscaleError("--bf16 and --fp16 are exclusive")
+    return compute_precision(opts.bf16, opts.fp16)
+
+
+def positive(opts, *names: str) -> None:
+    """Each named option is positive and finite, or absent."""
+    for name in names:
+        value = getattr(opts, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise HfscaleError(f"--{name} must be positive, got {value}")
+
+
+def check_attention(attention: str) -> None:
+    if attention not in ATTENTION:
+        raise one_of("attention implementation", attention, ATTENTION)
+
+
+def device_memory_bytes(device: str, memory_gb: float | None) -> float:
+    """Memory per GPU: --device_memory_gb, else the --device name's."""
+    if memory_gb is not None:
+        if not 0 < memory_gb < float("inf"):
+            raise HfscaleError(f"--device_memory_gb must be positive, got {memory_gb}")
+        return memory_gb * GB
+    try:
+        return device_memory_gb(device) * GB
+    except KeyError:
+        raise one_of("device", device, DEVICES) from None
+
+
+def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus") -> None:
+    """A GPU count beyond one node must fill whole nodes (estimate, project and report --days_at_gpus)."""
+    bad = [n for n in gpus if n > gpus_per_node and n % gpus_per_node]
+    if bad:
+        raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
+
+
+def strategies_option(text: str) -> list:
+    return [get_strategy(n) for n in comma_list(text, "--strategy", valid=all_strategies(), what="strategy")]
+
+
+def optimizers_option(text: str) -> list:
+    return [get_optimizer(n) for n in comma_list(text, "--optim", valid=OPTIMIZERS, what="optimizer")]
+
+
+def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node: int, device_type: str = "cuda",
+              per_device_train_batch_size: int = 1, gradient_accumulation_steps: int = 1,
+              activation_checkpointing: bool | None = None, shape: ModelShape | None = None) -> RunPlan:
+    """The plan the options describe for one strategy x optimizer on `world_size` ranks."""
+    shape = shape or shape_from_options(opts)
+    return RunPlan(strategy, optimizer, shape, resolve_seq_len(shape, opts.seq_len),
+                   per_device_train_batch_size=per_device_train_batch_size,
+                   gradient_accumulation_steps=gradient_accumulation_steps, world_size=world_size,
+                   processes_per_node=processes_per_node, precision=precision_from_options(opts),
+                   activation_checkpointing=(opts.activation_checkpointing if activation_checkpointing is None
+                                             else activation_checkpointing),
+                   attention=getattr(opts, "attn_implementation", "sdpa"),
+                   torch_compile=getattr(opts, "torch_compile", False), device_type=device_type)
+
+
+@dataclass
+class Fit:
+    """Whether a plan fits the machine it is planned for: the one verdict estimate, project and tune share."""
+
+    fits: bool | None  # None: the device's memory is unknown (no --device or --device_memory_gb to judge by)
+    total_per_gpu: int  # bytes on the device (RankMemory.device_total)
+    host_per_node: int  # bytes of host RAM on the busiest node: offloaded states + building the model
+    reason: str | None = None  # why not, in words
+
+
+def host_per_node(plan, mem) -> int:
+    """Offloaded states of every process on the node, plus building the model (construction_host_bytes)."""
+    return plan.processes_per_node * mem.host_offload + construction_host_bytes(
+        plan.shape, plan.processes_per_node, plan.strategy.rank0_builds, plan.shard_ranks)
+
+
+def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
+    """Does the plan fit `device_bytes` per GPU (and `host_bytes` of host RAM per node, when given)?"""
+    mem = mem or plan.memory()
+    host = host_per_node(plan, mem)
+    if device_bytes is None:
+        return Fit(None, mem.device_total, host, "no device memory given: not judged")
+    if mem.device_total > device_bytes:
+        return Fit(False, mem.device_total, host, f"needs {mem.device_total / GB:,.1f} GB per GPU, the device has "
+                                                  f"{device_bytes / GB:g}")
+    if host_bytes is not None and host > host_bytes:
+        return Fit(False, mem.device_total, host, f"needs {host / GB:,.1f} GB of host RAM per node, it has "
+                                                  f"{host_bytes / GB:g}")
+    return Fit(True, mem.device_total, host)

@@ -1,0 +1,141 @@
+"""The plan of one run: every fact about a run that more than one part of hfscale needs, decided in one place.
+
+Like torchtitan's ParallelDims: the inputs are data, the derived facts are properties computed here and nowhere else.
+A plan is built once - from the training arguments in a run (run/args.py), from the planners' options in `hfscale
+estimate`, `project` and `tune` (plan/options.py) - and read by all of them: the memory model takes it
+(formulas.memory.rank_memory), as do the communication model, the run's name, its results and its start-up proofs.
+
+    plan = RunPlan(get_strategy("zero3"), get_optimizer("adamw"), PRESETS["bloom-7b1"], seq_len=2048,
+                   per_device_train_batch_size=2, gradient_accumulation_steps=16, world_size=64,
+                   processes_per_node=8, precision="bf16")
+    plan.nodes, plan.shard_ranks, plan.global_batch_size, plan.tokens_per_step, plan.memory().device_total
+"""
+
+from dataclasses import dataclass, replace
+
+from .errors import HfscaleError
+from .formulas.memory import Layout, RankMemory, rank_memory
+from .formulas.metrics import ModelShape, tokens_per_step
+from .parallel.optimizers import Optimizer
+from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEVICE_TYPES = ("cuda", "cpu")
+
+
+def compute_precision(bf16: bool, fp16: bool, mixed_precision: str | None = None, tf32_flag: bool | None = None,
+                      tf32_on: bool = False) -> str:
+    """What a run computes in, as the engines really set it: the Trainer's mixed precision - its flags, or
+    ACCELERATE_MIXED_PRECISION from a user's accelerate config, which transformers reads into `mixed_precision` and
+    accelerate turns into autocast - else TF32 where torch's matmuls use it (--tf32, or --torch_compile on a GPU that
+    has it), else fp32. The planners pass their flags; a run adds what it reads back from torch."""
+    if bf16 or mixed_precision == "bf16":
+        return "bf16"
+    if fp16 or mixed_precision == "fp16":
+        return "fp16"
+    return "tf32" if tf32_flag or tf32_on else "fp32"
+
+
+def accumulation_steps(global_batch_size: int, micro_batch: int, world: int) -> int:
+    """Micro-batches per optimizer step that make `global_batch_size` samples on `world` ranks (GBS = MBS x GAS x DP)."""
+    per_step = micro_batch * world
+    if global_batch_size <= 0 or global_batch_size % per_step:
+        raise HfscaleError(f"--global_batch_size {global_batch_size} is not a positive multiple of "
+                           f"--per_device_train_batch_size x processes = {micro_batch} x {world} = {per_step}")
+    return global_batch_size // per_step
+
+
+def hsdp_mesh(nodes: int, per_node: int) -> tuple[int, int]:
+    """HSDP's 2-D mesh, (dp_replicate, dp_shard) = (nodes, processes per node): replicated across nodes, sharded over a
+    node's processes. One node is plain FSDP and one process per node plain DDP, so both are refused."""
+    reason = hsdp_refusal(nodes, per_node)
+    if reason:
+        raise HfscaleError(f"{reason}; use fsdp on one node or ddp with one process per node")
+    return nodes, per_node
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    strategy: Strategy
+    optimizer: Optimizer
+    shape: ModelShape
+    seq_len: int  # tokens per sample
+    per_device_train_batch_size: int = 1  # MBS: samples per rank per micro-batch
+    gradient_accumulation_steps: int = 1  # GAS: micro-batches per optimizer step
+    world_size: int = 1  # DP: ranks (GPUs, or processes on a CPU machine)
+    processes_per_node: int = 1
+    precision: str = "fp32"  # what the run computes in (compute_precision); autocast over fp32 weights under ddp
+    activation_checkpointing: bool = False
+    attention: str | None = "sdpa"  # eager | sdpa | flash_attention_2 (None: transformers' default, sdpa)
+    deepspeed_config: dict | None = None  # the loaded DeepSpeed JSON of a zero* run (None: the shipped one)
+    torch_compile: bool = False
+    device_type: str = "cuda"  # the route: CUDA keeps tensors a CPU does not (formulas/memory.py)
+
+    def __post_init__(self):
+        for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
+                     "processes_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise HfscaleError(f"--{name} must be a positive integer, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise HfscaleError(f"precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        if self.device_type not in DEVICE_TYPES:
+            raise HfscaleError(f"device type {self.device_type!r}; choose one of: {', '.join(DEVICE_TYPES)}")
+        if self.processes_per_node > self.world_size:  # one node, not full: all its processes are the world
+            object.__setattr__(self, "processes_per_node", self.world_size)
+        if self.world_size % self.processes_per_node:
+            raise HfscaleError(f"{self.world_size} processes do not split into nodes of {self.processes_per_node}")
+
+    # ---- derived, here only -----------------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.processes_per_node
+
+    @property
+    def mesh(self) -> tuple[int, int] | None:
+        """HSDP's (dp_replicate, dp_shard) = (nodes, processes per node); None for every other strategy."""
+        return hsdp_mesh(self.nodes, self.processes_per_node) if self.strategy.hybrid else None
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks that share one copy of what the strategy shards (a node's processes under HSDP, else all)."""
+        return self.strategy.shard_ranks(self.world_size, self.processes_per_node)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: MBS x GAS x DP."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return tokens_per_step(self.per_device_train_batch_size, self.gradient_accumulation_steps, self.world_size,
+                               self.seq_len)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
+    def memory_layout(self) -> Layout:
+        """The memory model's view of the strategy, its DeepSpeed buckets read from this run's JSON."""
+        return memory_layout(self.strategy, self.shape.hidden, self.deepspeed_config)
+
+    @property
+    def optimizer_memory_rule(self) -> str:
+        return self.optimizer.memory_rule_for(self.strategy.engine)
+
+    def refusal(self) -> str | None:
+        """Why this plan cannot run (the strategy x optimizer table, the layout: PowerSGD on one process, HSDP without
+        whole nodes), or None."""
+        return (incompatibility(self.strategy.name, self.optimizer.name)
+                or layout_refusal(self.strategy, self.world_size, self.processes_per_node))
+
+    def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
+        """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""
+        plan = self if per_device_train_batch_size is None else replace(
+            self, per_device_train_batch_size=per_device_train_batch_size)
+        return rank_memory(plan)
+
+    def but(self, **changes) -> "RunPlan":
+        """The same plan with some inputs changed (the derived facts follow)."""
+        return replace(self, **changes)

@@ -1,0 +1,27 @@
+"""benchmarks/gpu_suite.py, the one command a GPU session runs, exercised on this CPU machine (--dry_run: the same
+code, tiny sizes), so it works when a GPU is lent; and its output has the shape the committed GPU fixtures have (the
+files tests/test_memory.py checks the estimate against)."""
+
+import json
+import sys
+
+from conftest import REPO, run
+
+
+def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_path):
+    proc = run([sys.executable, "benchmarks/gpu_suite.py", "--dry_run", "--out", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_suite.json").read_text())
+    assert report["versions"]["torch"] and report["command"].startswith("python benchmarks/gpu_suite.py")
+    ddp = report["runs"][0]
+    assert ddp["status"] == "ok" and ddp["tokens_per_s"] > 0 and ddp["estimate_allocated_gb"] > 0
+    fixture = json.loads((REPO / "benchmarks/results/h100_2026-11-23/runs.json").read_text())["runs"][0]
+    assert set(ddp["plan"]) == set(fixture["plan"])  # a new GPU session's runs can become the next fixture as they are
+    ref = report["references"][0]
+    assert ref["tokens_per_s"] > 0 and ref["hfscale_ratio"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "activations.jsonl").read_text().splitlines()]
+    h100 = json.loads((REPO / "benchmarks/results/h100_2026-11-23/cuda_activations.jsonl").read_text().splitlines()[0])
+    assert len(rows) == 2 and all(set(r) == set(h100) and r["activations"] > 0 and r["peak"] >= r["activations"]
+                                  for r in rows)
+    assert "[" in proc.stdout and "s] run ddp x adamw" in proc.stdout  # progress as it goes
+    assert (tmp_path / "gpu_suite.md").read_text().startswith("# CPU")
