@@ -215,6 +215,34 @@ def _machine_lock(exclusive: bool):
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
+# DeepSpeed JIT-compiles its CPU Adam (the offload strategies' optimizer) the first time a process on this machine needs
+# it (~1 min on 2 cores), holding torch's build lock - a bare lock file - meanwhile. Left to the runs, a fresh machine
+# builds it while the other worker's runs compete for the cores and every offload run waits, and a run killed mid-build
+# (a timeout) leaves the lock behind: every later offload run then waits for it forever. So the session's first process
+# builds it once, before any test starts; no other process of this session exists yet, so a lock found now is stale.
+BUILD_CPU_ADAM = """
+import os
+from torch.utils import cpp_extension
+from deepspeed.accelerator import get_accelerator
+
+builder = get_accelerator().create_op_builder("CPUAdamBuilder")
+lock = os.path.join(cpp_extension._get_build_directory(builder.name, verbose=False), "lock")
+if os.path.exists(lock):
+    print(f"removing a stale build lock left by a killed process: {lock}")
+    os.remove(lock)
+builder.load(verbose=False)
+"""
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller built it
+        return
+    proc = subprocess.run([sys.executable, "-c", BUILD_CPU_ADAM], env={**env(), "DS_ACCELERATOR": "cpu"},
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise pytest.UsageError(f"DeepSpeed's CPU Adam did not build:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with _machine_lock(exclusive=item.get_closest_marker("exclusive") is not None):

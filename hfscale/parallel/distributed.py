@@ -190,8 +190,22 @@ def configure_state_for_cpu_deepspeed() -> dict:
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     # the CPU route on any host: with --use_cpu on a GPU machine accelerate would otherwise bind each rank to a GPU
     os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
+    skip_deepspeed_shm_kernel()
     PartialState(backend="gloo")
     return {"use_configured_state": True}
+
+
+def skip_deepspeed_shm_kernel() -> None:
+    """DeepSpeed's CPU accelerator JIT-compiles its shared-memory all-reduce kernel (deepspeed_shm_comm, ~35 s on 2
+    cores, in whichever process first starts deepspeed.comm) for `inference_all_reduce` alone; training's collectives
+    are torch.distributed's. Marked incompatible before deepspeed.comm starts (deepspeed/comm/torch.py build_shm_op
+    reads deepspeed.ops.__compatible_ops__), it is neither built nor set up. A DeepSpeed without that table builds it
+    as before. CPU route only: on CUDA no such kernel exists."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
 
 
 def setup_processes(plan) -> dict:
