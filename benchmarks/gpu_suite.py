@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4, 1024, 16, 50257, 2048, 4),
                (4, 1024, 16, 50257, 1024, 8), (4, 2048, 16, 50257, 1024, 4), (4, 1024, 16, 8192, 1024, 4),
                (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2)]  # (layers, hidden, heads, vocab, seq, MBS)
-DRY_SHAPES = [(2, 64, 4, 512, 64, 2), (3, 64, 4, 512, 64, 2)]
+DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
@@ -137,11 +137,13 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
 
 def grid_point(mode: str, shape: tuple, compiled: bool, device: str) -> dict:
     """What autograd keeps after the forward and the step's peak above the level before it, third step, in this
-    process (the allocator's statistics on CUDA; resident memory on CPU, as calibrate_activations.py measures)."""
+    process (the allocator's statistics on CUDA; on CPU the resident set and its high-water mark, with freed tensors
+    handed back to the kernel - see cpu_memory_follows_tensors - as calibrate_activations.py measures)."""
     import torch
 
     from hfscale.formulas.metrics import ModelShape
     from hfscale.models import build_model
+    from hfscale.run.measure import StepMemory
 
     fam, attn, prec, ck = mode.split("/")
     l, h, a, v, s, b = shape
@@ -160,22 +162,32 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str) -> dict:
     ids = torch.randint(0, v, (b, s), device=device)
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if prec == "autocast_bf16" else contextlib.nullcontext()
     on_cuda = device.startswith("cuda")
+    meter = StepMemory(on_cuda)  # the allocator's peak on CUDA; the resident set's high-water mark on CPU
     for _ in range(3):  # the third step is reported: the optimizer states exist, the allocator has settled
         if on_cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() if on_cuda else _rss()
+        meter.begin()
         with autocast:
             loss = forward(input_ids=ids, labels=ids).loss
         after = torch.cuda.memory_allocated() if on_cuda else _rss()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        peak = torch.cuda.max_memory_allocated() if on_cuda else _rss()
+        meter.end(0)
+    before, peak = meter.steps[-1][1:]
     del model, forward, optimizer, ids, loss
     if on_cuda:
         torch.cuda.empty_cache()
     return {**row, "activations": after - before, "peak": peak - before}
+
+
+def cpu_memory_follows_tensors() -> None:
+    """glibc maps every allocation from 64 KB up on its own and unmaps it when freed, so the resident set follows the
+    tensors (what MALLOC_MMAP_THRESHOLD_=65536 does for calibrate_activations.py, set here in-process)."""
+    import ctypes
+
+    M_MMAP_THRESHOLD = -3
+    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 65536)
 
 
 def _rss() -> int:
@@ -239,6 +251,8 @@ def main() -> None:
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"
+    if device == "cpu" and sys.platform.startswith("linux"):
+        cpu_memory_follows_tensors()
     if opts.dry_run:
         opts.model, opts.seq_len, opts.per_device_train_batch_size, opts.steps = "tiny", 64, 2, 4
         opts.strategy, opts.optim = ("ddp", "adamw") if opts.strategy == "all" else (opts.strategy, opts.optim)

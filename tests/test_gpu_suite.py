@@ -23,5 +23,6 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     h100 = json.loads((REPO / "benchmarks/results/h100_2026-11-23/cuda_activations.jsonl").read_text().splitlines()[0])
     assert len(rows) == 2 and all(set(r) == set(h100) and r["activations"] > 0 and r["peak"] >= r["activations"]
                                   for r in rows)
+    assert rows[1]["n_layer"] > rows[0]["n_layer"] and rows[1]["activations"] > rows[0]["activations"]  # it measures
     assert "[" in proc.stdout and "s] run ddp x adamw" in proc.stdout  # progress as it goes
     assert (tmp_path / "gpu_suite.md").read_text().startswith("# CPU")
