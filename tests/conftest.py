@@ -50,16 +50,39 @@ def env() -> dict:
     return e
 
 
-def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO, environ: dict | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run` of a command and everything it starts: in its own session, whose every process is killed if
+    the command outlives `timeout` (a failure naming it) or the test is interrupted (pytest-timeout, Ctrl-C). A
+    launcher killed alone would leave its ranks running, holding the output pipes (communicate waits for them) and,
+    mid-build, torch's extension lock."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env() if environ is None else environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s: {' '.join(map(str, cmd))}\n{out[-2000:]}\n{err[-3000:]}")
+    except BaseException:
+        _kill_session(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def probe(name: str, *args: str) -> dict:
     """Run tests/probes/<name>.py in its own one-process gloo world (a free port appended) and return its JSON."""
     from hfscale.parallel.distributed import free_port
 
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, str(free_port())],
-                          cwd=REPO, env={**env(), "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, str(free_port())], timeout=300,
+               environ={**env(), "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -329,7 +352,7 @@ def fake_slurm(tmp_path_factory):
 def run_slurm_job(script_path, fake_slurm, nodes: int) -> subprocess.CompletedProcess:
     job_env = {**env(), "PATH": f"{fake_slurm}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": str(nodes),
                "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
-    return subprocess.run(["bash", str(script_path)], env=job_env, capture_output=True, text=True, timeout=600)
+    return run(["bash", str(script_path)], timeout=600, environ=job_env)
 
 
 def slurm_train(fake_slurm, workdir: Path, strategy: str, nodes: int, gpus_per_node: int, train_args: list[str]) -> dict:

@@ -1,9 +1,8 @@
 """Parsing the training command line is pure: it decides, it does not start anything."""
 
-import subprocess
 import sys
 
-from conftest import REPO, env
+from conftest import env, run
 
 PROBE = """
 import os, sys
@@ -23,8 +22,7 @@ print(state.plan.strategy.name, state.plan.optimizer.name, training['optim'], tr
 def test_parse_changes_no_environment_and_creates_no_state():
     for strategy, optim, expected in (("zero3", "adamw_8bit", "zero3 adamw_8bit adamw_bnb_8bit True True"),
                                       ("fsdp", "adamw", "fsdp adamw adamw_torch False True")):
-        proc = subprocess.run([sys.executable, "-c", PROBE, "--strategy", strategy, "--optim", optim], cwd=REPO,
-                              env={k: v for k, v in env().items() if k != "DS_ACCELERATOR"}, capture_output=True,
-                              text=True, timeout=120)
+        proc = run([sys.executable, "-c", PROBE, "--strategy", strategy, "--optim", optim], timeout=120,
+                   environ={k: v for k, v in env().items() if k != "DS_ACCELERATOR"})
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.split("\n")[-2] == expected

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env
+from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env, run
 from hfscale.launch import kill_tree
 
 pytestmark = pytest.mark.multiprocess
@@ -32,7 +32,7 @@ TOLERANCE = {"zero2_offload": 1e-6, "zero3_offload": 1e-6}
 
 def launch(strategy, out, *extra, timeout=420):
     cmd, cwd = bf16_command(strategy, out, *extra)
-    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+    proc = run(cmd, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 

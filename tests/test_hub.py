@@ -5,11 +5,10 @@ upload (after the Trainer's ignore patterns) - the files the Hub's model page an
 import fnmatch
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
-from conftest import TINY
+from conftest import TINY, run
 
 WRAPPER = textwrap.dedent('''
     import json, os, sys
@@ -48,8 +47,8 @@ def test_push_to_hub_uploads_results_and_tensorboard_events(tmp_path):
     record_file = tmp_path / "upload.json"
     out = tmp_path / "run"
     env = {**os.environ, "UPLOAD_RECORD": str(record_file), "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(wrapper), *TINY, "--max_steps", "3", "--push_to_hub",
-                           "--output_dir", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, str(wrapper), *TINY, "--max_steps", "3", "--push_to_hub", "--output_dir", str(out)],
+               timeout=300, environ=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     uploaded = json.loads(record_file.read_text())
     files = uploaded["files"]

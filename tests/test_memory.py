@@ -100,9 +100,7 @@ def test_activation_estimate_matches_the_measured_step(tmp_path, checkpointing):
            "--save_strategy", "no", "--attn_implementation", "eager", "--output_dir", str(out),
            *(["--activation_checkpointing"] if checkpointing else [])]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    import subprocess
-
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run(cmd, timeout=600, environ=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     measured = results["memory"]["step_per_rank"][0]["step_delta_gb"] * 1e9

@@ -69,26 +69,22 @@ def test_winner_files_train_for_real(tuned, tmp_path):
     ds_file = Path(config["deepspeed_config"]["deepspeed_config_file"])
     stage = json.loads(ds_file.read_text())["zero_optimization"]["stage"]
     assert ds_file == (best / "ds_config.json").resolve() and f"zero{stage}" == report["winner"].split("-")[0]
-    import subprocess
-
     # the exact command hfscale wrote, from a shell where the virtual environment is not activated (no venv on PATH)
     from conftest import env
 
     venv_bin = str(Path(sys.executable).parent)
     bare = {**env(), "PATH": os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)}
-    proc = subprocess.run(["bash", str(best / "launch.sh"), "--max_steps", "3", "--output_dir", str(tmp_path / "hf")],
-                          cwd=tmp_path, env=bare, capture_output=True, text=True, timeout=420)
+    proc = run(["bash", str(best / "launch.sh"), "--max_steps", "3", "--output_dir", str(tmp_path / "hf")],
+               cwd=tmp_path, environ=bare)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "hf" / "results.json").read_text())
     assert res["status"] == "ok" and res["config"]["world_size"] == 2
     assert f"{res['strategy']}-{res['optim']}" == "-".join(report["winner"].split("-")[:2])
     # the same files under a stock transformers Trainer script (benchmarks/plain_trainer.py: HF's plain Trainer)
-    proc = subprocess.run(["accelerate", "launch", "--config_file", str(best / "accelerate_config.yaml"),
-                           str(REPO / "benchmarks" / "plain_trainer.py"), "--model", "tiny", "--seq_len", "64",
-                           "--max_steps", "3", "--per_device_train_batch_size", "4", "--use_cpu",
-                           "--deepspeed", str(ds_file), "--output_dir", str(tmp_path / "stock")],
-                          cwd=tmp_path, env={**_env(), "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True,
-                          timeout=420)
+    proc = run(["accelerate", "launch", "--config_file", str(best / "accelerate_config.yaml"),
+                str(REPO / "benchmarks" / "plain_trainer.py"), "--model", "tiny", "--seq_len", "64", "--max_steps", "3",
+                "--per_device_train_batch_size", "4", "--use_cpu", "--deepspeed", str(ds_file),
+                "--output_dir", str(tmp_path / "stock")], cwd=tmp_path, environ={**_env(), "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "stock" / "plain.json").read_text())["train_runtime"] > 0
 
