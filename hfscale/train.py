@@ -31,6 +31,7 @@ from hfscale.run.args import (RunState, build_training_arguments, check_hyperpar
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
 from hfscale.run.checkpoints import LATEST, identity, resolve_resume, set_aside_incomplete  # noqa: E402
+from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import validation_plan  # noqa: E402
 from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, StepMemory,  # noqa: E402
@@ -161,7 +162,8 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
                 if plan.strategy.comm_hook == "powersgd" else None)
     trainer.add_callback(StrategyCallback(trainer, total_params=results.model.params_model, powersgd=powersgd,
                                           record=record, resume_from=state.resume_from, construction=construction))
-    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory))
+    trainer.collectives = CollectiveCounter(args.count_collectives) if args.count_collectives else None
+    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory, trainer.collectives))
     return trainer, meter
 
 
@@ -190,6 +192,12 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
     if args.fingerprint_weights:
         record.update(final_weights=weights_fingerprint(trainer.model, plan.strategy.engine),
                       probe_logits=probe_logits(trainer.model, plan.shape.vocab, args.device))
+    if trainer.collectives:
+        counted = [trainer.collectives.collectives]
+        if torch.distributed.is_initialized():
+            counted = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(counted, trainer.collectives.collectives)
+        record.update(communication={"step": args.count_collectives, "per_rank": counted})
     if args.record_batches:
         digests = [trainer.batch_digests]
         if torch.distributed.is_initialized():

@@ -127,6 +127,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
+    count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
 
@@ -298,6 +299,10 @@ def check_hyperparameters(kw: dict) -> None:
     min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
+    counted, last = kw.get("count_collectives") or 0, kw.get("max_steps", -1)
+    if counted and (counted < 2 or (last is not None and last > 0 and counted > last)):
+        raise HfscaleError(f"--count_collectives takes an optimizer step from 2 to --max_steps ({last}) (0: off), "
+                           f"got {counted}")
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:

@@ -173,6 +173,7 @@ class Results(_Section):
     final_weights: dict | None = None
     probe_logits: list | None = None
     batch_digests: list | None = None
+    communication: dict | None = None  # --count_collectives: {"step", "per_rank": [[{kind, dtype, elements, bytes, count}]]}
     source: str | None = None  # "megatron-log" for an imported log
     log_file: str | None = None
     log_tail: str | None = None  # a sweep's failed run: the end of its log
