@@ -34,12 +34,13 @@ def measured(per_rank: list[dict]) -> dict:
     return out
 
 
-def modelled(train_args: list[str]) -> dict:
-    """{kind: bytes} per optimizer step of formulas/comm.py's pattern for this command's plan (host copies apart)."""
+def modelled(train_args: list[str], processes: int) -> dict:
+    """{kind: bytes} per optimizer step of formulas/comm.py's pattern for this command's plan on `processes` processes
+    (host copies apart)."""
     from hfscale.plan.project import pattern_of
     from hfscale.train import check_args
 
-    plan = check_args(train_args)[3].plan
+    plan = check_args(train_args)[3].plan.but(world_size=processes, processes_per_node=processes)
     out = {}
     for c in pattern_of(plan).collectives:
         if c.kind in ("h2d", "d2h") or c.size_bytes < SMALL:
@@ -74,7 +75,7 @@ def main() -> None:
             res = json.loads((Path(tmp) / strategy / "results.json").read_text())
             rows.append({"strategy": strategy, "params": res["model"]["params_model"],
                          "measured": {f"{k} {d}": b for (k, d), b in measured(res["communication"]["per_rank"][0]).items()},
-                         "modelled": modelled(args)})
+                         "modelled": modelled(args, opts.num_processes)})
     if opts.json:
         print(json.dumps(rows))
         return

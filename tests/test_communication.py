@@ -1,12 +1,14 @@
 """What the engines really send (hfscale/run/collectives.py, `--count_collectives`): counted from the c10d ops torch's
 profiler records, in a real 2-process run, and held against the communication model (formulas/comm.py)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import train
+from conftest import bf16_args, bf16_result
 from hfscale.formulas import comm
+from hfscale.formulas.memory import block_numel
 from hfscale.run.collectives import collectives_of, tally
 
 
@@ -40,22 +42,47 @@ def test_the_counter_reads_each_op_as_the_engine_issued_it():
                                                "bytes": 16640, "count": 2}
 
 
+SMALL = 1024  # bytes: the Trainer's token counts, loss logging and grad-norm scalars are latency, not bandwidth
+
+
+def sent(counted: list[dict]) -> dict:
+    """{kind: bytes} of one rank's counted step, messages under SMALL apart."""
+    out = {}
+    for c in counted:
+        if c["bytes"] is not None and c["bytes"] >= SMALL:
+            out[c["kind"]] = out.get(c["kind"], 0) + c["bytes"] * c["count"]
+    return out
+
+
 @pytest.mark.multiprocess
-def test_ddp_sends_what_the_model_says_once_per_step(tmp_path):
-    """DDP with gradient accumulation 2 (fp32): one gradient all-reduce per optimizer step (no_sync before the last
-    micro-batch) of every parameter in fp32, and the Trainer's token-count gather - the model's two collectives, to the
-    byte. Everything else the loop sends is under 1 KB (loss logging)."""
-    res = train(tmp_path / "ddp", "ddp", "--gradient_accumulation_steps", "2", "--count_collectives", "2", steps=3)
-    params = res["model"]["params_model"]
-    pattern = comm.comm_pattern("ddp", None, param_bytes=4 * params, grad_bytes=4 * params, ranks=2)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
+    """The bf16 runs (conftest.BF16_RUNS: 2 processes, GAS 2, step 2 counted) against plan/project.pattern_of for the
+    same plan. ddp: one gradient all-reduce per optimizer step (no_sync before the last micro-batch), fp32 under
+    autocast. fsdp: the blocks gathered for the forward and again for the backward, the root unit (embeddings, tied
+    head, final norm) once - FSDP2 keeps it unsharded from the forward into the backward - every micro-batch, in bf16;
+    the gradients reduce-scattered once, at the accumulation boundary. Both with the 16-byte token-count gather."""
+    from hfscale.plan.project import pattern_of
+    from hfscale.train import check_args
+
+    res = bf16_result(strategy)
+    plan = check_args(bf16_args(strategy, Path("unused")))[3].plan.but(world_size=2, processes_per_node=2)
     modelled = {}
-    for c in pattern.collectives:
-        modelled[c.kind] = modelled.get(c.kind, 0) + c.size_bytes * (2 if c.per == "micro" else 1)
+    for c in pattern_of(plan).collectives:
+        n = plan.gradient_accumulation_steps if c.per == "micro" else 1
+        if c.size_bytes >= SMALL:
+            modelled[c.kind] = modelled.get(c.kind, 0) + c.size_bytes * n
+    token_count = {"kind": "all_gather", "dtype": "int64", "elements": 2,
+                   "bytes": comm.TOKEN_COUNT_BYTES_PER_RANK * 2}  # the Trainer's, once per optimizer step at least
     assert res["communication"]["step"] == 2 and len(res["communication"]["per_rank"]) == 2
     for counted in res["communication"]["per_rank"]:
-        sent = {}
-        for c in counted:
-            if c["bytes"] is not None and (c["bytes"] >= 1024 or (c["kind"], c["dtype"]) == ("all_gather", "int64")):
-                sent[c["kind"]] = sent.get(c["kind"], 0) + c["bytes"] * c["count"]
-        assert sent == modelled == {"all_reduce": 4 * params, "all_gather": comm.TOKEN_COUNT_BYTES_PER_RANK * 2}
-        assert {c["dtype"] for c in counted if c["kind"] == "all_reduce" and c["bytes"] >= 1024} == {"float32"}
+        assert sent(counted) == modelled
+        assert {c["dtype"] for c in counted if c["bytes"] and c["bytes"] >= SMALL} == (
+            {"float32"} if strategy == "ddp" else {"bfloat16"})
+        assert any({k: c[k] for k in token_count} == token_count for c in counted)
+    params = res["model"]["params_model"]
+    if strategy == "ddp":
+        assert modelled == {"all_reduce": 4 * params}
+    else:  # the root unit's share spared in the backward, and nothing else
+        root = params - plan.shape.n_layer * block_numel(plan.shape)
+        assert modelled == {"all_gather": 2 * 2 * (2 * params - root), "reduce_scatter": 2 * params}

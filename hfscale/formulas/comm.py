@@ -138,11 +138,14 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
                  powersgd_bytes: float | None = None, token_count_gather: bool = True,
-                 shard_ranks: int | None = None) -> CommPattern:
+                 shard_ranks: int | None = None, root_param_bytes: float = 0.0) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
     `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
-    `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes."""
+    `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes.
+    `root_param_bytes` (fsdp only): the root unit's parameters - everything outside the transformer blocks (embeddings,
+    the tied head, the final norm) - which FSDP2 does not reshard after the forward (the backward starts with them),
+    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md)."""
     out = []
     if token_count_gather:
         out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", "token count"))
@@ -157,7 +160,8 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
         # set_requires_gradient_sync(False) (unsharded gradients kept until the accumulation boundary)
         group = "node" if shard_ranks else "world"
         out += [Collective("all_gather", param_bytes, "micro", "forward_backward", "parameters", group),
-                Collective("all_gather", param_bytes, "micro", "forward_backward", "parameters", group),
+                Collective("all_gather", param_bytes - root_param_bytes, "micro", "forward_backward",
+                           "block parameters (backward)", group),
                 Collective("reduce_scatter", grad_bytes, "step", "backward", "gradients", group)]
         if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
             out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard",

@@ -24,7 +24,7 @@ from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text
 from ..flags import comma_list, refuse_renamed
 from ..formulas.comm import Links, comm_pattern, powersgd_elements, step_time
-from ..formulas.memory import DTYPE_BYTES, parameter_tensors
+from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors
 from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
 from ..formulas.peaks import DEVICES, memory_of_device_name
 from ..parallel.optimizers import get_optimizer
@@ -84,10 +84,12 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
             psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(plan.shape)], rank)
         return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=plan.world_size,
                             powersgd_bytes=psgd)
+    root = P - plan.shape.n_layer * block_numel(plan.shape)  # outside the blocks: FSDP2's root unit
     return comm_pattern(strategy.engine, strategy.zero_stage, param_bytes=t * P, grad_bytes=t * P,
                         ranks=plan.world_size, offload_optimizer=strategy.offloads_state("optimizer_states"),
                         offload_params=strategy.offloads_state("parameters"),
-                        shard_ranks=plan.shard_ranks if strategy.hybrid else None)
+                        shard_ranks=plan.shard_ranks if strategy.hybrid else None,
+                        root_param_bytes=t * root if strategy.engine == "fsdp" else 0.0)
 
 
 def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links):
