@@ -24,29 +24,14 @@ sys.path.insert(0, str(REPO))
 SMALL = 1024  # bytes: below this a collective is latency, not bandwidth
 
 
-def measured(per_rank: list[dict]) -> dict:
-    """{(kind, dtype): bytes} of one rank's counted step, small messages apart."""
-    out = {}
-    for c in per_rank:
-        if c["bytes"] is not None and c["bytes"] >= SMALL:
-            key = (c["kind"], c["dtype"])
-            out[key] = out.get(key, 0) + c["bytes"] * c["count"]
-    return out
-
-
 def modelled(train_args: list[str], processes: int) -> dict:
     """{kind: bytes} per optimizer step of formulas/comm.py's pattern for this command's plan on `processes` processes
-    (host copies apart)."""
+    (host copies and messages under SMALL apart)."""
     from hfscale.plan.project import pattern_of
     from hfscale.train import check_args
 
     plan = check_args(train_args)[3].plan.but(world_size=processes, processes_per_node=processes)
-    out = {}
-    for c in pattern_of(plan).collectives:
-        if c.kind in ("h2d", "d2h") or c.size_bytes < SMALL:
-            continue
-        out[c.kind] = out.get(c.kind, 0) + c.size_bytes * (plan.gradient_accumulation_steps if c.per == "micro" else 1)
-    return out
+    return pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps, SMALL)
 
 
 def main() -> None:
@@ -58,6 +43,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     opts = parser.parse_args()
     from hfscale.launch import launch_command
+    from hfscale.run.collectives import bytes_by_kind
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +60,8 @@ def main() -> None:
                 continue
             res = json.loads((Path(tmp) / strategy / "results.json").read_text())
             rows.append({"strategy": strategy, "params": res["model"]["params_model"],
-                         "measured": {f"{k} {d}": b for (k, d), b in measured(res["communication"]["per_rank"][0]).items()},
+                         "measured": {f"{k} {d}": b for (k, d), b in
+                                      bytes_by_kind(res["communication"]["per_rank"][0], SMALL, by_dtype=True).items()},
                          "modelled": modelled(args, opts.num_processes)})
     if opts.json:
         print(json.dumps(rows))

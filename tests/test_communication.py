@@ -9,7 +9,7 @@ import pytest
 from conftest import bf16_args, bf16_result
 from hfscale.formulas import comm
 from hfscale.formulas.memory import block_numel
-from hfscale.run.collectives import collectives_of, tally
+from hfscale.run.collectives import bytes_by_kind, collectives_of, tally
 
 
 def event(name, start, shapes, dtypes):
@@ -38,20 +38,14 @@ def test_the_counter_reads_each_op_as_the_engine_issued_it():
                        {"kind": "all_gather", "dtype": "bfloat16", "elements": 2000, "bytes": 4000},
                        {"kind": "all_gather", "dtype": "int64", "elements": 2, "bytes": 16},
                        {"kind": "reduce_scatter", "dtype": "float32", "elements": 1000, "bytes": 4000}]
+    # over a sub-group (HSDP's node), an all-gather's message is its output, not its input times the world
+    sub = collectives_of(events[2:4], world_size=4)
+    assert sub == [{"kind": "all_gather", "dtype": "bfloat16", "elements": 2000, "bytes": 4000}]
     assert tally(counted + counted[:1])[0] == {"kind": "all_reduce", "dtype": "float32", "elements": 4160,
                                                "bytes": 16640, "count": 2}
 
 
 SMALL = 1024  # bytes: the Trainer's token counts, loss logging and grad-norm scalars are latency, not bandwidth
-
-
-def sent(counted: list[dict]) -> dict:
-    """{kind: bytes} of one rank's counted step, messages under SMALL apart."""
-    out = {}
-    for c in counted:
-        if c["bytes"] is not None and c["bytes"] >= SMALL:
-            out[c["kind"]] = out.get(c["kind"], 0) + c["bytes"] * c["count"]
-    return out
 
 
 @pytest.mark.multiprocess
@@ -67,16 +61,12 @@ def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
 
     res = bf16_result(strategy)
     plan = check_args(bf16_args(strategy, Path("unused")))[3].plan.but(world_size=2, processes_per_node=2)
-    modelled = {}
-    for c in pattern_of(plan).collectives:
-        n = plan.gradient_accumulation_steps if c.per == "micro" else 1
-        if c.size_bytes >= SMALL:
-            modelled[c.kind] = modelled.get(c.kind, 0) + c.size_bytes * n
+    modelled = pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps, SMALL)
     token_count = {"kind": "all_gather", "dtype": "int64", "elements": 2,
                    "bytes": comm.TOKEN_COUNT_BYTES_PER_RANK * 2}  # the Trainer's, once per optimizer step at least
     assert res["communication"]["step"] == 2 and len(res["communication"]["per_rank"]) == 2
     for counted in res["communication"]["per_rank"]:
-        assert sent(counted) == modelled
+        assert bytes_by_kind(counted, SMALL) == modelled
         assert {c["dtype"] for c in counted if c["bytes"] and c["bytes"] >= SMALL} == (
             {"float32"} if strategy == "ddp" else {"bfloat16"})
         assert any({k: c[k] for k in token_count} == token_count for c in counted)

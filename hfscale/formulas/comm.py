@@ -110,6 +110,15 @@ class CommPattern:
                 total += times * RING[c.kind][0](n) * c.size_bytes if n > 1 else 0.0
         return total
 
+    def messages_per_step(self, grad_accum: int, min_bytes: float = 0.0) -> dict:
+        """{kind: bytes} of the full messages one optimizer step issues (host copies apart; messages under
+        `min_bytes` apart) - what run/collectives.py counts in a real step."""
+        out = {}
+        for c in self.collectives:
+            if c.kind in RING and c.size_bytes >= min_bytes:
+                out[c.kind] = out.get(c.kind, 0) + c.size_bytes * (grad_accum if c.per == "micro" else 1)
+        return out
+
 
 # transformers' Trainer (average_tokens_across_devices, on by default in v5) all-gathers each rank's count of target
 # tokens once per optimizer step (Trainer._get_num_items_in_batch) to normalise the loss: one int64 per rank,

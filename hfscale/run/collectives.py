@@ -2,8 +2,8 @@
 
 Every collective an engine issues - DDP's C++ reducer, DeepSpeed's and FSDP2's Python calls, the Trainer's own -
 passes through a c10d dispatcher op (`c10d::allreduce_`, `c10d::_allgather_base_`, ...), which the profiler records
-with its tensors' shapes and dtypes; the backend's own event nested inside it (`gloo:all_reduce`, `nccl:...`) carries
-the dtype where the op takes a tensor list. Counted here is the op the engine asked for, not how the backend carries it
+with its tensors' shapes and dtypes; where the op takes a tensor list, the dtype comes from the backend's own event for
+it (`gloo:all_reduce`, `nccl:...`, recorded on the backend's worker thread). Counted here is the op the engine asked for, not how the backend carries it
 out (gloo runs a reduce-scatter as an all-reduce). Sizes follow formulas/comm.py: the full message - an all-reduce's
 tensors, an all-gather's output, a reduce-scatter's input - never the per-rank share.
 
@@ -54,8 +54,9 @@ def _own_dtype(event) -> str | None:
 def collectives_of(events, world_size: int) -> list[dict]:
     """[{kind, dtype, elements, bytes}] of the c10d collectives among profiler events, in the order they were issued.
     `elements` is the full message (formulas/comm.py's convention): an all-reduce's tensors, an all-gather's output, a
-    reduce-scatter's input. A tensor-list op records no dtype of its own: it is taken from the backend's event that
-    carried it out - the next one, in time, over the same number of elements."""
+    reduce-scatter's input (`world_size` scales a list op's per-rank tensors, whose outputs the profiler does not
+    record). A tensor-list op records no dtype of its own: it is taken from the backend's event that carried it out -
+    the next one, in time, over the same number of elements."""
     events = sorted(events, key=lambda e: e.time_range.start)
     backend = [e for e in events if e.name.startswith(BACKENDS)]
     used = set()
@@ -73,10 +74,10 @@ def collectives_of(events, world_size: int) -> list[dict]:
                 used.add(i)
                 dtype = dtype or _own_dtype(b)
                 break
-        if kind == "all_gather":
-            full = local * world_size if local is not None else None
+        output = _elements(shapes[arg_out]) if len(shapes) > arg_out else None
+        if kind == "all_gather":  # its output, where recorded (a sub-group's, under HSDP); a list op's: input x world
+            full = output if output is not None else (local * world_size if local is not None else None)
         elif kind == "reduce_scatter" and local is None:
-            output = _elements(shapes[arg_out]) if len(shapes) > arg_out else None
             full = output * world_size if output is not None else None
         else:
             full = local
@@ -93,6 +94,17 @@ def tally(collectives: list[dict]) -> list[dict]:
         groups[(c["kind"], c["dtype"], c["elements"], c["bytes"])] += 1
     rows = [{"kind": k, "dtype": d, "elements": e, "bytes": b, "count": n} for (k, d, e, b), n in groups.items()]
     return sorted(rows, key=lambda r: (-(r["bytes"] or 0), r["kind"]))
+
+
+def bytes_by_kind(counted: list[dict], min_bytes: int = 1024, by_dtype: bool = False) -> dict:
+    """{kind (or (kind, dtype)): bytes} of a tally, messages under `min_bytes` apart (loss logging, grad-norm scalars
+    and the Trainer's token counts are latency, not bandwidth)."""
+    out = {}
+    for c in counted:
+        if c["bytes"] is not None and c["bytes"] >= min_bytes:
+            key = (c["kind"], c["dtype"]) if by_dtype else c["kind"]
+            out[key] = out.get(key, 0) + c["bytes"] * c["count"]
+    return out
 
 
 class CollectiveCounter:
