@@ -2,7 +2,7 @@
 
 Runs each strategy for a few steps on this machine with `--count_collectives` (torch's profiler over one whole loop
 period, every c10d op: hfscale/run/collectives.py) and prints, per strategy, the bytes of each collective kind and
-dtype that one rank issued in that step - messages under 1 KB (loss logging, grad-norm scalars, the token count) apart
+dtype that one rank issued in that step - the scalars (a token count, loss or grad norm per rank) apart
 - beside formulas/comm.py's pattern for the same plan (plan/project.pattern_of). Sizes are full messages (an
 all-gather's output, a reduce-scatter's input), as in the model.
 
@@ -21,17 +21,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-SMALL = 1024  # bytes: below this a collective is latency, not bandwidth
-
 
 def modelled(train_args: list[str], processes: int) -> dict:
     """{kind: bytes} per optimizer step of formulas/comm.py's pattern for this command's plan on `processes` processes
-    (host copies and messages under SMALL apart)."""
+    (host copies and the token count apart)."""
     from hfscale.plan.project import pattern_of
     from hfscale.train import check_args
 
     plan = check_args(train_args)[3].plan.but(world_size=processes, processes_per_node=processes)
-    return pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps, SMALL)
+    return pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps)
 
 
 def main() -> None:
@@ -61,7 +59,7 @@ def main() -> None:
             res = json.loads((Path(tmp) / strategy / "results.json").read_text())
             rows.append({"strategy": strategy, "params": res["model"]["params_model"],
                          "measured": {f"{k} {d}": b for (k, d), b in
-                                      bytes_by_kind(res["communication"]["per_rank"][0], SMALL, by_dtype=True).items()},
+                                      bytes_by_kind(res["communication"]["per_rank"][0], opts.num_processes, by_dtype=True).items()},
                          "modelled": modelled(args, opts.num_processes)})
     if opts.json:
         print(json.dumps(rows))

@@ -1,78 +1,139 @@
-"""Does `hfscale project` predict a real 2-process run from a 1-process one on this machine? Prints the figures.
+"""Does `hfscale project` predict a real N-process run from a 1-process one on this machine? Prints the figures.
 
-Measured in one go, side by side: two independent 1-process ddp runs at once (each with the compute conditions of
-one rank of a 2-process run on this 2-core machine), `hfscale bandwidth` over 2 processes, the projection from the
-first 1-process run to 2 processes, and a real 2-process ddp run with the same per-rank work.
+Measured in one go per strategy and process count N, side by side: N independent 1-process runs at once (each with
+the compute conditions of one rank of an N-process run on this machine), `hfscale bandwidth` over N processes, the
+projection from the first 1-process run to N processes, and a real N-process run with the same per-rank work.
 
-    python benchmarks/projection_vs_real.py                        # tiny GPT-2, MBS 4, seq 64, 60 steps
-    python benchmarks/projection_vs_real.py --per_device_train_batch_size 16 --steps 100
+    python benchmarks/projection_vs_real.py                        # ddp, 2 processes, tiny GPT-2, MBS 4, seq 64
+    python benchmarks/projection_vs_real.py --strategy all --num_processes 2,4 --repeats 3
     python benchmarks/projection_vs_real.py --json                 # the figures as JSON (tests/test_project.py)
+    python benchmarks/projection_vs_real.py --strategy all --num_processes 2,4 --out hfscale/plan/projection_checks.json
 
 The bandwidth is measured as training meets it (`--compute_ms` = the 1-process step time between collectives).
+`--out` writes the median ratio per strategy and process count: `hfscale project` prints that strategy's measured
+model error with every projection (docs/project.md).
 """
 
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 
-def measure(opts) -> dict:
-    """One round: the twin 1-process runs, the bandwidth, the projection and the real 2-process run."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    args = ["--strategy", "ddp", "--model", "tiny", "--seq_len", "64", "--per_device_train_batch_size", str(opts.per_device_train_batch_size),
-            "--save_strategy", "no", "--max_steps", str(opts.steps), "--logging_steps", "10"]
+def measure(opts, strategy: str, n: int) -> dict:
+    """One round: the N twin 1-process runs, the bandwidth, the projection and the real N-process run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"}
+    args = ["--strategy", strategy, "--model", "tiny", "--seq_len", "64",
+            "--per_device_train_batch_size", str(opts.per_device_train_batch_size), "--save_strategy", "no",
+            "--max_steps", str(opts.steps), "--logging_steps", "10", *(["--bf16"] if opts.bf16 else [])]
     hfscale = [sys.executable, "-m", "hfscale"]
+    quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="hfscale-projection-") as tmp:
         tmp = Path(tmp)
-        alone = [subprocess.Popen([*hfscale, "train", *args, "--output_dir", str(tmp / f"alone{i}")], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
+        # one process of a strategy that needs ranks to shard over runs as ddp would: the projection puts the strategy
+        # back (`--strategy`); a 1-process ddp_powersgd is refused, so its twins run plain ddp
+        alone_args = args if strategy != "ddp_powersgd" else [*args[:1], "ddp", *args[2:]]
+        alone = [subprocess.Popen([*hfscale, "train", *alone_args, "--output_dir", str(tmp / f"alone{i}")], **quiet)
+                 for i in range(n)]
         if any(p.wait() for p in alone):
-            sys.exit("a 1-process run failed")
+            sys.exit(f"{strategy}: a 1-process run failed")
         step_ms = json.loads((tmp / "alone0" / "results.json").read_text())["perf"]["s_per_iter"] * 1e3
-        subprocess.run([*hfscale, "bandwidth", "--num_processes", "2", "--max_bytes", str(4 << 20), "--compute_ms",
-                        f"{step_ms:.2f}", "--out", str(tmp / "bw.json")], env=env, check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([*hfscale, "launch", "--num_processes", "2", *args, "--output_dir", str(tmp / "two")], env=env,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        subprocess.run([*hfscale, "project", str(tmp / "alone0" / "results.json"), "--strategy", "ddp", "--gpus", "1,2",
-                        "--gpus_per_node", "2", "--bandwidth_file", str(tmp / "bw.json"), "--out", str(tmp / "proj")],
-                       env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*hfscale, "bandwidth", "--num_processes", str(n), "--max_bytes", str(4 << 20), "--compute_ms",
+                        f"{step_ms:.2f}", "--out", str(tmp / "bw.json")], check=True, **quiet)
+        subprocess.run([*hfscale, "launch", "--num_processes", str(n), *args, "--output_dir", str(tmp / "real")],
+                       check=True, **quiet)
+        subprocess.run([*hfscale, "project", str(tmp / "alone0" / "results.json"), "--strategy", strategy,
+                        "--gpus", f"1,{n}", "--gpus_per_node", str(n), "--bandwidth_file", str(tmp / "bw.json"),
+                        "--out", str(tmp / "proj")], check=True, **quiet)
         one = json.loads((tmp / "alone0" / "results.json").read_text())["perf"]
-        two = json.loads((tmp / "two" / "results.json").read_text())["perf"]
+        real = json.loads((tmp / "real" / "results.json").read_text())["perf"]
         points = {p["gpus"]: p for p in json.loads((tmp / "proj" / "projection.json").read_text())["points"]}
         fit = json.loads((tmp / "bw.json").read_text())["fit"]["all_reduce"]
-    return {"one": one, "two": two, "projected": points[2], "all_reduce_fit": fit,
-            "ratio": points[2]["tokens_per_s"] / two["tokens_per_s"]}
+    return {"strategy": strategy, "processes": n, "one": one, "real": real, "projected": points[n],
+            "all_reduce_fit": fit, "ratio": points[n]["tokens_per_s"] / real["tokens_per_s"]}
+
+
+def median_round(rounds: list[dict]) -> dict:
+    rounds = sorted(rounds, key=lambda r: r["ratio"])
+    return {**rounds[len(rounds) // 2], "ratios": [r["ratio"] for r in rounds]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategy", default="ddp", help="comma-separated, or `all` (every strategy that runs "
+                        "on this machine's processes)")
+    parser.add_argument("--num_processes", default="2", help="comma-separated process counts to project to")
     parser.add_argument("--per_device_train_batch_size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--repeats", type=int, default=1, help="independent rounds; the median round is reported "
                         "(this machine's load drifts between the phases of one round)")
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object (one strategy and "
+                        "count) or list")
+    parser.add_argument("--out", type=Path, help="write the median ratios per strategy and count here (JSON)")
     opts = parser.parse_args()
-    rounds = sorted((measure(opts) for _ in range(opts.repeats)), key=lambda r: r["ratio"])
-    median = rounds[len(rounds) // 2]
+    sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured (a full run takes a while)
+    from hfscale.parallel.strategies import all_strategies
+
+    strategies = [s for s in all_strategies() if s != "fsdp_hybrid"] if opts.strategy == "all" else \
+        opts.strategy.split(",")
+    counts = [int(x) for x in opts.num_processes.split(",")]
+    results = []
+    for strategy in strategies:
+        for n in counts:
+            results.append(median_round([measure(opts, strategy, n) for _ in range(opts.repeats)]))
+            if not opts.json:
+                show(results[-1], opts)
+    if opts.out:
+        write_checks(opts, results)
     if opts.json:
-        print(json.dumps({**median, "ratios": [r["ratio"] for r in rounds]}))
-        return
-    one, two, projected, fit, ratio = (median[k] for k in ("one", "two", "projected", "all_reduce_fit", "ratio"))
-    print(f"tiny GPT-2, MBS {opts.per_device_train_batch_size}, seq 64, {opts.steps} steps; all-reduce fit: bus bandwidth "
-          f"{fit['busbw'] / 1e9:.2f} GB/s, latency {fit['latency_s'] * 1e6:.0f} us per ring step")
-    print(f"1 process (beside a twin):   {one['s_per_iter'] * 1e3:7.2f} ms/it  {one['tokens_per_s']:9,.0f} tokens/s")
-    print(f"2 processes, projected:      {projected['s_per_iter'] * 1e3:7.2f} ms/it  {projected['tokens_per_s']:9,.0f} tokens/s"
-          f"  (exposed communication {projected['exposed_comm_s'] * 1e3:.2f} ms/it, waiting for the slower rank "
-          f"{projected['straggler_s'] * 1e3:.2f} ms/it)")
-    print(f"2 processes, measured:       {two['s_per_iter'] * 1e3:7.2f} ms/it  {two['tokens_per_s']:9,.0f} tokens/s")
-    print(f"projected / measured tokens/s = {ratio:.2f}  (target within 0.75-1.25)"
-          + (f"; all rounds: {', '.join(f'{r:.2f}' for r in sorted(r['ratio'] for r in rounds))}" if len(rounds) > 1 else ""))
+        print(json.dumps(results[0] if len(results) == 1 else results))
+
+
+def write_checks(opts, results: list[dict]) -> None:
+    """Record the median ratio per strategy and process count in `--out`, replacing the checks of those pairs it
+    already holds and keeping the others (a later call with other strategies or counts adds to the file)."""
+    import datetime
+
+    from hfscale.files import atomic_write_text
+
+    command = "python benchmarks/projection_vs_real.py " + " ".join(sys.argv[1:])
+    today = datetime.date.today().isoformat()
+    try:
+        kept = json.loads(opts.out.read_text())["checks"]
+    except (OSError, ValueError, KeyError):
+        kept = []
+    done = {(r["strategy"], r["processes"]) for r in results}
+    checks = [c for c in kept if (c["strategy"], c["processes"]) not in done] + [
+        {"strategy": r["strategy"], "processes": r["processes"], "ratio": round(r["ratio"], 4),
+         "ratios": [round(x, 4) for x in r["ratios"]], "date": today, "command": command} for r in results]
+    report = {"machine": f"{platform.node()}: {os.cpu_count()} CPU cores, gloo", "cores": os.cpu_count(),
+              "model": f"tiny GPT-2, MBS {opts.per_device_train_batch_size}, seq 64, {opts.steps} steps"
+                       + (", bf16" if opts.bf16 else ""),
+              "checks": sorted(checks, key=lambda c: (c["strategy"], c["processes"]))}
+    atomic_write_text(opts.out, json.dumps(report, indent=2) + "\n")
+
+
+def show(r: dict, opts) -> None:
+    one, real, projected, fit, ratio = (r[k] for k in ("one", "real", "projected", "all_reduce_fit", "ratio"))
+    n = r["processes"]
+    print(f"{r['strategy']} -> {n} processes: tiny GPT-2, MBS {opts.per_device_train_batch_size}, seq 64, "
+          f"{opts.steps} steps; all-reduce fit: bus bandwidth {fit['busbw'] / 1e9:.2f} GB/s, latency "
+          f"{fit['latency_s'] * 1e6:.0f} us per ring step")
+    print(f"  1 process (beside {n - 1} twin(s)): {one['s_per_iter'] * 1e3:7.2f} ms/it  {one['tokens_per_s']:9,.0f} tokens/s")
+    print(f"  {n} processes, projected:      {projected['s_per_iter'] * 1e3:7.2f} ms/it  "
+          f"{projected['tokens_per_s']:9,.0f} tokens/s  (exposed communication {projected['exposed_comm_s'] * 1e3:.2f} "
+          f"ms/it, waiting for the slowest rank {projected['straggler_s'] * 1e3:.2f} ms/it)")
+    print(f"  {n} processes, measured:       {real['s_per_iter'] * 1e3:7.2f} ms/it  {real['tokens_per_s']:9,.0f} tokens/s")
+    print(f"  projected / measured tokens/s = {ratio:.2f}  (target within 0.75-1.25)"
+          + (f"; all rounds: {', '.join(f'{x:.2f}' for x in r['ratios'])}" if len(r["ratios"]) > 1 else ""))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class RunPlan:
     deepspeed_config: dict | None = None  # the loaded DeepSpeed JSON of a zero* run (None: the shipped one)
     torch_compile: bool = False
     device_type: str = "cuda"  # the route: CUDA keeps tensors a CPU does not (formulas/memory.py)
+    max_grad_norm: float = 1.0  # gradient clipping (the Trainer's default; 0: off) - FSDP2 all-reduces the norms
 
     def __post_init__(self):
         for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
@@ -110,6 +111,10 @@ class RunPlan:
     def tokens_per_step(self) -> int:
         return tokens_per_step(self.per_device_train_batch_size, self.gradient_accumulation_steps, self.world_size,
                                self.seq_len)
+
+    @property
+    def clips_gradients(self) -> bool:
+        return self.max_grad_norm > 0
 
     @property
     def on_cuda(self) -> bool:

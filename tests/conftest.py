@@ -141,7 +141,8 @@ def shared_train(key: str, strategy, *extra, **kw) -> dict:
 
 
 # Every strategy in bf16, 20 steps, with gradient accumulation, activation checkpointing, checkpoints every
-# BF16_SAVE_STEPS, per-batch digests and step 2's collectives counted (test_communication.py): these runs prove bf16 reaches every engine (test_multiprocess.py) and are the
+# BF16_SAVE_STEPS, per-batch digests and step 3's collectives counted (test_communication.py): these runs prove bf16
+# reaches every engine (test_multiprocess.py) and are the
 # uninterrupted references of the fault tests (test_faults.py), which kill and resume the same command. MBS 2 x GAS 2
 # steps the same 4 samples per rank as the fp32 parity runs' MBS 4, so their curves can be compared too.
 PARITY_STEPS = 20
@@ -149,7 +150,7 @@ BF16_SAVE_STEPS = 4
 BF16_COMMON = ["--bf16", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
                "--activation_checkpointing", "--save_strategy", "steps", "--save_steps", str(BF16_SAVE_STEPS),
                "--record_batches", "--fingerprint_weights", "--include_num_input_tokens_seen", "true",
-               "--count_collectives", "2"]
+               "--count_collectives", "3"]  # step 3: after DDP's bucket rebuild (a broadcast, at step 2)
 # strategy -> (run key, --strategy (None: from the launcher config), extra flags, launched how)
 BF16_RUNS = {"ddp": ("ddp-bf16", "ddp", []), "fsdp": ("fsdp-bf16", "fsdp", []), "zero1": ("zero1-bf16", "zero1", []),
              "zero3": ("zero3-bf16", "zero3", []),

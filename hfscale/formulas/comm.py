@@ -27,6 +27,16 @@ class Links:
     inter_bw: float
     intra_latency_s: float = 5e-6
     inter_latency_s: float = 20e-6
+    # measured inside a node per collective kind ((kind, busbw, latency_s), from `hfscale bandwidth`): each kind timed
+    # by its own fit - gloo, for one, carries a reduce-scatter out as an all-reduce, at twice the ring's volume
+    intra_fits: tuple = ()
+
+    def intra(self, kind: str) -> tuple[float, float]:
+        """(bus bandwidth, latency per ring step) of one collective kind inside a node."""
+        for fitted, bw, latency in self.intra_fits:
+            if fitted == kind:
+                return bw, latency
+        return self.intra_bw, self.intra_latency_s
 
     def __post_init__(self):
         for name in ("intra_bw", "inter_bw"):
@@ -45,8 +55,7 @@ def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, l
         return 0.0
     volume, steps = RING[kind]
     across_nodes = ranks > gpus_per_node if across_nodes is None else across_nodes
-    bw = links.inter_bw if across_nodes else links.intra_bw
-    latency = links.inter_latency_s if across_nodes else links.intra_latency_s
+    bw, latency = (links.inter_bw, links.inter_latency_s) if across_nodes else links.intra(kind)
     return volume(ranks) * size_bytes / bw + steps(ranks) * latency
 
 
@@ -84,14 +93,28 @@ def straggler_s(step_sd_s: float, ranks: int) -> float:
     return step_sd_s * expected_max_std_normal(ranks)
 
 
+PHASES = ("forward", "backward", "forward_backward", "none")  # what compute a collective runs beside
+
+
 @dataclass(frozen=True)
 class Collective:
     kind: str  # all_reduce | all_gather | reduce_scatter | h2d | d2h (host<->device copies, per rank)
     size_bytes: float  # the full message (the whole tensor set), not the per-rank share
-    per: str  # "step" (once per optimizer step) or "micro" (every micro-batch)
-    overlaps: str  # what compute hides it: "backward", "forward_backward" or "none"
+    per: str  # "step" (once per optimizer step, in the last micro-batch) or "micro" (every micro-batch)
+    overlaps: str  # the compute it runs beside (PHASES): a micro-batch's forward, its backward, either, or none
     what: str = ""  # what moves, for the docs and the tests
     group: str = "world"  # the ranks it runs over (GROUPS)
+    units: int = 1  # issued in this many equal pieces, each beside one piece of the phase's compute (FSDP units,
+    # DeepSpeed or DDP buckets): the first (or last) piece has nothing to hide under
+
+    def hideable_s(self, seconds: float) -> float:
+        """Of this collective's `seconds`, what compute can hide: a pipeline of `units` pieces, each beside its
+        neighbour's compute (a gather issued one unit ahead, a reduction issued as its bucket fills), hides every
+        piece but one - the first gather or the last reduction has nothing beside it."""
+        return 0.0 if self.overlaps == "none" else seconds * (self.units - 1) / self.units
+
+
+TOKEN_COUNT = "token count"
 
 
 @dataclass(frozen=True)
@@ -110,14 +133,26 @@ class CommPattern:
                 total += times * RING[c.kind][0](n) * c.size_bytes if n > 1 else 0.0
         return total
 
-    def messages_per_step(self, grad_accum: int, min_bytes: float = 0.0) -> dict:
-        """{kind: bytes} of the full messages one optimizer step issues (host copies apart; messages under
-        `min_bytes` apart) - what run/collectives.py counts in a real step."""
+    def messages_per_step(self, grad_accum: int) -> dict:
+        """{kind: bytes} of the full messages one optimizer step issues, host copies and the Trainer's token count
+        (a scalar per rank) apart - what run/collectives.py counts in a real step (bytes_by_kind)."""
         out = {}
         for c in self.collectives:
-            if c.kind in RING and c.size_bytes >= min_bytes:
+            if c.kind in RING and c.what != TOKEN_COUNT:
                 out[c.kind] = out.get(c.kind, 0) + c.size_bytes * (grad_accum if c.per == "micro" else 1)
         return out
+
+
+def bucket_pieces(sizes: list[float], bucket: float) -> int:
+    """Messages a bucketed reduction issues over tensors of these sizes, in the order their gradients arrive (the
+    backward's: the reverse of the parameters'): each bucket is sent once it holds `bucket` or more, a tensor larger
+    than a bucket alone, and whatever is left at the end (DDP's bucket_cap_mb, DeepSpeed's reduce_bucket_size)."""
+    pieces, filled = 0, 0.0
+    for size in sizes:
+        filled += size
+        if filled >= bucket:
+            pieces, filled = pieces + 1, 0.0
+    return pieces + (1 if filled else 0)
 
 
 # transformers' Trainer (average_tokens_across_devices, on by default in v5) all-gathers each rank's count of target
@@ -147,46 +182,75 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
                  powersgd_bytes: float | None = None, token_count_gather: bool = True,
-                 shard_ranks: int | None = None, root_param_bytes: float = 0.0) -> CommPattern:
+                 shard_ranks: int | None = None, root_param_bytes: float = 0.0, units: int = 1,
+                 reduce_buckets: int = 1, bucket_all_reduce: bool = True, persistent_param_bytes: float = 0.0,
+                 regathered_param_bytes: float | None = None, norm_tensors: int = 0) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
     `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
     `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes.
     `root_param_bytes` (fsdp only): the root unit's parameters - everything outside the transformer blocks (embeddings,
     the tied head, the final norm) - which FSDP2 does not reshard after the forward (the backward starts with them),
-    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md)."""
+    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md).
+    `units`: the gathering units of fsdp (its blocks) and zero3 (its parameters above the persistence threshold:
+    DeepSpeed gathers per parameter and prefetches at least the next); `reduce_buckets`: the pieces a gradient
+    reduction is issued in as the backward fills them (bucket_pieces: DDP's 25 MB, DeepSpeed's reduce_bucket_size
+    with overlap_comm; 1: not overlapped).
+    DeepSpeed (counted: docs/project.md): ZeRO-1/2 all-reduce each whole gradient bucket and keep their partition
+    (`bucket_all_reduce`, DeepSpeed's use_multi_rank_bucket_allreduce, on by default) or reduce each slice to its
+    owner; ZeRO-3 never gathers its persistent parameters (under stage3_param_persistence_threshold) for compute -
+    it all-gathers them once per step after the optimizer updates their partitions - and gathers again for the
+    backward only `regathered_param_bytes` (the parameters stage3_max_reuse_distance released after the forward;
+    None: all). `norm_tensors` (fsdp only): the parameter tensors whose gradient norms gradient clipping all-reduces
+    in fp32 every step (torch's clip_grad_norm_ over DTensor shards; 0: no clipping)."""
     out = []
     if token_count_gather:
-        out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", "token count"))
+        out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", TOKEN_COUNT))
     if engine == "ddp":
-        if powersgd_bytes is not None:  # two all-reduces (P, Q) plus the vectors; not overlapped (P waits for Q)
-            out.append(Collective("all_reduce", powersgd_bytes, "step", "none"))
+        if powersgd_bytes is not None:  # per bucket three all-reduces - the uncompressed tensors, P, then Q (after
+            # P's orthogonalisation) - each waiting for the one before: not overlapped
+            out.append(Collective("all_reduce", powersgd_bytes, "step", "none", "PowerSGD factors",
+                                  units=3 * reduce_buckets))
         else:  # bucketed all-reduce during the last micro-batch's backward (no_sync before)
-            out.append(Collective("all_reduce", grad_bytes, "step", "backward"))
+            out.append(Collective("all_reduce", grad_bytes, "step", "backward", "gradients", units=reduce_buckets))
     elif engine == "fsdp":
         # parameters all-gathered for forward and again for backward, every micro-batch; gradients reduce-scattered in
         # the last micro-batch's backward only: the Trainer accumulates under accelerate's no_sync, which on FSDP2 is
-        # set_requires_gradient_sync(False) (unsharded gradients kept until the accumulation boundary)
+        # set_requires_gradient_sync(False) (unsharded gradients kept until the accumulation boundary). FSDP2
+        # gathers the next unit while this one computes (forward: issued ahead on its own stream; backward: explicit
+        # prefetch) and reduce-scatters each unit's gradients as its backward ends.
         group = "node" if shard_ranks else "world"
-        out += [Collective("all_gather", param_bytes, "micro", "forward_backward", "parameters", group),
-                Collective("all_gather", param_bytes - root_param_bytes, "micro", "forward_backward",
-                           "block parameters (backward)", group),
-                Collective("reduce_scatter", grad_bytes, "step", "backward", "gradients", group)]
+        blocks, root = param_bytes - root_param_bytes, root_param_bytes
+        block_grads, root_grads = grad_bytes * blocks / param_bytes, grad_bytes * root / param_bytes
+        out += [Collective("all_gather", root, "micro", "forward", "root unit parameters (first: in the open)", group),
+                Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
+                Collective("all_gather", blocks, "micro", "backward", "block parameters (backward)", group, units),
+                Collective("reduce_scatter", block_grads, "step", "backward", "block gradients", group, units),
+                Collective("reduce_scatter", root_grads, "step", "backward", "root unit gradients (last: in the open)",
+                           group)]
+        if norm_tensors:
+            out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
         if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
             out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard",
-                                  "replicas"))
+                                  "replicas", units))
     elif zero_stage == 3:
-        # DeepSpeed ignores no_sync: parameters gathered for forward and backward, gradients reduce-scattered, every
-        # micro-batch
-        out += [Collective("all_gather", param_bytes, "micro", "forward_backward"),
-                Collective("all_gather", param_bytes, "micro", "forward_backward"),
-                Collective("reduce_scatter", grad_bytes, "micro", "backward")]
-    elif zero_stage == 2:  # gradients reduce-scattered every micro-batch (overlap_comm), weights all-gathered per step
-        out += [Collective("reduce_scatter", grad_bytes, "micro", "backward"),
-                Collective("all_gather", param_bytes, "step", "none")]
-    elif zero_stage == 1:  # gradients reduced at the accumulation boundary, updated weights all-gathered
-        out += [Collective("reduce_scatter", grad_bytes, "step", "none"),
-                Collective("all_gather", param_bytes, "step", "none")]
+        # DeepSpeed ignores no_sync: parameters gathered for forward (and what was released, for backward), gradients
+        # reduce-scattered, every micro-batch
+        gathered = param_bytes - persistent_param_bytes
+        again = gathered if regathered_param_bytes is None else min(regathered_param_bytes, gathered)
+        out += [Collective("all_gather", gathered, "micro", "forward", "parameters", units=units),
+                Collective("all_gather", again, "micro", "backward", "parameters released after the forward",
+                           units=units),
+                Collective("reduce_scatter", grad_bytes, "micro", "backward", "gradients", units=reduce_buckets),
+                Collective("all_gather", persistent_param_bytes, "step", "none", "persistent parameters")]
+    elif zero_stage in (1, 2):
+        # ZeRO-2 reduces every micro-batch as the backward fills its buckets (overlap_comm); ZeRO-1 at the
+        # accumulation boundary, after the backward. Both then all-gather the updated weights.
+        reduce = ("all_reduce", "gradients (whole buckets)") if bucket_all_reduce else (
+            "reduce_scatter", "gradients (each slice reduced to its owner)")
+        out += [Collective(*reduce[:1], grad_bytes, "micro", "backward", reduce[1], units=reduce_buckets)
+                if zero_stage == 2 else Collective(*reduce[:1], grad_bytes, "step", "none", reduce[1]),
+                Collective("all_gather", param_bytes, "step", "none", "updated parameters")]
     else:
         raise ValueError(f"unknown engine {engine!r} / stage {zero_stage!r}")
     held = shard_ranks or ranks  # ranks one shard is divided over
@@ -194,8 +258,8 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
         out += [Collective("d2h", grad_bytes / held, "step", "none"),
                 Collective("h2d", param_bytes / held, "step", "none")]
     if offload_params:  # each parameter partition copied to the device for forward and for backward
-        out.append(Collective("h2d", 2 * param_bytes / held, "micro", "forward_backward"))
-    return CommPattern(tuple(out))
+        out.append(Collective("h2d", 2 * param_bytes / held, "micro", "forward_backward", units=units))
+    return CommPattern(tuple(c for c in out if c.size_bytes > 0 or c.what == TOKEN_COUNT))
 
 
 @dataclass
@@ -207,35 +271,49 @@ class StepTime:
     straggler_s: float = 0.0  # waiting for the slowest rank (in total_s)
 
 
+def exposed_s(timed: list[tuple[Collective, float]], micro_compute_s: float, backward_share: float,
+              overlap: bool = True) -> float:
+    """Seconds of one micro-batch's collectives (each with its seconds) that its compute leaves on the critical path.
+
+    Per phase - the forward ((1 - backward_share) of the compute), the backward (backward_share), or either
+    ("forward_backward") - the collectives' hideable pieces (Collective.hideable_s: all but one piece of a pipeline of
+    `units`) hide under the compute beside them: all units' compute but one, (1 - 1/units) of the phase. All hidden
+    together is never more than the micro-batch's compute. overlap=False: nothing hides."""
+    total = sum(s for _, s in timed)
+    if not overlap:
+        return total
+    windows = {"forward": (1 - backward_share) * micro_compute_s, "backward": backward_share * micro_compute_s,
+               "forward_backward": micro_compute_s}
+    hidden = 0.0
+    for phase, window in windows.items():
+        mine = [(c, s) for c, s in timed if c.overlaps == phase]
+        if mine:
+            units = max(c.units for c, _ in mine)
+            hidden += min(sum(c.hideable_s(s) for c, s in mine), window * (1 - 1 / units))
+    return total - min(hidden, micro_compute_s)
+
+
 def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, ranks: int, gpus_per_node: int,
               links: Links, host_bw: float = 20e9, backward_share: float = 2 / 3, overlap: bool = True,
               step_sd_s: float = 0.0) -> StepTime:
-    """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide.
-
-    Overlap windows, per micro-batch: collectives marked "backward" hide under its backward (backward_share of its
-    compute), those marked "forward_backward" under the whole micro-batch, and all of them together under no more
-    than the micro-batch's compute. A per-step "backward" collective (DDP's all-reduce, after no_sync) hides under the
-    last micro-batch's backward only. "none" is always exposed. Host copies run at host_bw (bytes/s).
-    overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
+    """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide
+    (exposed_s, per micro-batch; the per-step collectives run in the last micro-batch, beside its compute: DDP's
+    all-reduce and FSDP's reduce-scatter after no_sync). A collective issued in `units` pieces pays the ring's
+    latency once per piece. "none" is always exposed. Host copies run at host_bw
+    (bytes/s). overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
     step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
-    seconds = {}
+    timed = []
     for c in pattern.collectives:
         if c.kind in ("h2d", "d2h"):
             s = c.size_bytes / host_bw
         else:
-            n, across = group_span(c.group, ranks, gpus_per_node)
-            s = collective_s(c.kind, c.size_bytes, n, gpus_per_node, links, across)
-        seconds[(c.per, c.overlaps)] = seconds.get((c.per, c.overlaps), 0.0) + s
-    backward_window = backward_share * micro_compute_s if overlap else 0.0
-    micro_window = micro_compute_s if overlap else 0.0
-    micro_bw, micro_fb = seconds.get(("micro", "backward"), 0.0), seconds.get(("micro", "forward_backward"), 0.0)
-    micro_none = seconds.get(("micro", "none"), 0.0)
-    exposed_micro = max(0.0, micro_bw + micro_fb - micro_window, micro_bw - backward_window) + micro_none
-    step_bw, step_none = seconds.get(("step", "backward"), 0.0), seconds.get(("step", "none"), 0.0)
-    step_fb = seconds.get(("step", "forward_backward"), 0.0)
-    exposed_step = max(0.0, step_bw - backward_window) + max(0.0, step_fb - micro_window) + step_none
-    comm = grad_accum * (micro_bw + micro_fb + micro_none) + step_bw + step_fb + step_none
-    exposed = grad_accum * exposed_micro + exposed_step
+            n, across = group_span(c.group, ranks, gpus_per_node)  # each piece pays its own latency
+            s = c.units * collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)
+        timed.append((c, s))
+    micro = [(c, s) for c, s in timed if c.per == "micro"]
+    comm = grad_accum * sum(s for _, s in micro) + sum(s for c, s in timed if c.per == "step")
+    exposed = ((grad_accum - 1) * exposed_s(micro, micro_compute_s, backward_share, overlap)
+               + exposed_s(timed, micro_compute_s, backward_share, overlap))
     compute = grad_accum * micro_compute_s
     wait = straggler_s(step_sd_s, ranks)
     return StepTime(compute, comm, exposed, compute + exposed + wait, wait)

@@ -146,6 +146,25 @@ def block_numel(shape: ModelShape) -> int:
     return 4 * h * h + 2 * h * f + 9 * h + f
 
 
+def zero3_gathers(shape: ModelShape, persistence_threshold: int, max_reuse_distance: int) -> tuple[int, int]:
+    """(persistent elements, elements gathered again for the backward) of a ZeRO-3 model, per micro-batch.
+
+    DeepSpeed keeps every parameter of at most `persistence_threshold` elements whole on every rank (ds_persist), so
+    it is never gathered for compute. After a module's forward it releases a gathered parameter unless the rest of
+    the step's module trace uses it again within `max_reuse_distance` elements (PartitionedParamCoordinator
+    .__params_to_release): block i of L is next used in its backward, after the L - i blocks after it twice (forward,
+    then backward) and the tied head twice - 2(L - i) blocks + 2 heads of elements away. Blocks farther than that are
+    gathered again for the backward; the rest stay gathered (and held: the memory model's live parameters)."""
+    tensors = parameter_tensors(shape)
+    persistent = sum(t.numel for t in tensors if t.numel <= persistence_threshold)
+    layers = shape.n_layer
+    block_persistent = sum(t.numel for t in tensors if t.name.startswith("transformer.h.")
+                           and t.numel <= persistence_threshold) // layers
+    head = shape.vocab * shape.hidden
+    released = sum(1 for i in range(1, layers + 1) if 2 * (layers - i) * block_numel(shape) + 2 * head >= max_reuse_distance)
+    return persistent, released * (block_numel(shape) - block_persistent)
+
+
 # ---- optimizer states -----------------------------------------------------------------------------------------------
 
 OPTIMIZER_RULES = ("adamw", "adafactor", "bnb_8bit", "torchao_8bit")
@@ -195,6 +214,14 @@ class Layout:
     allgather_bucket: int = 0  # DeepSpeed allgather_bucket_size (ZeRO-1/2), elements
     prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size, elements
     overlap_comm: bool = False  # DeepSpeed double-buffers its reduce bucket to overlap reduction with the backward
+    # what the communication model reads (formulas/comm.py): ZeRO-1/2 all-reduce whole gradient buckets
+    # (use_multi_rank_bucket_allreduce, or reduce_scatter off) rather than reduce each slice to its owner; ZeRO-3
+    # keeps parameters of at most persistence_threshold elements whole, and keeps a gathered parameter from the forward
+    # into the backward when it is used again within max_reuse_distance elements
+    bucket_all_reduce: bool = True
+    persistence_threshold: int = 0  # stage3_param_persistence_threshold, elements
+    max_reuse_distance: int = 0  # stage3_max_reuse_distance, elements
+    communication_dtype: str | None = None  # DeepSpeed's communication_data_type (None: the training dtype)
 
 
 def zero_groups(tensors: list[Tensor]) -> list[int]:

@@ -185,13 +185,15 @@ def matrix_markdown() -> str:
     return "\n".join(lines + [""] + [f"- refused: {r}" for r in reasons])
 
 
-# DeepSpeed's defaults when a JSON leaves a bucket out (deepspeed/runtime/zero/config.py), and what transformers
-# fills for "auto" (integrations/deepspeed.py: hidden^2 and 0.9 x hidden^2).
+# DeepSpeed's defaults when a JSON leaves a setting out (deepspeed/runtime/zero/config.py), and what transformers
+# fills for "auto" (integrations/deepspeed.py: hidden^2, 0.9 x hidden^2, 10 x hidden).
 ZERO_DEFAULT_BUCKET = 500_000_000
+ZERO_DEFAULT_PERSISTENCE_THRESHOLD = 100_000
+ZERO_DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
-def _bucket(zero: dict, key: str, auto: int) -> int:
-    value = zero.get(key, ZERO_DEFAULT_BUCKET)
+def _bucket(zero: dict, key: str, auto: int, default: int = ZERO_DEFAULT_BUCKET) -> int:
+    value = zero.get(key, default)
     return auto if value == "auto" else int(float(value))
 
 
@@ -200,12 +202,20 @@ def memory_layout(strategy: Strategy, hidden: int, deepspeed_json: dict | None =
     if strategy.engine != "deepspeed":
         return Layout(engine=strategy.engine, offload_params=strategy.offloads_state("parameters"),
                       offload_optimizer=strategy.offloads_state("optimizer_states"))
-    zero = (deepspeed_json if deepspeed_json is not None else strategy.shipped_deepspeed_config).get(
-        "zero_optimization", {})
+    ds = deepspeed_json if deepspeed_json is not None else strategy.shipped_deepspeed_config
+    zero = ds.get("zero_optimization", {})
+    communication = str(ds.get("communication_data_type") or "").lower() or None
     return Layout(engine="deepspeed", zero_stage=strategy.zero_stage,
                   offload_optimizer=strategy.offloads_state("optimizer_states"),
                   offload_params=strategy.offloads_state("parameters"),
                   reduce_bucket=_bucket(zero, "reduce_bucket_size", hidden * hidden),
                   allgather_bucket=_bucket(zero, "allgather_bucket_size", hidden * hidden),
                   prefetch_bucket=_bucket(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden * hidden)),
-                  overlap_comm=bool(zero.get("overlap_comm", zero.get("stage") == 3)))
+                  overlap_comm=bool(zero.get("overlap_comm", zero.get("stage") == 3)),
+                  bucket_all_reduce=bool(zero.get("use_multi_rank_bucket_allreduce", True))
+                  or not zero.get("reduce_scatter", True),
+                  persistence_threshold=_bucket(zero, "stage3_param_persistence_threshold", 10 * hidden,
+                                                ZERO_DEFAULT_PERSISTENCE_THRESHOLD),
+                  max_reuse_distance=_bucket(zero, "stage3_max_reuse_distance", ZERO_DEFAULT_MAX_REUSE_DISTANCE,
+                                             ZERO_DEFAULT_MAX_REUSE_DISTANCE),
+                  communication_dtype=communication if communication in ("fp32", "fp16", "bf16") else None)

@@ -23,8 +23,8 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text
 from ..flags import comma_list, refuse_renamed
-from ..formulas.comm import Links, comm_pattern, powersgd_elements, step_time
-from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors
+from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
+from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
 from ..formulas.peaks import DEVICES, memory_of_device_name
 from ..parallel.optimizers import get_optimizer
@@ -73,23 +73,44 @@ class Point:
     fit_reason: str | None = None
 
 
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: the gradient all-reduce is issued in buckets this size
+
+
 def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
-    """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates."""
-    strategy, P = plan.strategy, param_count(plan.shape)
+    """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates, with the
+    pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change what moves."""
+    strategy, P, shape = plan.strategy, param_count(plan.shape), plan.shape
     t = DTYPE_BYTES["fp32" if plan.precision == "tf32" else plan.precision]
+    backward_order = [tp.numel for tp in reversed(parameter_tensors(shape))]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
         psgd = None
         if strategy.comm_hook == "powersgd":
             rank = powersgd_rank or strategy.powersgd["rank"]
-            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(plan.shape)], rank)
+            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
         return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=plan.world_size,
-                            powersgd_bytes=psgd)
-    root = P - plan.shape.n_layer * block_numel(plan.shape)  # outside the blocks: FSDP2's root unit
-    return comm_pattern(strategy.engine, strategy.zero_stage, param_bytes=t * P, grad_bytes=t * P,
-                        ranks=plan.world_size, offload_optimizer=strategy.offloads_state("optimizer_states"),
-                        offload_params=strategy.offloads_state("parameters"),
-                        shard_ranks=plan.shard_ranks if strategy.hybrid else None,
-                        root_param_bytes=t * root if strategy.engine == "fsdp" else 0.0)
+                            powersgd_bytes=psgd,
+                            reduce_buckets=bucket_pieces([4 * n for n in backward_order], DDP_BUCKET_BYTES))
+    common = dict(param_bytes=t * P, grad_bytes=t * P, ranks=plan.world_size,
+                  offload_optimizer=strategy.offloads_state("optimizer_states"),
+                  offload_params=strategy.offloads_state("parameters"))
+    if strategy.engine == "fsdp":
+        root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
+        return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
+                            root_param_bytes=t * root, units=shape.n_layer,
+                            norm_tensors=len(backward_order) if plan.clips_gradients else 0)
+    layout = plan.memory_layout
+    if layout.communication_dtype:  # the JSON's communication_data_type: what DeepSpeed reduces gradients in
+        common["grad_bytes"] = DTYPE_BYTES[layout.communication_dtype] * P
+    # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
+    buckets = bucket_pieces(backward_order, layout.reduce_bucket) if strategy.zero_stage > 1 and layout.reduce_bucket \
+        else 1
+    persistent, regathered = (zero3_gathers(shape, layout.persistence_threshold, layout.max_reuse_distance)
+                              if strategy.zero_stage == 3 else (0, None))
+    fetched = sum(1 for n in backward_order if n > layout.persistence_threshold)  # ZeRO-3 gathers per parameter
+    return comm_pattern("deepspeed", strategy.zero_stage, **common, units=max(1, fetched),
+                        reduce_buckets=buckets if layout.overlap_comm else 1,
+                        bucket_all_reduce=layout.bucket_all_reduce, persistent_param_bytes=t * persistent,
+                        regathered_param_bytes=None if regathered is None else t * regathered)
 
 
 def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links):
@@ -128,6 +149,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     for strategy in strategies:
         measured = base.plan.but(strategy=strategy)
         computes = [micro_compute_s(measured, base, s, link) for s, link in zip(base.s_per_iter, links)]
+        error = model_error(strategy.name)
         reference_tps = None
         for n in gpus:
             plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
@@ -136,6 +158,8 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
             times = [step_of(plan, base, c, link) for c, link in zip(computes, links)]
             tokens = plan.tokens_per_step
             days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+            if error and n > base.plan.world_size:  # measured days = projected x (projected / measured speed)
+                days += [days[1] * min(error[0], 1.0), days[2] * max(error[1], 1.0)]
             tps = tokens / times[0].total_s
             reference_tps = reference_tps or tps / n
             verdict = fit(plan, base.device_memory_bytes)
@@ -147,6 +171,24 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
                                 tps / n / reference_tps, verdict.fits, verdict.total_per_gpu,
                                 verdict.reason if verdict.fits is False else None))
     return points
+
+
+CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
+
+
+def model_error(strategy: str, checks_file: Path | None = None) -> tuple[float, float] | None:
+    """(lowest, highest) projected / measured tokens/s of this strategy's checks against real runs
+    (benchmarks/projection_vs_real.py --out: from 1 process to 2 and 4 on a CPU machine), or None when unchecked.
+    Checks with more processes than the machine had cores are left out: there the ranks take turns on the cores, so
+    one rank's wait in a collective is another's compute - a regime no GPU job is in (docs/project.md)."""
+    try:
+        data = json.loads((checks_file or CHECKS_FILE).read_text())
+        cores, checks = data.get("cores") or float("inf"), data["checks"]
+        ratios = [float(r) for c in checks if c["strategy"] == strategy and c["processes"] <= cores
+                  for r in c.get("ratios") or [c["ratio"]]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (min(ratios), max(ratios)) if ratios else None
 
 
 def knee(points: list[Point], gain_threshold: float) -> int | None:
@@ -299,17 +341,25 @@ def links_from(opts) -> tuple[Links, Links, Links]:
     for name in ("intra_latency_us", "inter_latency_us"):
         if not 0 <= getattr(opts, name) < float("inf"):
             raise HfscaleError(f"--{name} must be >= 0, got {getattr(opts, name)}")
-    intra_lat = opts.intra_latency_us * 1e-6
+    intra_lat, fits = opts.intra_latency_us * 1e-6, ()
     if opts.bandwidth_file:
         measured = read_bandwidth_file(opts.bandwidth_file)
-        if "fit" in measured:  # the latency-bandwidth line fitted over every size
-            bw, intra_lat = measured["fit"]["all_reduce"]["busbw"], measured["fit"]["all_reduce"]["latency_s"]
+        if "fit" in measured:  # the latency-bandwidth line fitted over every size, per collective kind
+            bw = measured["busbw_largest"]["all_reduce"]
+            try:
+                fits = tuple((kind, float(f["busbw"]), float(f["latency_s"])) for kind, f in measured["fit"].items())
+            except (TypeError, KeyError, ValueError, AttributeError):
+                fits = ()
+            if not fits or not all(b > 0 and 0 <= lat < float("inf") for _, b, lat in fits):
+                raise HfscaleError(f"{opts.bandwidth_file}: malformed fit (each collective needs a positive busbw and "
+                                   "a latency_s >= 0); write it again with `hfscale bandwidth --out`")
+            bw, intra_lat = dict((k, (b, lat)) for k, b, lat in fits).get("all_reduce", (bw, intra_lat))
         else:  # an older file: its largest message's bandwidth and its smallest message's latency
             bw = measured["busbw_largest"]["all_reduce"]
             smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
             intra_lat = smallest["time_s"] / (2 * (measured["ranks"] - 1))
         intra = (bw, bw, bw)
-    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6) for i in range(3))
+    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits) for i in range(3))
 
 
 def run_projection(opts):
@@ -386,7 +436,18 @@ def plot(points: list[Point], path: Path, budget: float) -> None:
     plt.close(fig)
 
 
-def assumptions_of(base: Baseline, links) -> list[str]:
+def error_line(strategies: list[str]) -> str:
+    """What the model's own checks against real runs measured, for each strategy projected."""
+    parts = []
+    for name in strategies:
+        error = model_error(name)
+        parts.append(f"{name} {error[0]:.2f}–{error[1]:.2f}" if error else f"{name} not checked")
+    return ("model error, projected / measured tokens/s of real runs projected from 1 process on a CPU machine "
+            "(benchmarks/projection_vs_real.py; docs/project.md): " + ", ".join(parts)
+            + "; the band beyond the measured count is widened by it")
+
+
+def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
     plan = base.plan
     memory = (f"every point judged by the memory estimate on {base.device_memory_bytes / GB:g} GB per GPU "
               "(hfscale estimate's verdict; a point that does not fit is marked and never recommended)"
@@ -404,14 +465,14 @@ def assumptions_of(base: Baseline, links) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory]
+            memory, error_line(strategies)]
 
 
 def main(argv: list[str]) -> None:
     refuse_renamed(argv)
     opts = build_parser().parse_args(argv)
     base, links, points, knees = run_projection(opts)
-    assumptions = assumptions_of(base, links)
+    assumptions = assumptions_of(base, links, list(knees))
     report = {"assumptions": assumptions, "knee_gpus": knees, "best_that_fits": best(points),
               "points": [asdict(p) for p in points]}
     text = markdown(points, knees, opts.token_budget) + "\n" + "\n".join(f"- {a}" for a in assumptions) + "\n"

@@ -196,7 +196,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                                                kw["tf32"]),
                    activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
-                   device_type="cuda" if gpu else "cpu")
+                   device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0))
     check_launcher_mesh(plan.mesh)  # HSDP: whole nodes of 2+ processes, as the launcher's own config says
     return kw, plan, tensorboard
 

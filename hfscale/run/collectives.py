@@ -96,12 +96,12 @@ def tally(collectives: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (-(r["bytes"] or 0), r["kind"]))
 
 
-def bytes_by_kind(counted: list[dict], min_bytes: int = 1024, by_dtype: bool = False) -> dict:
-    """{kind (or (kind, dtype)): bytes} of a tally, messages under `min_bytes` apart (loss logging, grad-norm scalars
-    and the Trainer's token counts are latency, not bandwidth)."""
+def bytes_by_kind(counted: list[dict], world_size: int, by_dtype: bool = False) -> dict:
+    """{kind (or (kind, dtype)): bytes} of a tally, the scalars apart - messages of at most one element per rank (the
+    Trainer's token counts, loss logging, grad-norm and overflow checks: latency, not bandwidth)."""
     out = {}
     for c in counted:
-        if c["bytes"] is not None and c["bytes"] >= min_bytes:
+        if c["bytes"] is not None and (c["elements"] or 0) > world_size:
             key = (c["kind"], c["dtype"]) if by_dtype else c["kind"]
             out[key] = out.get(key, 0) + c["bytes"] * c["count"]
     return out
