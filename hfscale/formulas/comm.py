@@ -246,10 +246,10 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
     elif zero_stage in (1, 2):
         # ZeRO-2 reduces every micro-batch as the backward fills its buckets (overlap_comm); ZeRO-1 at the
         # accumulation boundary, after the backward. Both then all-gather the updated weights.
-        reduce = ("all_reduce", "gradients (whole buckets)") if bucket_all_reduce else (
+        kind, what = ("all_reduce", "gradients (whole buckets)") if bucket_all_reduce else (
             "reduce_scatter", "gradients (each slice reduced to its owner)")
-        out += [Collective(*reduce[:1], grad_bytes, "micro", "backward", reduce[1], units=reduce_buckets)
-                if zero_stage == 2 else Collective(*reduce[:1], grad_bytes, "step", "none", reduce[1]),
+        out += [Collective(kind, grad_bytes, "micro", "backward", what, units=reduce_buckets) if zero_stage == 2
+                else Collective(kind, grad_bytes, "step", "none", what),
                 Collective("all_gather", param_bytes, "step", "none", "updated parameters")]
     else:
         raise ValueError(f"unknown engine {engine!r} / stage {zero_stage!r}")
