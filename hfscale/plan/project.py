@@ -18,6 +18,7 @@ import csv
 import io
 import json
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
@@ -181,14 +182,23 @@ def model_error(strategy: str, checks_file: Path | None = None) -> tuple[float, 
     (benchmarks/projection_vs_real.py --out: from 1 process to 2 and 4 on a CPU machine), or None when unchecked.
     Checks with more processes than the machine had cores are left out: there the ranks take turns on the cores, so
     one rank's wait in a collective is another's compute - a regime no GPU job is in (docs/project.md)."""
-    try:
-        data = json.loads((checks_file or CHECKS_FILE).read_text())
-        cores, checks = data.get("cores") or float("inf"), data["checks"]
-        ratios = [float(r) for c in checks if c["strategy"] == strategy and c["processes"] <= cores
-                  for r in c.get("ratios") or [c["ratio"]]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    ratios = _checked_ratios(checks_file or CHECKS_FILE).get(strategy)
     return (min(ratios), max(ratios)) if ratios else None
+
+
+@lru_cache(maxsize=4)
+def _checked_ratios(path: Path) -> dict[str, list[float]]:
+    """{strategy: every round's ratio} of a checks file, read once (empty when it is missing or malformed)."""
+    out = {}
+    try:
+        data = json.loads(path.read_text())
+        cores = data.get("cores") or float("inf")
+        for c in data["checks"]:
+            if c["processes"] <= cores:
+                out.setdefault(c["strategy"], []).extend(float(r) for r in c.get("ratios") or [c["ratio"]])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return out
 
 
 def knee(points: list[Point], gain_threshold: float) -> int | None:
