@@ -93,15 +93,12 @@ def straggler_s(step_sd_s: float, ranks: int) -> float:
     return step_sd_s * expected_max_std_normal(ranks)
 
 
-PHASES = ("forward", "backward", "forward_backward", "none")  # what compute a collective runs beside
-
-
 @dataclass(frozen=True)
 class Collective:
     kind: str  # all_reduce | all_gather | reduce_scatter | h2d | d2h (host<->device copies, per rank)
     size_bytes: float  # the full message (the whole tensor set), not the per-rank share
     per: str  # "step" (once per optimizer step, in the last micro-batch) or "micro" (every micro-batch)
-    overlaps: str  # the compute it runs beside (PHASES): a micro-batch's forward, its backward, either, or none
+    overlaps: str  # the compute it runs beside: "forward", "backward" (of a micro-batch), "forward_backward", "none"
     what: str = ""  # what moves, for the docs and the tests
     group: str = "world"  # the ranks it runs over (GROUPS)
     units: int = 1  # issued in this many equal pieces, each beside one piece of the phase's compute (FSDP units,
