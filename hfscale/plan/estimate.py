@@ -12,13 +12,15 @@ term is, where its constants come from and how far it was checked.
 import json
 from dataclasses import dataclass
 
-from ..errors import ArgumentParser
+from ..errors import ArgumentParser, HfscaleError
 from ..flags import ALL, comma_list, refuse_renamed
 from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES, construction_host_bytes, max_micro_batch
 from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
-from .options import (ATTENTION, add_model_flags, add_precision_flags, base_plan, check_attention, check_whole_nodes,
-                      device_memory_bytes, fit, optimizers_option, positive, shape_from_options, strategies_option)
+from ..models import resolve_seq_len
+from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
+                      check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, positive, recompute_of,
+                      shape_from_options, strategies_and_families)
 
 
 @dataclass
@@ -40,7 +42,9 @@ def build_parser() -> ArgumentParser:
                        description="Memory per GPU (and host RAM per node) before launch, per strategy x optimizer x "
                                    "micro-batch; `all` (or a comma-separated list) for any of the three gives a table.")
     add_model_flags(p)
-    p.add_argument("--strategy", default=ALL, help="strategy names, comma-separated, or `all` (default)")
+    p.add_argument("--strategy", default=ALL, help="strategy names, comma-separated, or `all` (default); megatron and "
+                   "megatron-deepspeed (ZeRO-1 over DP) are the 3D layouts --tp/--pp describe (`all` includes them "
+                   "when --tp or --pp is given)")
     p.add_argument("--optim", default="adamw", help="adamw, adafactor, adamw_8bit (comma-separated) or `all`")
     p.add_argument("--per_device_train_batch_size", default="1", help="micro-batch per GPU: comma-separated, or `all` "
                    "(1, 2, 4, ... up to the largest that fits)")
@@ -50,7 +54,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa", help=f"{', '.join(ATTENTION)} (default sdpa)")
     add_precision_flags(p)
-    p.add_argument("--gpus", type=int, default=8, help="GPUs in all (data-parallel degree), default 8")
+    add_grid_flags(p)
+    p.add_argument("--gpus", type=int, default=8, help="GPUs in all (TP x PP x DP), default 8")
     p.add_argument("--gpus_per_node", type=int, default=8)
     p.add_argument("--device", default="A100-80GB", help=f"{', '.join(DEVICES)} (memory per GPU)")
     p.add_argument("--device_memory_gb", type=float, help="memory per GPU in GB instead of a --device name")
@@ -71,10 +76,16 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
     check_attention(opts.attn_implementation)
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     host_bytes = opts.host_memory_gb * GB if opts.host_memory_gb else None
-    strategies, optimizers = strategies_option(opts.strategy), optimizers_option(opts.optim)
+    strategies, families = strategies_and_families(opts.strategy, with_3d=bool(opts.tp or opts.pp))
+    if (opts.tp or opts.pp) and not families:
+        raise HfscaleError("--tp/--pp describe the 3D layouts: add megatron or megatron-deepspeed to --strategy")
+    optimizers = optimizers_option(opts.optim)
     sizes = micro_batches(opts.per_device_train_batch_size)
     per_node = min(opts.gpus, opts.gpus_per_node)
     rows, seq = [], None
+    if families:
+        rows += grid_rows(opts, shape, families, optimizers, sizes, device_bytes)
+        seq = resolve_seq_len(shape, opts.seq_len)
     for strategy in strategies:
         for optimizer in optimizers:
             plan = base_plan(opts, strategy, optimizer, world_size=opts.gpus, processes_per_node=per_node,
@@ -95,6 +106,35 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                                                                               plan.shard_ranks),
                                 construction_per_node_full_copies=construction_host_bytes(shape, per_node, False, 1)))
     return shape, seq, device_bytes, rows
+
+
+def grid_rows(opts, shape: ModelShape, families: list[str], optimizers: list, sizes: list[int] | None,
+              device_bytes: float) -> list[Row]:
+    """The rows of the 3D layouts: every family x optimizer x (TP, PP) x micro-batch."""
+    tps = comma_list(opts.tp or "1", "--tp", int)
+    pps = comma_list(opts.pp or "1", "--pp", int)
+    rows = []
+    for family in families:
+        for optimizer in optimizers:
+            for tp in tps:
+                for pp in pps:
+                    plan = grid_plan(opts, family, optimizer.name, tp=tp, pp=pp, gpus=opts.gpus,
+                                     gpus_per_node=opts.gpus_per_node, per_device_train_batch_size=1,
+                                     gradient_accumulation_steps=opts.gradient_accumulation_steps, shape=shape)
+                    reason = (f"TP x PP = {tp * pp} does not divide --gpus {opts.gpus}" if opts.gpus % (tp * pp)
+                              else plan.refusal())
+                    if reason:
+                        rows.append(Row(plan.name, optimizer.name, 0, refused=reason))
+                        continue
+                    best = max_micro_batch(lambda b: fit(plan.but(per_device_train_batch_size=b), device_bytes).fits)
+                    for b in sizes or [2 ** k for k in range(max(best.bit_length(), 1))]:
+                        sized = plan.but(per_device_train_batch_size=b)
+                        mem = sized.memory()
+                        verdict = fit(sized, device_bytes, None, mem)
+                        rows.append(Row(plan.name, optimizer.name, b, memory=mem.as_dict(), host_per_node=0,
+                                        fits=verdict.fits, max_micro_batch=best, construction_per_node=0,
+                                        construction_per_node_full_copies=0))
+    return rows
 
 
 COLUMNS = ["strategy", "optim", "MBS", "params", "grads", "master", "optim states", "activations", "comm buf",
@@ -131,8 +171,13 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",
         "host/node = offloaded states of every GPU on the node + building the model: one full fp32 copy per process, "
         "except fsdp* (rank 0 builds it and shards it out: one copy + a shard per other process; docs/estimate.md)",
-        "not modelled: tensor/pipeline parallelism, CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
-    ]
+        "not modelled: CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
+    ] + ([f"megatron* rows: TP x PP x DP = --gpus, the busiest pipeline stage with {opts.gradient_accumulation_steps} "
+          "micro-batch(es) per step (1F1B keeps min(PP, GAS) in flight on the first stage), 16-bit weights, fp32 "
+          "gradients, masters and Adam (megatron-deepspeed: ZeRO-1 over DP), activations per Korthikanti et al. 2022 "
+          f"(recompute {recompute_of(opts)}, sequence parallel {'on' if opts.sequence_parallel else 'off'}); "
+          "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]
+         if opts.tp or opts.pp else [])
 
 
 def main(argv: list[str]) -> None:

@@ -5,7 +5,7 @@ training arguments, so the planners and the run can never disagree on what a con
 from dataclasses import dataclass
 
 from ..errors import ArgumentParser, HfscaleError, one_of
-from ..flags import comma_list
+from ..flags import ALL, comma_list
 from ..formulas.memory import construction_host_bytes
 from ..formulas.metrics import GB, ModelShape
 from ..formulas.peaks import DEVICES, device_memory_gb
@@ -13,6 +13,7 @@ from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
 from ..parallel.strategies import all_strategies, get_strategy
 from ..runplan import RunPlan, compute_precision
+from .grid import FAMILIES, GridPlan, split_strategy_names
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
 
@@ -89,6 +90,43 @@ def strategies_option(text: str) -> list:
     return [get_strategy(n) for n in comma_list(text, "--strategy", valid=all_strategies(), what="strategy")]
 
 
+def strategies_and_families(text: str, with_3d: bool) -> tuple[list, list[str]]:
+    """--strategy of a planner that also weighs 3D layouts: (the data-parallel strategies, the 3D families named).
+    `all` is every strategy, and every 3D family when `with_3d` (the user gave a TP/PP layout to weigh)."""
+    if text == ALL:
+        return list(all_strategies().values()), list(FAMILIES) if with_3d else []
+    names = comma_list(text, "--strategy", valid=[*all_strategies(), *FAMILIES], what="strategy")
+    strategies, families = split_strategy_names(names)
+    return [get_strategy(n) for n in strategies], families
+
+
+def add_grid_flags(p: ArgumentParser) -> None:
+    """The 3D layout flags (TP x PP x DP), named as Megatron's are, for the megatron* families of --strategy."""
+    p.add_argument("--tp", help="tensor-parallel sizes for the megatron* layouts, comma-separated (TP inside a node)")
+    p.add_argument("--pp", help="pipeline-parallel sizes for the megatron* layouts, comma-separated")
+    p.add_argument("--sequence_parallel", action="store_true", help="megatron* layouts: sequence parallelism over TP")
+    p.add_argument("--recompute_granularity", default="full", choices=("full", "selective"),
+                   help="megatron* layouts with --activation_checkpointing: recompute whole layers (full, default) "
+                        "or only the attention (selective)")
+
+
+def recompute_of(opts) -> str:
+    """Megatron's recomputation for these options: none without --activation_checkpointing."""
+    return opts.recompute_granularity if opts.activation_checkpointing else "none"
+
+
+def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int, gpus_per_node: int,
+              per_device_train_batch_size: int, gradient_accumulation_steps: int,
+              shape: ModelShape | None = None) -> GridPlan:
+    """The 3D layout the options describe on `gpus` GPUs (DP = GPUs / (TP x PP), which the caller has checked)."""
+    shape = shape or shape_from_options(opts)
+    return GridPlan(family, optimizer, shape, resolve_seq_len(shape, opts.seq_len), tp=tp, pp=pp,
+                    dp=max(1, gpus // (tp * pp)), per_device_train_batch_size=per_device_train_batch_size,
+                    gradient_accumulation_steps=gradient_accumulation_steps, processes_per_node=gpus_per_node,
+                    precision=precision_from_options(opts), recompute=recompute_of(opts),
+                    sequence_parallel=opts.sequence_parallel)
+
+
 def optimizers_option(text: str) -> list:
     return [get_optimizer(n) for n in comma_list(text, "--optim", valid=OPTIMIZERS, what="optimizer")]
 
@@ -120,6 +158,8 @@ class Fit:
 
 def host_per_node(plan, mem) -> int:
     """Offloaded states of every process on the node, plus building the model (construction_host_bytes)."""
+    if isinstance(plan, GridPlan):
+        return plan.host_per_node(mem)
     return plan.processes_per_node * mem.host_offload + construction_host_bytes(
         plan.shape, plan.processes_per_node, plan.strategy.rank0_builds, plan.shard_ranks)
 

@@ -27,14 +27,16 @@ from ..flags import comma_list, refuse_renamed
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
+from ..formulas.parallel3d import grid_step_time
 from ..formulas.peaks import DEVICES, memory_of_device_name
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from ..runplan import RunPlan, accumulation_steps
 from .bandwidth import read_bandwidth_file
-from .options import (add_model_flags, add_precision_flags, base_plan, check_whole_nodes, device_memory_bytes, fit,
-                      optimizers_option, positive, strategies_option)
+from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions, GridPlan, grid_layouts
+from .options import (add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_whole_nodes,
+                      device_memory_bytes, fit, optimizers_option, positive, strategies_and_families)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -72,6 +74,7 @@ class Point:
     fits: bool | None = None  # the memory estimate's verdict on the device (None: no device memory known)
     total_per_gpu: int | None = None  # bytes per GPU the estimate gives this point
     fit_reason: str | None = None
+    layout: str = ""  # a 3D family's grid at this point (tp4-pp8-dp16); empty for the data-parallel strategies
 
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: the gradient all-reduce is issued in buckets this size
@@ -174,6 +177,80 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     return points
 
 
+def calibrated_flops_per_s(base: Baseline, s_per_iter: float, links: Links) -> float:
+    """FLOPs per second one GPU achieved on the measured run's own compute (its exposed communication taken out):
+    what a 3D layout's stages are assumed to run at."""
+    plan = base.plan
+    _, hardware = training_flops_per_sequence(plan.shape, plan.seq_len, plan.activation_checkpointing)
+    return hardware * plan.per_device_train_batch_size / micro_compute_s(plan, base, s_per_iter, links)
+
+
+def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_per_node: int, token_budget: float,
+               series: str) -> Point:
+    """One 3D layout's projected point (rates and links: typical, optimistic, pessimistic)."""
+    times = [grid_step_time(plan.run, flops_per_s=r, links=link, gpus_per_node=gpus_per_node)
+             for r, link in zip(rates, links)]
+    tokens = plan.tokens_per_step
+    days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+    low, high = GRID_MODEL_ERROR  # the check against Megatron's published throughput (docs/project.md)
+    days += [days[1] * min(low, 1.0), days[2] * max(high, 1.0)]
+    verdict = fit(plan, base.device_memory_bytes)
+    st, n = times[0], plan.world_size
+    tps = tokens / st.total_s
+    return Point(series, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size, st.total_s, tps,
+                 days[0], days[0] * n, min(days), max(days), st.tp_comm_s + st.p2p_s + st.dp_comm_s, 0.0,
+                 st.comm_bytes, float("nan"), verdict.fits, verdict.total_per_gpu,
+                 verdict.reason if verdict.fits is False else None, plan.grid.label)
+
+
+def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per_node: int, links, token_budget: float,
+                  global_batch: int | None, grid_opts) -> list[Point]:
+    """The 3D layouts' points: at each GPU count, the given (--tp, --pp) layouts as their own series, or - when none is
+    given - the fastest layout that fits, searched over every TP and PP Megatron allows (grid_layouts). Each runs the
+    global batch the data-parallel strategies run there (or --global_batch_size), at the measured run's FLOPs per GPU
+    (calibrated_flops_per_s): a stage computes 1/(TP x PP) of the model. They step Megatron's Adam whatever the
+    measured run's optimizer (Megatron offers no other)."""
+    rates = [calibrated_flops_per_s(base, s, link) for s, link in zip(base.s_per_iter, links)]
+    plan0 = base.plan
+    mbs = plan0.per_device_train_batch_size
+    fixed = bool(grid_opts.tp or grid_opts.pp)
+    tps = comma_list(grid_opts.tp, "--tp", int) if grid_opts.tp else None
+    pps = comma_list(grid_opts.pp, "--pp", int) if grid_opts.pp else None
+    points = []
+    for family in families:
+        by_series: dict[str, list[Point]] = {}
+        for n in gpus:
+            gbs = global_batch or mbs * plan0.gradient_accumulation_steps * n
+            candidates = []
+            for tp, pp in grid_layouts(plan0.shape, n, gpus_per_node, tps or ([1] if pps else None),
+                                       pps or ([1] if tps else None), uneven_stages=FAMILIES[family]):
+                dp = n // (tp * pp)
+                if gbs % (mbs * dp):
+                    continue  # the global batch does not split into whole micro-batches per pipeline
+                plan = GridPlan(family, "adamw", plan0.shape, plan0.seq_len, tp=tp, pp=pp, dp=dp,  # Megatron's Adam
+                                per_device_train_batch_size=mbs, gradient_accumulation_steps=gbs // (mbs * dp),
+                                processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
+                                recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel)
+                if plan.refusal():
+                    continue
+                series = plan.name if fixed else family
+                candidates.append(grid_point(plan, rates, links, base, gpus_per_node, token_budget, series))
+            if fixed:
+                for p in candidates:
+                    by_series.setdefault(p.strategy, []).append(p)
+            elif candidates:  # the fastest that fits; when none fits, the leanest (marked: it does not fit)
+                fitting = [p for p in candidates if p.fits is not False]
+                pick = (min(fitting, key=lambda p: p.days) if fitting
+                        else min(candidates, key=lambda p: p.total_per_gpu or 0))
+                by_series.setdefault(family, []).append(pick)
+        for series in by_series.values():
+            first = series[0].tokens_per_s / series[0].gpus
+            for p in series:
+                p.efficiency = p.tokens_per_s / p.gpus / first
+            points += series
+    return points
+
+
 CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
 
 
@@ -212,12 +289,13 @@ def knee(points: list[Point], gain_threshold: float) -> int | None:
 
 
 def best(points: list[Point]) -> dict[int, str]:
-    """The fastest strategy that fits, at each GPU count."""
+    """The fastest strategy that fits, at each GPU count (a 3D layout with its grid: megatron (tp8-pp4-dp16))."""
     out = {}
     for n in sorted({p.gpus for p in points}):
         fitting = [p for p in points if p.gpus == n and p.fits is not False]
         if fitting:
-            out[n] = min(fitting, key=lambda p: p.days).strategy
+            top = min(fitting, key=lambda p: p.days)
+            out[n] = f"{top.strategy} ({top.layout})" if top.layout else top.strategy
     return out
 
 
@@ -277,7 +355,8 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
 
 
 def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
-    strategy, optimizer = strategies_option(opts.strategy)[0], optimizers_option(opts.optim)[0]
+    strategies, _ = strategies_and_families(opts.strategy, with_3d=True)  # a 3D family alone: measured as ddp
+    strategy, optimizer = (strategies or [get_strategy("ddp")])[0], optimizers_option(opts.optim)[0]
     plan = base_plan(opts, strategy, optimizer, world_size=1, processes_per_node=1,
                      per_device_train_batch_size=opts.per_device_train_batch_size,
                      gradient_accumulation_steps=opts.gradient_accumulation_steps)
@@ -308,7 +387,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--attn_implementation", default="sdpa")
     add_precision_flags(p)
     p.add_argument("--optim", default="adamw", help="the optimizer (its states count in the memory verdict)")
-    p.add_argument("--strategy", help="comma-separated or `all` (default: the run's)")
+    p.add_argument("--strategy", help="comma-separated or `all` (default: the run's); `all` includes the 3D layouts "
+                   "megatron and megatron-deepspeed (ZeRO-1 over DP), which may also be named")
+    add_grid_flags(p)
     p.add_argument("--gpus", default=DEFAULT_GPUS, help=f"GPU counts (default {DEFAULT_GPUS})")
     p.add_argument("--global_batch_size", type=int, help="hold the global batch (samples) fixed instead of the per-GPU work")
     p.add_argument("--device", help=f"the GPU the points are judged on: {', '.join(DEVICES)} (default: a run's own)")
@@ -391,12 +472,23 @@ def run_projection(opts):
         base = baseline_from_flags(opts, device_bytes)
     else:
         raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
-    strategies = strategies_option(opts.strategy) if opts.strategy else [base.plan.strategy]
+    strategies, families = (strategies_and_families(opts.strategy, with_3d=True) if opts.strategy
+                            else ([base.plan.strategy], []))
+    if (opts.tp or opts.pp) and not families:
+        raise HfscaleError("--tp/--pp describe the 3D layouts: add megatron or megatron-deepspeed to --strategy")
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
-    if not points:
+    grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
+                            else "none", opts.sequence_parallel)
+    points += project_grids(base, families, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size,
+                            grid_opts)
+    if not points and opts.global_batch_size:
         raise HfscaleError(f"--global_batch_size {opts.global_batch_size} is not a multiple of MBS x GPUs for any of "
                            f"--gpus {opts.gpus}")
-    knees = {s.name: knee([p for p in points if p.strategy == s.name], opts.gain_threshold) for s in strategies}
+    if not points:
+        raise HfscaleError(f"no 3D layout of this model for --gpus {opts.gpus}: TP must divide the heads inside a "
+                           "node, PP at most the layers (dividing them for megatron), TP x PP the GPUs")
+    series = [s.name for s in strategies] + list(dict.fromkeys(p.strategy for p in points if p.layout))
+    knees = {name: knee([p for p in points if p.strategy == name], opts.gain_threshold) for name in series}
     return base, links, points, knees
 
 
@@ -405,7 +497,8 @@ def markdown(points: list[Point], knees: dict, budget: float) -> str:
              "exposed comm s/it | straggler s/it | comm GB/GPU/it | scaling eff. | fits |", "|" + "---|" * 15]
     for p in points:
         fits = "?" if p.fits is None else "yes" if p.fits else f"**no**: {p.fit_reason}"
-        lines.append(f"| {p.strategy} | {p.gpus} | {p.nodes} | {p.grad_accum} | {p.global_batch} | {p.s_per_iter:.4g} | "
+        name = f"{p.strategy} ({p.layout})" if p.layout else p.strategy
+        lines.append(f"| {name} | {p.gpus} | {p.nodes} | {p.grad_accum} | {p.global_batch} | {p.s_per_iter:.4g} | "
                      f"{p.tokens_per_s:,.0f} | {p.days:,.2f} | {p.days_low:,.2f}–{p.days_high:,.2f} | "
                      f"{p.gpu_days:,.1f} | {p.exposed_comm_s:.3g} | {p.straggler_s:.3g} | "
                      f"{p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} | {fits} |")
@@ -450,7 +543,7 @@ def error_line(strategies: list[str]) -> str:
     """What the model's own checks against real runs measured, for each strategy projected."""
     parts = []
     for name in strategies:
-        error = model_error(name)
+        error = GRID_MODEL_ERROR if name.startswith(tuple(FAMILIES)) else model_error(name)
         parts.append(f"{name} {error[0]:.2f}–{error[1]:.2f}" if error else f"{name} not checked")
     return ("model error, projected / measured tokens/s of real runs projected from 1 process on a CPU machine "
             "(benchmarks/projection_vs_real.py; docs/project.md): " + ", ".join(parts)
@@ -475,7 +568,15 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory, error_line(strategies)]
+            memory, error_line(strategies)] + ([
+                "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
+                "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
+                "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
+                "are all exposed; they step Megatron's Adam; the global batch is the data-parallel strategies' at "
+                "each count (or --global_batch_size); the band is widened by the check against Megatron-LM's "
+                "published throughput "
+                f"({GRID_MODEL_ERROR[0]:.2f}–{GRID_MODEL_ERROR[1]:.2f}, docs/project.md)"]
+                if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
 
 
 def main(argv: list[str]) -> None:

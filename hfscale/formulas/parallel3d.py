@@ -1,0 +1,249 @@
+"""Tensor x pipeline x data parallelism - Megatron-LM's 3D layout, the one BigScience trained BLOOM with through
+Megatron-DeepSpeed: memory per GPU and time per step before launch. Pure functions, no torch.
+
+A grid of T x P x D GPUs: tensor parallelism (TP, T) splits every block's matrices over the GPUs of one node;
+pipeline parallelism (PP, P) gives each of P stages L/P consecutive blocks; data parallelism (DP, D) replicates the
+pipeline. Megatron orders ranks TP fastest, then DP, then PP: a stage is T x D consecutive ranks.
+
+Sources (docs/project.md says how close each check came):
+- activations per layer: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+  (arXiv 2205.05198), Table 2: sbh(34 + 5as/h) bytes without parallelism, 16-bit activations, 1-byte dropout masks;
+- the 1F1B pipeline schedule: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM" (arXiv 2104.04473): the first stage keeps P micro-batches in flight, the bubble is
+  (P - 1) of the M + P - 1 micro-batch slots of a step, each block all-reduces its activations twice in the forward
+  and twice in the backward over TP.
+"""
+
+from dataclasses import dataclass, replace
+from math import ceil
+
+from .comm import RING, Links, collective_s
+from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, RankMemory
+from .metrics import ModelShape, forward_flops_per_sequence
+
+RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: no recomputation)
+VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to 128 x TP
+TP_ALL_REDUCES = {"none": 4, "selective": 4, "full": 6}  # per block per micro-batch: 2 forward + 2 backward, and full
+# recomputation runs the forward (its 2) again
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A 3D layout: TP x PP x DP GPUs."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False  # Korthikanti et al.: the LayerNorms and dropouts split over TP along the sequence
+    zero1: bool = False  # the fp32 masters and optimizer states sharded over DP (Megatron-DeepSpeed's ZeRO-1)
+    # Megatron-LM needs PP to divide the layers; Megatron-DeepSpeed's PipelineModule also cuts them unevenly (BLOOM:
+    # 70 layers on 12 stages), and its busiest stage then holds ceil(L / PP)
+    uneven_stages: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}" + ("-sp" if self.sequence_parallel and self.tp > 1 else "")
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x TP (each TP rank keeps an equal slice of the embedding)."""
+    unit = VOCAB_DIVISIBLE_BY * tp
+    return ceil(vocab / unit) * unit
+
+
+def grid_refusal(shape: ModelShape, grid: Grid, gpus_per_node: int) -> str | None:
+    """Why Megatron cannot lay this model out on this grid, or None."""
+    if min(grid.tp, grid.pp, grid.dp) < 1:
+        return f"TP {grid.tp}, PP {grid.pp} and DP {grid.dp} must each be at least 1"
+    if grid.tp > gpus_per_node:
+        return f"TP {grid.tp} spans more than one node of {gpus_per_node} GPUs (its all-reduces run every block)"
+    if shape.n_head % grid.tp or shape.ffn_size % grid.tp:
+        return f"TP {grid.tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
+    if grid.pp > shape.n_layer:
+        return f"PP {grid.pp} is more stages than the {shape.n_layer} layers"
+    if shape.n_layer % grid.pp and not grid.uneven_stages:
+        return f"PP {grid.pp} does not divide the {shape.n_layer} layers into equal stages (Megatron-LM needs it)"
+    return None
+
+
+def stage_layers(shape: ModelShape, grid: Grid) -> int:
+    """Blocks on the busiest stage: L / PP, or its ceiling when the stages are cut unevenly."""
+    return ceil(shape.n_layer / grid.pp)
+
+
+# ---- activations (Korthikanti et al. 2022, Table 2) ------------------------------------------------------------------
+
+def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Bytes one transformer layer keeps for its backward, per micro-batch, on one TP rank:
+    none: sbh(10 + 24/t + 5as/(ht)) - the LayerNorms' and dropouts' 10sbh are replicated over TP, the 24sbh of the
+    matmul inputs and the 5as^2b of the attention scores, softmax and its dropout are split; with sequence
+    parallelism everything is split: sbh/t (34 + 5as/h). selective: the attention's 5as^2b is recomputed, not kept.
+    full: only the layer's input, 2sbh (split over TP with sequence parallelism)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"unknown recompute granularity {recompute!r}; choose one of: {', '.join(RECOMPUTE)}")
+    s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    sp = sequence_parallel and t > 1
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attention = 0 if recompute == "selective" else 5 * a * s * s * b / t
+    linear = 34 * s * b * h / t if sp else s * b * h * (10 + 24 / t)
+    return linear + attention
+
+
+# ---- states -------------------------------------------------------------------------------------------------------
+
+def stage_parameters(shape: ModelShape, grid: Grid, stage: int) -> int:
+    """Parameters one GPU of pipeline stage `stage` holds: its L/P blocks' matrices and column-parallel biases split
+    over TP (LayerNorms and row-parallel biases, 6h per block, replicated); the first stage the word embedding
+    (split over TP, vocabulary padded) and GPT-2's position table or BLOOM's embedding LayerNorm; the last the final
+    LayerNorm and - when P > 1 - its own copy of the tied word embedding for the LM head."""
+    h, f, t = shape.hidden, shape.ffn_size, grid.tp
+    split = 4 * h * h + 2 * h * f + 3 * h + f
+    blocks = stage_layers(shape, grid) * (ceil(split / t) + 6 * h)
+    embedding = padded_vocab(shape.vocab, t) * h // t
+    first = embedding + (shape.positions * h if shape.family == "gpt2" else 2 * h)
+    last = 2 * h + (embedding if grid.pp > 1 else 0)
+    return blocks + (first if stage == 0 else 0) + (last if stage == grid.pp - 1 else 0)
+
+
+def grad_bytes(precision: str) -> int:
+    """Megatron keeps gradients in an fp32 buffer (main_grad) under bf16 and fp32, and in fp16 under fp16."""
+    return 2 if precision == "fp16" else 4
+
+
+# ---- one GPU, all together ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GridRun:
+    """What one optimizer step of a 3D layout does: the grid, the work and how it is computed."""
+
+    shape: ModelShape
+    grid: Grid
+    seq: int
+    micro_batch: int  # samples per micro-batch per pipeline
+    micro_batches: int  # M: micro-batches per optimizer step per pipeline (the accumulation)
+    precision: str = "bf16"  # fp32 | bf16 | fp16 (tf32 is fp32 here)
+    recompute: str = "none"
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.micro_batches * self.grid.dp
+
+    def in_flight(self, stage: int) -> int:
+        """Micro-batches stage `stage` holds activations for in 1F1B: P - stage in the steady state, at most M."""
+        return min(self.grid.pp - stage, self.micro_batches)
+
+
+def stage_memory(run: GridRun, stage: int) -> RankMemory:
+    """Bytes on one GPU of pipeline stage `stage`, with Adam (Megatron's optimizer): 16-bit weights with fp32
+    gradients, fp32 masters and Adam's two states (18 bytes per parameter under bf16); ZeRO-1 divides the masters and
+    states over DP. Activations: the stage's L/P layers for each micro-batch in flight; the first stage adds the
+    embedding's dropout mask per micro-batch, the last the final LayerNorm's and LM head's inputs and the fp32 logits
+    of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first peak. Under full
+    recomputation the backward rebuilds one layer's activations at a time on top."""
+    shape, grid, b, s, h = run.shape, run.grid, run.micro_batch, run.seq, run.shape.hidden
+    precision = "fp32" if run.precision == "tf32" else run.precision
+    n = stage_parameters(shape, grid, stage)
+    mem = RankMemory()
+    mem.parameters = DTYPE_BYTES[precision] * n
+    mem.gradients = grad_bytes(precision) * n
+    shard = ceil(n / grid.dp) if grid.zero1 else n
+    mem.master_weights = MASTER_BYTES * shard if precision != "fp32" else 0
+    mem.optimizer_states = ADAMW_STATE_BYTES * shard
+    sp = grid.sequence_parallel and grid.tp > 1
+    split = grid.tp if sp else 1
+    layers = stage_layers(shape, grid)
+    per_layer = activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel, run.recompute)
+    kept = run.in_flight(stage) * layers * per_layer
+    peak_extra = 0.0
+    if stage == 0:
+        kept += run.in_flight(stage) * s * b * h / split  # the embedding's dropout mask, 1 byte per element
+    if stage == grid.pp - 1:
+        logits = 4 * s * b * padded_vocab(shape.vocab, grid.tp) / grid.tp
+        kept += 4 * s * b * h / split + logits
+        peak_extra = logits  # the logits' gradient at the start of the backward
+    if run.recompute == "full":
+        peak_extra = max(peak_extra, activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel))
+    mem.activations, mem.activation_peak = int(kept), int(kept + peak_extra)
+    mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas, 1F1B: "
+                                  f"{run.in_flight(stage)} micro-batch(es) in flight on stage {stage}")
+    return mem
+
+
+def busiest_stage(run: GridRun) -> tuple[int, RankMemory]:
+    """(stage, its memory) of the pipeline stage that needs the most device memory: the first (most micro-batches in
+    flight) or the last (the LM head's logits)."""
+    stages = {0, run.grid.pp - 1}
+    return max(((k, stage_memory(run, k)) for k in stages), key=lambda x: x[1].device_total)
+
+
+# ---- time per step --------------------------------------------------------------------------------------------------
+
+def hardware_flops_per_sequence(shape: ModelShape, seq: int, recompute: str) -> int:
+    """FLOPs one sequence costs in a training step under Megatron's recomputation: 3 x forward, plus the blocks'
+    forward again (full), or the attention's QK^T and AV again (selective)."""
+    parts = forward_flops_per_sequence(shape, seq)
+    forward = sum(parts.values())
+    again = {"none": 0, "selective": parts["attention_scores"] + parts["attention_context"],
+             "full": forward - parts["lm_head"]}[recompute]
+    return 3 * forward + again
+
+
+@dataclass
+class GridStep:
+    """Seconds of one optimizer step of a 3D layout, by where they go (total_s is their sum)."""
+
+    compute_s: float  # M micro-batches of one stage's share of the FLOPs
+    tp_comm_s: float  # TP's all-reduces (not overlapped: Megatron runs them in the compute stream)
+    p2p_s: float  # activations and their gradients sent between stages
+    bubble_s: float  # the P - 1 idle micro-batch slots of the 1F1B schedule's fill and drain
+    dp_comm_s: float  # the gradient all-reduce over DP (ZeRO-1: reduce-scatter + all-gather), and the tied embedding's
+    total_s: float
+    comm_bytes: float = 0.0  # what one GPU sends per step over all three dimensions (ring volumes)
+
+
+def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_node: int) -> GridStep:
+    """Time of one step at `flops_per_s` achieved per GPU on the matmuls (calibrated from a measured run):
+    (M + P - 1) micro-batch slots of [the busiest stage's compute (its ceil(L/P) of the L blocks' share of the
+    FLOPs, over T) + TP all-reduces + 2 point-to-point sends], then the DP
+    gradient reduction, exposed. TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below
+    the calibrated rate are not modelled (docs/project.md: the check against Megatron's published table)."""
+    shape, grid, b, s = run.shape, run.grid, run.micro_batch, run.seq
+    act = DTYPE_BYTES["fp32" if run.precision == "tf32" else run.precision]
+    padded = replace(shape, vocab=padded_vocab(shape.vocab, grid.tp))
+    layers = stage_layers(shape, grid)  # the busiest stage sets the pace
+    compute = hardware_flops_per_sequence(padded, s, run.recompute) * b * layers / shape.n_layer / grid.tp / flops_per_s
+    message = b * s * shape.hidden * act  # one layer's activations (or their gradient) for one micro-batch
+    tp = layers * TP_ALL_REDUCES[run.recompute] * collective_s("all_reduce", message, grid.tp, gpus_per_node, links,
+                                                               across_nodes=False)
+    p2p = 0.0
+    if grid.pp > 1:  # one send forward, one back per micro-batch; split over TP (the scatter-gather optimisation)
+        across = grid.tp * grid.dp >= gpus_per_node  # the next stage's ranks are T x D ranks away
+        bw, latency = (links.inter_bw, links.inter_latency_s) if across else links.intra("all_gather")
+        p2p = 2 * (message / grid.tp / bw + latency)
+    slot = compute + tp + p2p
+    m = run.micro_batches
+    n = max(stage_parameters(shape, grid, k) for k in {0, grid.pp - 1})
+    span = grid.tp * grid.dp > gpus_per_node  # a DP group's ranks lie T apart within the stage's T x D ranks
+    g = grad_bytes(run.precision) * n
+    sent = run.micro_batches * (layers * TP_ALL_REDUCES[run.recompute] * RING["all_reduce"][0](grid.tp) * message
+                                + (2 * message / grid.tp if grid.pp > 1 else 0))
+    sent += (RING["reduce_scatter"][0](grid.dp) * (g + act * n) if grid.zero1
+             else RING["all_reduce"][0](grid.dp) * g)
+    if grid.zero1:
+        dp = (collective_s("reduce_scatter", g, grid.dp, gpus_per_node, links, span)
+              + collective_s("all_gather", act * n, grid.dp, gpus_per_node, links, span))
+    else:
+        dp = collective_s("all_reduce", g, grid.dp, gpus_per_node, links, span)
+    if grid.pp > 1:  # the first and last stages' copies of the tied embedding sum their gradients
+        embedding = padded_vocab(shape.vocab, grid.tp) * shape.hidden // grid.tp
+        dp += collective_s("all_reduce", grad_bytes(run.precision) * embedding, 2, gpus_per_node, links,
+                           grid.tp * grid.dp * (grid.pp - 1) >= gpus_per_node)
+        sent += grad_bytes(run.precision) * embedding
+    bubble = (grid.pp - 1) * slot
+    return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp, sent)

@@ -1,0 +1,231 @@
+"""3D layouts (tensor x pipeline x data parallelism) in the planners: the Megatron formulas against the papers' own
+figures and against hfscale's independently checked counts, and `hfscale estimate` / `project` weighing them."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hfscale.errors import HfscaleError
+from hfscale.formulas import parallel3d as p3d
+from hfscale.formulas.comm import Links
+from hfscale.formulas.metrics import ModelShape, param_count, training_flops_per_sequence
+from hfscale.models import PRESETS
+from hfscale.plan import estimate, project
+from hfscale.plan.grid import GRID_MODEL_ERROR, GridPlan, grid_layouts
+
+TABLE = json.loads((Path(__file__).parent / "data" / "megatron_2021_table1.json").read_text())
+FAST = Links(intra_bw=1e30, inter_bw=1e30, intra_latency_s=0, inter_latency_s=0)
+
+
+# ---- activations: Korthikanti et al. 2022, Table 2 -------------------------------------------------------------------
+
+@pytest.mark.parametrize("s,b,h,a", [(2048, 1, 12288, 96), (1024, 4, 2048, 16), (2048, 2, 20480, 128)])
+def test_activation_formulas_are_the_papers_table(s, b, h, a):
+    per = lambda t=1, sp=False, r="none": p3d.activation_bytes_per_layer(s, b, h, a, t, sp, r)  # noqa: E731
+    assert per() == pytest.approx(s * b * h * (34 + 5 * a * s / h))  # no parallelism
+    for t in (2, 4, 8):
+        assert per(t) == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))  # tensor parallel
+        assert per(t, True) == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))  # + sequence parallel
+        assert per(t, False, "selective") == pytest.approx(s * b * h * (10 + 24 / t))  # + selective recompute
+        assert per(t, True, "selective") == pytest.approx(34 * s * b * h / t)  # all three
+        assert per(t, False, "full") == 2 * s * b * h and per(t, True, "full") == pytest.approx(2 * s * b * h / t)
+
+
+def test_selective_recompute_and_sequence_parallelism_cut_activations_about_5x():
+    """The paper's abstract: the two techniques reduce activation memory by 5x (its 530B model, TP 8)."""
+    m = TABLE["selective_recompute"]["model"]
+    baseline = p3d.activation_bytes_per_layer(2048, 1, m["hidden"], m["heads"], m["tp"])
+    both = p3d.activation_bytes_per_layer(2048, 1, m["hidden"], m["heads"], m["tp"], True, "selective")
+    assert 4.5 < baseline / both < 5.5
+
+
+# ---- states ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpt2-350m", "bloom-7b1"])
+def test_the_stages_hold_the_whole_model_once_plus_the_tied_heads_copy(name):
+    shape = PRESETS[name]
+    padded = replace(shape, vocab=p3d.padded_vocab(shape.vocab, 1))
+    for pp in (1, 2, 4):
+        if shape.n_layer % pp:
+            continue
+        held = sum(p3d.stage_parameters(shape, p3d.Grid(1, pp), k) for k in range(pp))
+        copy = padded.vocab * shape.hidden if pp > 1 else 0  # Megatron's last stage keeps its own LM-head weights
+        assert held == param_count(padded) + copy
+    # TP splits everything but the 6h of LayerNorms and row-parallel biases per block (and GPT-2's position table)
+    t = 4
+    padded = replace(shape, vocab=p3d.padded_vocab(shape.vocab, t))
+    replicated = 6 * shape.hidden * shape.n_layer + 2 * shape.hidden + (
+        shape.positions * shape.hidden if shape.family == "gpt2" else 2 * shape.hidden)
+    assert t * p3d.stage_parameters(shape, p3d.Grid(t, 1), 0) == param_count(padded) + (t - 1) * replicated
+    assert p3d.padded_vocab(50257, 8) == 51200 and p3d.padded_vocab(250880, 4) == 250880
+
+
+def test_state_bytes_per_parameter_and_zero1_over_dp():
+    shape = PRESETS["gpt2-350m"]
+    run = p3d.GridRun(shape, p3d.Grid(1, 1, 8), 1024, 1, 8, "bf16")
+    n = p3d.stage_parameters(shape, run.grid, 0)
+    mem = p3d.stage_memory(run, 0)
+    assert mem.model_states == 18 * n  # bf16 weights, fp32 gradients, fp32 masters, Adam's two fp32 states
+    sharded = p3d.stage_memory(replace(run, grid=replace(run.grid, zero1=True)), 0)
+    assert sharded.parameters + sharded.gradients == 6 * n
+    assert sharded.master_weights + sharded.optimizer_states == 12 * -(-n // 8)
+    assert p3d.stage_memory(replace(run, precision="fp16"), 0).gradients == 2 * n
+
+
+def test_the_first_stage_keeps_pp_micro_batches_in_flight():
+    shape = PRESETS["bloom-7b1"]  # 30 layers
+    grid = p3d.Grid(2, 5, 1)
+    per_layer = p3d.activation_bytes_per_layer(2048, 1, shape.hidden, shape.n_head, 2)
+    for m, flight in ((16, 5), (3, 3)):
+        run = p3d.GridRun(shape, grid, 2048, 1, m, "bf16")
+        embedding_mask = flight * 2048 * shape.hidden
+        assert p3d.stage_memory(run, 0).activations == int(flight * 6 * per_layer + embedding_mask)
+        assert p3d.stage_memory(run, 4).activations > 6 * per_layer  # one in flight, plus the LM head's fp32 logits
+    stage, _ = p3d.busiest_stage(p3d.GridRun(shape, grid, 2048, 1, 16, "bf16"))
+    assert stage == 0
+
+
+# ---- time ------------------------------------------------------------------------------------------------------------
+
+def test_hardware_flops_under_full_recompute_are_the_ones_torch_counted():
+    """Full recomputation reruns the blocks' forward: hfscale's reentrant-checkpoint FLOPs, which tests/test_metrics.py
+    checks against torch's FlopCounterMode."""
+    shape = PRESETS["gpt2-350m"]
+    model, full = training_flops_per_sequence(shape, 1024, True, full_recompute=True)
+    assert p3d.hardware_flops_per_sequence(shape, 1024, "full") == full
+    assert p3d.hardware_flops_per_sequence(shape, 1024, "none") == model
+    assert model < p3d.hardware_flops_per_sequence(shape, 1024, "selective") < 1.1 * model
+
+
+def test_the_bubble_is_pp_minus_one_slots_of_m_plus_pp_minus_one():
+    shape = PRESETS["bloom-7b1"]
+    for pp, m in ((1, 8), (5, 8), (5, 64), (10, 4)):
+        run = p3d.GridRun(shape, p3d.Grid(1, pp, 1), 2048, 1, m, "bf16")
+        st = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8)
+        compute = p3d.hardware_flops_per_sequence(shape, 2048, "none") / pp / 1e14
+        assert st.total_s == pytest.approx((m + pp - 1) * compute)
+        assert st.bubble_s / st.total_s == pytest.approx((pp - 1) / (m + pp - 1))
+
+
+def test_tp_all_reduces_four_times_per_block_and_six_under_full_recompute():
+    shape = PRESETS["bloom-7b1"]
+    links = Links(intra_bw=100e9, inter_bw=10e9, intra_latency_s=0, inter_latency_s=0)
+    for recompute, n in (("none", 4), ("full", 6)):
+        run = p3d.GridRun(shape, p3d.Grid(4, 1, 1), 2048, 2, 3, "bf16", recompute)
+        st = p3d.grid_step_time(run, flops_per_s=1e14, links=links, gpus_per_node=8)
+        message = 2 * 2048 * shape.hidden * 2  # b x s x h bf16
+        assert st.tp_comm_s == pytest.approx(3 * shape.n_layer * n * 2 * 3 / 4 * message / 100e9)
+
+
+def _table_run(row, mbs=1) -> p3d.GridRun:
+    shape = ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], 51200, 2048)
+    grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"]))
+    return p3d.GridRun(shape, grid, 2048, mbs, row["global_batch"] // (mbs * grid.dp), "fp16", "full")
+
+
+def _selene() -> Links:
+    a = TABLE["links_assumed"]
+    return Links(a["intra_busbw_gb_s"] * 1e9, a["inter_busbw_gb_s"] * 1e9, a["intra_latency_us"] * 1e-6,
+                 a["inter_latency_us"] * 1e-6)
+
+
+def _tflops(row, rate) -> float:
+    run = _table_run(row)
+    st = p3d.grid_step_time(run, flops_per_s=rate, links=_selene(), gpus_per_node=8)
+    return p3d.hardware_flops_per_sequence(run.shape, 2048, "full") * run.global_batch / st.total_s / row["gpus"] / 1e12
+
+
+def test_megatron_2021_throughput_from_one_calibrated_row():
+    """Projected from the 145.6B row's throughput alone, every other GPT configuration of Narayanan et al. 2021 lands
+    within GRID_MODEL_ERROR of its published TFLOPs per GPU - the band `hfscale project` draws around 3D layouts."""
+    rows = TABLE["rows"]
+    for row in rows:  # the transcription is consistent: shape -> parameters, TFLOPs x GPUs -> aggregate
+        shape = ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], 51200, 2048)
+        assert param_count(shape) / 1e9 == pytest.approx(float(row["params_b"]), rel=0.03)  # 1.65 is printed 1.7
+        assert row["tflops_per_gpu"] * row["gpus"] / 1e3 == pytest.approx(row["aggregate_pflops"], rel=0.01)
+    calibration = next(r for r in rows if r["params_b"] == TABLE["calibration_row"])
+    lo, hi = 1e12, 1e16
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if _tflops(calibration, mid) < calibration["tflops_per_gpu"] else (lo, mid)
+    ratios = [_tflops(r, mid) / r["tflops_per_gpu"] for r in rows]
+    assert (round(min(ratios), 2), round(max(ratios), 2)) == GRID_MODEL_ERROR
+    assert max(abs(r - 1) for r in ratios) < 0.25
+
+
+def test_selective_recompute_with_sequence_parallelism_is_as_much_faster_as_published():
+    """Korthikanti et al.: 530B on 2240 A100s, 54.2% MFU against 42.1% with full recomputation (1.29x)."""
+    ref = TABLE["selective_recompute"]
+    m = ref["model"]
+    shape = ModelShape("gpt2", m["layers"], m["hidden"], m["heads"], 51200, 2048)
+    dp = m["gpus"] // (m["tp"] * m["pp"])
+    micro = ref["global_batch_assumed"] // (ref["micro_batch_assumed"] * dp)
+    full = p3d.GridRun(shape, p3d.Grid(m["tp"], m["pp"], dp), 2048, 1, micro, "bf16", "full")
+    both = p3d.GridRun(shape, p3d.Grid(m["tp"], m["pp"], dp, True), 2048, 1, micro, "bf16", "selective")
+    time = lambda run: p3d.grid_step_time(run, flops_per_s=2e14, links=_selene(), gpus_per_node=8).total_s  # noqa: E731
+    assert time(full) / time(both) == pytest.approx(ref["mfu_selective_sp"] / ref["mfu_full"], rel=0.05)
+
+
+# ---- the planners ---------------------------------------------------------------------------------------------------
+
+def test_layouts_searched_are_the_ones_megatron_accepts():
+    shape = PRESETS["bloom-7b1"]  # 32 heads, 30 layers
+    layouts = grid_layouts(shape, 64, 8)
+    assert (8, 2) in layouts and (1, 1) in layouts and (4, 15) not in layouts  # 4 x 15 does not divide 64
+    assert all(t <= 8 and 32 % t == 0 and 30 % p == 0 and 64 % (t * p) == 0 for t, p in layouts)
+    # Megatron-DeepSpeed cuts stages unevenly (BLOOM: 70 layers on 12 stages); its busiest stage holds ceil(L / PP)
+    bloom = PRESETS["bigscience-176b"]
+    assert (4, 12) in grid_layouts(bloom, 384, 8, uneven_stages=True) and (4, 12) not in grid_layouts(bloom, 384, 8)
+    uneven = p3d.Grid(4, 12, 8, uneven_stages=True)
+    assert p3d.stage_layers(bloom, uneven) == 6 and p3d.grid_refusal(bloom, uneven, 8) is None
+    assert "does not divide the 70 layers" in p3d.grid_refusal(bloom, replace(uneven, uneven_stages=False), 8)
+    plan = GridPlan("megatron", "adamw", shape, 2048, tp=3, pp=1, dp=1)
+    assert "does not divide the 32 attention heads" in plan.refusal()
+    assert "not a Megatron optimizer" in plan.but(tp=1, optimizer="adamw_8bit").refusal()
+    with pytest.raises(HfscaleError, match="unknown 3D layout family 'megatron-lm'"):
+        GridPlan("megatron-lm", "adamw", shape, 2048)
+
+
+def test_estimate_weighs_3d_layouts_beside_the_strategies(capsys):
+    estimate.main(["--model", "bloom-7b1", "--strategy", "zero1,megatron,megatron-deepspeed", "--tp", "1,4,16",
+                   "--pp", "1,2", "--gpus", "16", "--bf16", "--seq_len", "2048", "--activation_checkpointing",
+                   "--gradient_accumulation_steps", "8", "--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    by = {r["strategy"]: r for r in rows}
+    assert {"zero1", "megatron-tp4-pp2", "megatron-deepspeed-tp1-pp1", "megatron-tp16-pp2"} <= set(by)
+    assert "spans more than one node" in by["megatron-tp16-pp1"]["refused"]
+    assert "TP x PP = 32 does not divide --gpus 16" in by["megatron-tp16-pp2"]["refused"]
+    # Megatron-LM keeps Adam whole on every DP rank: 7.1B on one GPU cannot fit 80 GB; TP 4 x PP 2 can, and
+    # ZeRO-1 over DP (megatron-deepspeed) divides the masters and states 16 ways
+    assert not by["megatron-tp1-pp1"]["fits"] and by["megatron-tp4-pp2"]["fits"]
+    plain, zero1 = by["megatron-tp1-pp1"]["memory"], by["megatron-deepspeed-tp1-pp1"]["memory"]
+    assert zero1["optimizer_states"] == pytest.approx(plain["optimizer_states"] / 16, rel=1e-6)
+    assert by["megatron-tp4-pp2"]["memory"]["parameters"] < plain["parameters"] / 6  # 1/8, and the embedding
+    with pytest.raises(HfscaleError, match="add megatron or megatron-deepspeed to --strategy"):
+        estimate.main(["--model", "bloom-7b1", "--strategy", "zero1", "--pp", "2"])
+
+
+def test_project_all_includes_the_fastest_3d_layout_that_fits(capsys):
+    argv = ["--model", "bloom-7b1", "--tflops_per_gpu", "150", "--seq_len", "2048", "--per_device_train_batch_size",
+            "1", "--gradient_accumulation_steps", "16", "--bf16", "--device", "A100-80GB", "--activation_checkpointing",
+            "--gpus", "8,64,512", "--inter_bw", "25", "--intra_bw", "230", "--json"]
+    project.main([*argv, "--strategy", "all"])
+    report = json.loads(capsys.readouterr().out)
+    grid = [p for p in report["points"] if p["strategy"] == "megatron-deepspeed"]
+    assert [p["gpus"] for p in grid] == [8, 64, 512] and all(p["layout"] and p["fits"] for p in grid)
+    assert any("megatron* layouts" in a for a in report["assumptions"])
+    # the same global batch as the data-parallel strategies at each count
+    zero1 = {p["gpus"]: p for p in report["points"] if p["strategy"] == "zero1"}
+    assert all(p["global_batch"] == zero1[p["gpus"]]["global_batch"] for p in grid)
+    # one fixed layout is its own series; on a 40 GB device a 7.1B model only fits split 8 ways by TP x PP
+    project.main([*argv, "--strategy", "megatron", "--tp", "1,8", "--pp", "1", "--device", "A100-40GB"])
+    fixed = json.loads(capsys.readouterr().out)
+    series = {p["strategy"]: p for p in fixed["points"] if p["gpus"] == 64}
+    assert series["megatron-tp1-pp1"]["fits"] is False and series["megatron-tp8-pp1"]["fits"]
+    assert fixed["best_that_fits"]["64"].startswith("megatron-tp8-pp1")
+    with pytest.raises(HfscaleError, match="add megatron or megatron-deepspeed to --strategy"):
+        project.main([*argv, "--strategy", "zero1", "--tp", "2"])
+    with pytest.raises(HfscaleError, match="no 3D layout of this model for --gpus 8,64,512"):
+        project.main([*argv, "--strategy", "megatron", "--pp", "7"])  # 30 layers
