@@ -98,6 +98,7 @@ def test_winner_files_train_for_real(tuned, tmp_path):
      "no micro-batch in --per_device_train_batch_size 4 divides --global_batch_size 6"),
     (["--mbs", "4"], "--mbs is now --per_device_train_batch_size"),
     (["--", "--strategy", "ddp"], "--strategy is set by hfscale tune"),
+    (["--strategy", "zero1,megatron-deepspeed"], "megatron-deepspeed layouts are weighed by `hfscale estimate`"),
 ])
 def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "tune", "--out", str(tmp_path / "out"), *argv], cwd=tmp_path, timeout=120)

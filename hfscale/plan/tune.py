@@ -36,7 +36,7 @@ from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from ..runplan import accumulation_steps
 from .options import (ATTENTION, add_model_flags, base_plan, check_attention, device_memory_bytes, fit, model_flags,
-                      optimizers_option, positive, shape_from_options, strategies_option)
+                      optimizers_option, positive, shape_from_options, strategies_and_families)
 
 TUNE_FILE = "tune.json"
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
@@ -87,7 +87,11 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     positive(opts, "seq_len")
     check_attention(opts.attn_implementation)
     memory_per_gpu = device_memory_bytes(opts.device, opts.device_memory_gb)
-    strategies, optimizers = strategies_option(opts.strategy), optimizers_option(opts.optim)
+    strategies, families = strategies_and_families(opts.strategy, with_3d=False)
+    if families:  # a 3D layout cannot be trialled: hfscale plans them, Megatron(-DeepSpeed) runs them
+        raise HfscaleError(f"{families[0]} layouts are weighed by `hfscale estimate` and `hfscale project` (--tp/--pp); "
+                           "hfscale tune runs short trials, and hfscale cannot launch a 3D layout yet")
+    optimizers = optimizers_option(opts.optim)
     sizes = sorted(set(comma_list(opts.per_device_train_batch_size, "--per_device_train_batch_size", int)))
     modes = comma_list(opts.activation_checkpointing, "--activation_checkpointing", bool)
     device_type = "cuda" if has_accelerator() else "cpu"  # the trials run here: a CPU machine has no CUDA terms
