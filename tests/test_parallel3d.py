@@ -15,7 +15,7 @@ from hfscale.models import PRESETS
 from hfscale.plan import estimate, project
 from hfscale.plan.grid import GRID_MODEL_ERROR, GridPlan, grid_layouts
 
-TABLE = json.loads((Path(__file__).parent / "data" / "megatron_2021_table1.json").read_text())
+TABLE = json.loads((Path(__file__).parent / "data" / "published_3d_throughput.json").read_text())
 FAST = Links(intra_bw=1e30, inter_bw=1e30, intra_latency_s=0, inter_latency_s=0)
 
 
@@ -229,3 +229,50 @@ def test_project_all_includes_the_fastest_3d_layout_that_fits(capsys):
         project.main([*argv, "--strategy", "zero1", "--tp", "2"])
     with pytest.raises(HfscaleError, match="no 3D layout of this model for --gpus 8,64,512"):
         project.main([*argv, "--strategy", "megatron", "--pp", "7"])  # 30 layers
+
+
+# ---- projecting from a Megatron log (hfscale import-logs, then hfscale project) ------------------------------------------
+
+LOG = """using world size: 16, data-parallel-size: 4, tensor-model-parallel size: 2, pipeline-model-parallel size: 2
+using torch.bfloat16 for parameters ...
+------------------------ arguments ------------------------
+  checkpoint_activations .......................... True
+  deepspeed ....................................... True
+  global_batch_size ............................... 256
+  hidden_size ..................................... 2048
+  micro_batch_size ................................ 2
+  num_attention_heads ............................. 16
+  num_layers ...................................... 24
+  seq_length ...................................... 2048
+-------------------- end of arguments ---------------------
+> padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)
+""" + "".join(f" iteration {10 * i:>8}/  100000 | consumed samples: {2560 * i:>12} | elapsed time per iteration (ms): "
+              f"{ms} | global batch size:   256 | lm loss: 7.0E+00 |\n" for i, ms in enumerate([9000.0, 6100.0, 5900.0], 1))
+
+
+def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp_path, capsys):
+    from hfscale.compare import megatron
+
+    (tmp_path / "1B3-megatron-log.out").write_text(LOG)
+    megatron.main([str(tmp_path / "1B3-megatron-log.out"), "--out", str(tmp_path / "imported")])
+    capsys.readouterr()
+    results = tmp_path / "imported" / "1B3-megatron-log" / "results.json"
+    logged = json.loads(results.read_text())
+    assert logged["model"]["n_head"] == 16 and logged["model"]["vocab"] == 50688 and logged["config"]["precision"] == "bf16"
+    links = ["--intra_bw", "230", "--inter_bw", "25", "--gpus_per_node", "8", "--json"]
+    project.main([str(results), "--gpus", "16,32", *links])
+    report = json.loads(capsys.readouterr().out)
+    own = {p["gpus"]: p for p in report["points"]}
+    assert set(own) == {16, 32} and all(p["strategy"] == "megatron-deepspeed-tp2-pp2" for p in own.values())
+    # its own layout at its own GPU count and global batch is the logged step, exactly: the rate was solved from it
+    assert own[16]["s_per_iter"] == pytest.approx(logged["perf"]["s_per_iter"], rel=1e-6)
+    # twice the GPUs, the same global batch: half the micro-batches per pipeline, the same bubble - under 2x faster
+    assert own[16]["s_per_iter"] / 2 < own[32]["s_per_iter"] < own[16]["s_per_iter"]
+    assert any("TFLOPs per GPU of compute by the 3D model" in a for a in report["assumptions"])
+    project.main([str(results), "--gpus", "16", "--strategy", "zero1,megatron-deepspeed", *links])
+    both = {p["strategy"] for p in json.loads(capsys.readouterr().out)["points"]}
+    assert both == {"zero1", "megatron-deepspeed"}
+    (tmp_path / "7B-megatron-noshape.out").write_text(LOG.replace("  num_attention_heads", "  unrelated_flag"))
+    megatron.main([str(tmp_path / "7B-megatron-noshape.out"), "--out", str(tmp_path / "imported")])
+    with pytest.raises(HfscaleError, match="the log states no model shape"):
+        project.main([str(tmp_path / "imported" / "7B-megatron-noshape" / "results.json"), "--gpus", "16"])

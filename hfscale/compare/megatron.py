@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..launch import OOM_MARKERS
 from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
+from ..formulas.parallel3d import padded_vocab
 from ..run.results import ConfigRecord, ModelRecord, PerfRecord, Results, write_results
 from .report import collect, markdown_table
 
@@ -30,6 +31,7 @@ LM_LOSS = re.compile(r"lm loss:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
 NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE) for key in ("mbs", "gas", "pp", "dp", "tp")}
 NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
+GPT2_VOCAB = 50257  # Megatron's GPT2BPETokenizer, the BigScience logs' "> building GPT2BPETokenizer tokenizer"
 # "using world size: 16, data-parallel-size: 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 16"
 # (newer Megatron: "data-parallel size", and a context-parallel size)
 HEADER_SIZES = re.compile(r"(world|data-parallel|tensor-model-parallel|pipeline-model-parallel)[- ]size:\s*(\d+)")
@@ -37,7 +39,11 @@ HEADER_KEYS = {"world": "world", "data-parallel": "dp", "tensor-model-parallel":
 ARGUMENT = re.compile(r"^\s*([a-z_][a-z0-9_]*) \.{2,} (.*?)\s*$")  # "  seq_length ....... 2048" in the arguments block
 ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_model_parallel_size": "tp",
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
-                 "micro_batch_size": "mbs"}
+                 "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
+                 "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions"}
+PARAMS_DTYPE = re.compile(r"using torch\.(float16|bfloat16|float32) for parameters")
+# "> padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)": the vocabulary the model really has
+PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 
 def parse_name(name: str) -> dict:
@@ -64,6 +70,12 @@ def parse_header(text: str) -> dict:
         if line.lstrip().startswith("using world size"):
             for key, value in HEADER_SIZES.findall(line):
                 found.setdefault(HEADER_KEYS[key], int(value))
+        dtype = PARAMS_DTYPE.search(line)
+        if dtype:
+            found.setdefault("precision", {"float16": "fp16", "bfloat16": "bf16"}.get(dtype.group(1), "fp32"))
+        vocab = PADDED_VOCAB.search(line)
+        if vocab:
+            found.setdefault("vocab", int(vocab.group(1)))
         arg = ARGUMENT.match(line)
         if not arg:
             continue
@@ -74,6 +86,11 @@ def parse_header(text: str) -> dict:
             found["checkpointing"] = found.get("checkpointing", False) or _truthy(value)
         elif key == "recompute_granularity" and _truthy(value):
             found["checkpointing"] = True
+            found["recompute"] = value.strip()  # full | selective
+        elif key == "sequence_parallel" and _truthy(value):
+            found["sequence_parallel"] = True
+        elif key == "position_embedding_type" and "alibi" in value.lower():
+            found["alibi"] = True  # BLOOM's positions: no learned table
         elif key == "rampup_batch_size" and _truthy(value):
             found["rampup"] = value.strip()
         elif key == "deepspeed" and _truthy(value):
@@ -107,6 +124,20 @@ def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[s
     if value is None:
         value = flag if flag is not None else name.get(key)
     return value
+
+
+def logged_shape(header: dict) -> dict:
+    """The model shape the log's arguments state (ModelRecord fields), for `hfscale project` to plan from: a GPT
+    (learned positions up to max_position_embeddings, else seq_length) or, with ALiBi, a BLOOM. The vocabulary is
+    the padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when the log does
+    not state its layers, hidden size and heads."""
+    if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")):
+        return {}
+    vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
+    positions = header.get("positions") or header.get("seq_len") or 2048
+    return {"family": "bloom" if header.get("alibi") else "gpt2", "n_layer": header["n_layer"],
+            "hidden": header["hidden"], "n_head": header["n_head"], "vocab": vocab, "positions": positions,
+            "ffn": header.get("ffn")}
 
 
 def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: float | None,
@@ -146,10 +177,14 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
     record = Results(
         source="megatron-log", log_file=str(path.resolve()), run_name=path.stem, strategy=f"{engine}-tp{tp}-pp{pp}",
-        optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params),
+        optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params,
+                          **logged_shape(header)),
         config=ConfigRecord(world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=gas,
                             global_batch_size=gbs, seq_len=seq, checkpointing=ckpt, token_budget=token_budget,
-                            extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header)}),
+                            precision=header.get("precision"),
+                            extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
+                                   "recompute": header.get("recompute"),
+                                   "sequence_parallel": bool(header.get("sequence_parallel"))}),
         loss_history=log["loss_history"])
     # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged)
     at_final = [t for t, b in zip(log["iteration_s"], log["iteration_gbs"]) if b in (None, gbs)]

@@ -354,6 +354,65 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                     overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes)
 
 
+def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
+    """The 3D layout an imported Megatron log (`hfscale import-logs`) ran, from what its header stated."""
+    cfg = data.config
+    try:
+        shape = data.model.shape()
+    except HfscaleError:
+        raise HfscaleError(f"{path}: the log states no model shape (num_layers, hidden_size, num_attention_heads in "
+                           "its arguments block), so it cannot be projected") from None
+    if not (cfg.tp and cfg.pp and cfg.dp and cfg.micro_batch_size and cfg.global_batch_size and cfg.seq_len):
+        raise HfscaleError(f"{path}: the log does not state its TP, PP, DP, micro-batch and global batch")
+    family = "megatron-deepspeed" if str(data.strategy).startswith("megatron-deepspeed") else "megatron"
+    recompute = (cfg.extra.get("recompute") or "full") if cfg.checkpointing else "none"
+    return GridPlan(family, "adamw", shape, cfg.seq_len, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp,
+                    per_device_train_batch_size=cfg.micro_batch_size,
+                    gradient_accumulation_steps=max(1, cfg.global_batch_size // (cfg.micro_batch_size * cfg.dp)),
+                    processes_per_node=min(cfg.world_size or gpus_per_node, gpus_per_node),
+                    precision=cfg.precision or "bf16", recompute=recompute,
+                    sequence_parallel=bool(cfg.extra.get("sequence_parallel")))
+
+
+def solve_flops_per_s(plan: GridPlan, s_per_iter: float, links: Links, gpus_per_node: int) -> float:
+    """The FLOPs per second per GPU at which the 3D model gives `s_per_iter` for this layout (bisection: the step
+    time falls as the rate rises)."""
+    def total(rate: float) -> float:
+        return grid_step_time(plan.run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node).total_s
+
+    low, high = 1e6, 1e18
+    if total(high) >= s_per_iter:
+        raise HfscaleError(f"the log's {s_per_iter:.4g} s/it is less than its communication alone takes on these "
+                           "links; give the cluster's --intra_bw/--inter_bw")
+    for _ in range(200):
+        mid = (low * high) ** 0.5
+        low, high = (mid, high) if total(mid) > s_per_iter else (low, mid)
+    return (low * high) ** 0.5
+
+
+def baseline_from_megatron_log(path: Path, links, gpus_per_node: int, device_bytes: float | None):
+    """A projection from an imported Megatron log: the FLOPs per GPU its layout achieved by the 3D model (solved on
+    the typical links), as the compute every strategy and layout runs at; and the log's own layout to project.
+    Returns (baseline, the log's plan)."""
+    data = read_results(path)
+    if data.status != "ok" or not data.perf.s_per_iter:
+        raise HfscaleError(f"{path}: the log has no measured iteration (status {data.status!r})")
+    plan = megatron_log_plan(data, path, gpus_per_node)
+    reason = plan.refusal()
+    if reason:
+        raise HfscaleError(f"{path}: {reason}")
+    rate = solve_flops_per_s(plan, float(data.perf.s_per_iter), links[0], gpus_per_node)
+    one = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), plan.shape, plan.seq_len,
+                  per_device_train_batch_size=plan.per_device_train_batch_size,
+                  gradient_accumulation_steps=plan.gradient_accumulation_steps, precision=plan.precision,
+                  activation_checkpointing=plan.recompute != "none")
+    _, hardware = training_flops_per_sequence(one.shape, one.seq_len, one.activation_checkpointing)
+    s = hardware * one.per_device_train_batch_size * one.gradient_accumulation_steps / rate  # one GPU, compute only
+    source = (f"{path}: {plan.name} on {plan.world_size} GPUs, {float(data.perf.s_per_iter):.4g} s/it logged -> "
+              f"{rate / 1e12:.1f} TFLOPs per GPU of compute by the 3D model")
+    return Baseline(one, [s, s, s], source, device_memory_bytes=device_bytes), plan
+
+
 def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
     strategies, _ = strategies_and_families(opts.strategy, with_3d=True)  # a 3D family alone: measured as ddp
     strategy, optimizer = (strategies or [get_strategy("ddp")])[0], optimizers_option(opts.optim)[0]
@@ -465,7 +524,14 @@ def run_projection(opts):
     links = links_from(opts)
     device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
                     if opts.device or opts.device_memory_gb is not None else None)
-    if opts.results:
+    if opts.results and read_results(opts.results).source == "megatron-log":
+        base, logged = baseline_from_megatron_log(opts.results, links, opts.gpus_per_node, device_bytes)
+        opts.global_batch_size = opts.global_batch_size or logged.global_batch_size  # the log's, by default
+        if not (opts.strategy or opts.tp or opts.pp):  # by default the log's own layout
+            opts.strategy, opts.tp, opts.pp = logged.family, str(logged.tp), str(logged.pp)
+            opts.recompute_granularity = logged.recompute if logged.recompute != "none" else "full"
+            opts.sequence_parallel = opts.sequence_parallel or logged.sequence_parallel
+    elif opts.results:
         base = baseline_from_results(opts.results, device_bytes)
     elif opts.tokens_per_s_per_gpu or opts.tflops_per_gpu:
         opts.strategy = opts.strategy or "ddp"
