@@ -16,7 +16,7 @@ pytestmark = pytest.mark.multiprocess
 TRIAL_ARGS = ["--max_steps", "5", "--save_strategy", "no", "--logging_steps", "1"]
 # 0.1 GB per "GPU": the estimate fits micro-batch 4 (~0.015 GB) and not 64 (~0.17 GB) for the tiny model - on this CPU
 # machine without the CUDA context allowance, which a CPU run does not have.
-TUNE = ["--model", "tiny", "--seq_len", "64", "--num_processes", "2", "--strategy", "zero1,zero2_offload",
+TUNE = ["--model", "tiny", "--seq_len", "64", "--num_processes", "2", "--strategy", "zero1,zero2_offload,megatron-deepspeed",
         "--optim", "adamw,adafactor", "--per_device_train_batch_size", "4,64", "--activation_checkpointing", "false",
         "--device_memory_gb", "0.1"]
 
@@ -50,6 +50,11 @@ def test_tune_prunes_refuses_runs_and_ranks(tuned):
         res = json.loads((out / "trials" / c["run"] / "results.json").read_text())
         assert res["status"] == "ok" and res["config"]["world_size"] == 2 and res["perf"]["tokens_per_s"] == c["tokens_per_s"]
     assert "| 1 | " + report["winner"] in (out / "tune.md").read_text()
+    # the 3D layout beside the trials: projected from the winner's throughput, never launched, never the winner
+    projected = [c for c in report["candidates"] if c["status"] == "projected"]
+    assert len(projected) == 1 and projected[0]["run"].startswith("megatron-deepspeed-tp")
+    assert projected[0]["tokens_per_s"] > 0 and f"projected from {report['winner']}" in projected[0]["reason"]
+    assert not (out / "trials" / projected[0]["run"]).exists()
 
 
 def test_second_tune_call_skips_finished_trials(tuned):
@@ -98,7 +103,6 @@ def test_winner_files_train_for_real(tuned, tmp_path):
      "no micro-batch in --per_device_train_batch_size 4 divides --global_batch_size 6"),
     (["--mbs", "4"], "--mbs is now --per_device_train_batch_size"),
     (["--", "--strategy", "ddp"], "--strategy is set by hfscale tune"),
-    (["--strategy", "zero1,megatron-deepspeed"], "megatron-deepspeed layouts are weighed by `hfscale estimate`"),
 ])
 def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "tune", "--out", str(tmp_path / "out"), *argv], cwd=tmp_path, timeout=120)

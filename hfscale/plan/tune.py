@@ -10,6 +10,8 @@ files that launch unchanged.
    (the same verdict as `hfscale estimate` and `hfscale project`: plan/options.fit).
 3. Run a short trial of each of the rest (launch.run_one: failures stay rows; a second call skips finished trials;
    `--time_budget` stops launching new ones).
+   Megatron's 3D layouts (megatron, megatron-deepspeed) cannot be trialled: each is projected from the winning
+   trial's throughput instead, a `projected` row beside the trials.
 4. Rank by measured tokens/s (= projected days to the token budget at this GPU count), mark the Pareto set of speed
    against peak memory, and write for the winner `best/accelerate_config.yaml`, `best/ds_config.json` (DeepSpeed
    strategies) and `best/launch.sh` - the exact command, usable as it is.
@@ -29,12 +31,14 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed
+from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
 from ..launch import TRAIN_SCRIPT, RunSpec, default_num_processes, drop_flag, run_one, split_train_args
 from ..parallel.distributed import has_accelerator
 from ..parallel.strategies import get_strategy
-from ..run.results import read_results
+from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
+from .grid import GridOptions
 from .options import (ATTENTION, add_model_flags, base_plan, check_attention, device_memory_bytes, fit, model_flags,
                       optimizers_option, positive, shape_from_options, strategies_and_families)
 
@@ -47,7 +51,7 @@ AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "-
 @dataclass
 class Candidate:
     run: RunSpec
-    status: str  # planned | pruned | refused | ok | OOM | fail | timeout | skipped
+    status: str  # planned | pruned | refused | ok | OOM | fail | timeout | skipped | projected (a 3D layout)
     reason: str | None = None
     estimate_gb: float | None = None
     tokens_per_s: float | None = None
@@ -87,10 +91,7 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     positive(opts, "seq_len")
     check_attention(opts.attn_implementation)
     memory_per_gpu = device_memory_bytes(opts.device, opts.device_memory_gb)
-    strategies, families = strategies_and_families(opts.strategy, with_3d=False)
-    if families:  # a 3D layout cannot be trialled: hfscale plans them, Megatron(-DeepSpeed) runs them
-        raise HfscaleError(f"{families[0]} layouts are weighed by `hfscale estimate` and `hfscale project` (--tp/--pp); "
-                           "hfscale tune runs short trials, and hfscale cannot launch a 3D layout yet")
+    strategies, _ = strategies_and_families(opts.strategy, with_3d=True)  # 3D layouts: projected after the trials
     optimizers = optimizers_option(opts.optim)
     sizes = sorted(set(comma_list(opts.per_device_train_batch_size, "--per_device_train_batch_size", int)))
     modes = comma_list(opts.activation_checkpointing, "--activation_checkpointing", bool)
@@ -133,6 +134,28 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
         cand.tokens_per_s = res.perf.tokens_per_s
         cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.nproc)[0]
         cand.memory_gb = res.memory.peak_gb
+
+
+def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Candidate]:
+    """Megatron's 3D layouts beside the trials: hfscale cannot launch them, so each family's fastest layout that fits
+    at the trials' process count is projected (plan/project.project_grids) from the winning trial's measured
+    throughput, at its global batch - a `projected` row, never the winner."""
+    from .project import baseline_from_results, project_grids
+
+    device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
+    base = baseline_from_results(opts.out / "trials" / winner.run.name / RESULTS_FILE, device_bytes)
+    links = (Links(intra_bw=150e9, inter_bw=12.5e9),) * 3  # hfscale project's defaults: one node, so intra only
+    recompute = "full" if base.plan.activation_checkpointing else "none"
+    points = project_grids(base, families, [opts.num_processes], opts.num_processes, links, opts.token_budget,
+                           base.plan.global_batch_size, GridOptions(recompute=recompute))
+    out = []
+    for p in points:
+        run = RunSpec(f"{p.strategy}-{p.layout}", "adamw", opts.num_processes, base.plan.per_device_train_batch_size,
+                      p.grad_accum, base.plan.activation_checkpointing)
+        reason = (f"projected from {winner.run.name}'s throughput (docs/project.md, 3D layouts); hfscale cannot "
+                  "launch a 3D layout" + ("" if p.fits is not False else f"; does not fit: {p.fit_reason}"))
+        out.append(Candidate(run, "projected", reason, p.total_per_gpu / GB, p.tokens_per_s, p.days))
+    return out
 
 
 def mark_pareto(cands: list[Candidate]) -> None:
@@ -210,6 +233,9 @@ def main(argv: list[str]) -> int:
         measured(cand, opts.out, opts.token_budget)
     mark_pareto(cands)
     ok = sorted((c for c in cands if c.status == "ok"), key=lambda c: -c.tokens_per_s)
+    families = strategies_and_families(opts.strategy, with_3d=True)[1]
+    if families and ok:
+        cands += projected_layouts(ok[0], families, opts)
     text = table(cands)
     summary = {"model": opts.model, "num_processes": opts.num_processes, "seq_len": seq, "tried": len(planned),
                "pruned_by_estimate": sum(c.status == "pruned" for c in cands),
