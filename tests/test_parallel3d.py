@@ -274,5 +274,10 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     assert both == {"zero1", "megatron-deepspeed"}
     (tmp_path / "7B-megatron-noshape.out").write_text(LOG.replace("  num_attention_heads", "  unrelated_flag"))
     megatron.main([str(tmp_path / "7B-megatron-noshape.out"), "--out", str(tmp_path / "imported")])
-    with pytest.raises(HfscaleError, match="the log states no model shape"):
+    with pytest.raises(HfscaleError, match="the log states no GPT-2/BLOOM model shape"):
         project.main([str(tmp_path / "imported" / "7B-megatron-noshape" / "results.json"), "--gpus", "16"])
+    # a Llama-style model is not the GPT-2/BLOOM the formulas know: no shape is recorded for it
+    (tmp_path / "7B-megatron-llama.out").write_text(LOG.replace("  seq_length", "  swiglu ... True\n  seq_length"))
+    megatron.main([str(tmp_path / "7B-megatron-llama.out"), "--out", str(tmp_path / "imported")])
+    llama = json.loads((tmp_path / "imported" / "7B-megatron-llama" / "results.json").read_text())
+    assert llama["model"]["n_head"] is None and llama["status"] == "ok"

@@ -91,6 +91,9 @@ def parse_header(text: str) -> dict:
             found["sequence_parallel"] = True
         elif key == "position_embedding_type" and "alibi" in value.lower():
             found["alibi"] = True  # BLOOM's positions: no learned table
+        elif key == "position_embedding_type" and "rope" in value.lower() or key in ("swiglu", "num_query_groups",
+                                                                                    "num_experts") and _truthy(value):
+            found["other_architecture"] = True  # a Llama-style or MoE model: not the GPT-2/BLOOM the formulas know
         elif key == "rampup_batch_size" and _truthy(value):
             found["rampup"] = value.strip()
         elif key == "deepspeed" and _truthy(value):
@@ -130,8 +133,9 @@ def logged_shape(header: dict) -> dict:
     """The model shape the log's arguments state (ModelRecord fields), for `hfscale project` to plan from: a GPT
     (learned positions up to max_position_embeddings, else seq_length) or, with ALiBi, a BLOOM. The vocabulary is
     the padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when the log does
-    not state its layers, hidden size and heads."""
-    if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")):
+    not state its layers, hidden size and heads, or states another architecture (RoPE, SwiGLU, grouped-query
+    attention, experts)."""
+    if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")) or header.get("other_architecture"):
         return {}
     vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
     positions = header.get("positions") or header.get("seq_len") or 2048

@@ -360,15 +360,18 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
     try:
         shape = data.model.shape()
     except HfscaleError:
-        raise HfscaleError(f"{path}: the log states no model shape (num_layers, hidden_size, num_attention_heads in "
-                           "its arguments block), so it cannot be projected") from None
+        raise HfscaleError(f"{path}: the log states no GPT-2/BLOOM model shape (num_layers, hidden_size, "
+                           "num_attention_heads in its arguments block), so it cannot be projected") from None
     if not (cfg.tp and cfg.pp and cfg.dp and cfg.micro_batch_size and cfg.global_batch_size and cfg.seq_len):
         raise HfscaleError(f"{path}: the log does not state its TP, PP, DP, micro-batch and global batch")
+    if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp):
+        raise HfscaleError(f"{path}: its global batch {cfg.global_batch_size} is not a whole number of micro-batches "
+                           f"of {cfg.micro_batch_size} per pipeline over DP {cfg.dp}")
     family = "megatron-deepspeed" if str(data.strategy).startswith("megatron-deepspeed") else "megatron"
     recompute = (cfg.extra.get("recompute") or "full") if cfg.checkpointing else "none"
     return GridPlan(family, "adamw", shape, cfg.seq_len, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp,
                     per_device_train_batch_size=cfg.micro_batch_size,
-                    gradient_accumulation_steps=max(1, cfg.global_batch_size // (cfg.micro_batch_size * cfg.dp)),
+                    gradient_accumulation_steps=cfg.global_batch_size // (cfg.micro_batch_size * cfg.dp),
                     processes_per_node=min(cfg.world_size or gpus_per_node, gpus_per_node),
                     precision=cfg.precision or "bf16", recompute=recompute,
                     sequence_parallel=bool(cfg.extra.get("sequence_parallel")))
