@@ -1,0 +1,172 @@
+"""hfscale's tensor-parallel plan for HF GPT-2 and BLOOM (transformers ships none for either), on torch's DTensor.
+
+Megatron's layout: each block's QKV projection and first MLP matmul split by output columns (whole heads per rank),
+its attention output projection and second MLP matmul split by input rows (their partial outputs all-reduced), the
+word embedding and the LM head tied to it split by vocabulary rows, and every other parameter (GPT-2's position
+table, the LayerNorms, the row-split layers' biases) replicated. Every parameter becomes a DTensor on the
+TP mesh, so the optimizer, gradient clipping and checkpoints see one kind of tensor, and a DTensor's full tensor is
+the HF tensor, in HF's shape and order:
+- GPT-2's Conv1D stores its weight [in, out] (y = x W + b): its column split is Shard(1), its row split Shard(0) -
+  the transpose of nn.Linear's. Its fused c_attn holds [q | k | v] columns, so a plain column split would hand rank 0
+  all of q: _StridedShard(1, split_factor=3) splits each of the three instead, giving rank r [q_r | k_r | v_r].
+- BLOOM's query_key_value (nn.Linear) is laid out per head already ([head, q/k/v, head_dim] rows): Shard(0) keeps
+  whole heads together. Its ALiBi biases, built for every head, are sliced to the rank's heads.
+Each attention module then runs its own n_head / TP heads. Proven in tests/test_tensor_parallel.py (2 processes,
+gloo): the loss, every gradient, the clipped norm and AdamW steps equal the unsharded model's.
+
+This is the plan only: the `tp` / `fsdp_tp` strategies that launch it through the Trainer are not built yet.
+"""
+
+from ..formulas.metrics import ModelShape
+
+# module name inside a block -> how it is split: colwise (by output), rowwise (by input); "fused3": [q | k | v]
+PLANS = {
+    "gpt2": {"attn.c_attn": "colwise_fused3", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
+             "mlp.c_proj": "rowwise"},
+    "bloom": {"self_attention.query_key_value": "colwise", "self_attention.dense": "rowwise",
+              "mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise"},
+}
+ATTENTION = {"gpt2": "attn", "bloom": "self_attention"}
+
+
+def tp_refusal(shape: ModelShape, tp: int) -> str | None:
+    """Why this model cannot be split over `tp` ranks (whole heads per rank, an even MLP split), or None."""
+    if tp < 1:
+        return f"TP must be at least 1, got {tp}"
+    if shape.n_head % tp or shape.ffn_size % tp:
+        return f"TP {tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
+    return None
+
+
+def _weight_dims(module) -> tuple[int, int]:
+    """(output dim, input dim) of a weight: Conv1D stores [in, out], nn.Linear [out, in]."""
+    import torch
+
+    return (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
+
+
+def _local(out):
+    from torch.distributed.tensor import DTensor
+
+    return out.to_local() if isinstance(out, DTensor) else out
+
+
+def _colwise(module, mesh, fused: int = 1) -> None:
+    """Split by output columns: the input arrives whole (replicated), the output leaves as this rank's columns."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    out_dim, _ = _weight_dims(module)
+    weight = _StridedShard(out_dim, split_factor=fused) if fused > 1 else Shard(out_dim)
+    bias = _StridedShard(0, split_factor=fused) if fused > 1 else Shard(0)
+    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [weight]))
+    module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [bias]))
+    module.register_forward_pre_hook(
+        lambda m, args: (DTensor.from_local(args[0], mesh, [Replicate()], run_check=False), *args[1:]))
+    module.register_forward_hook(lambda m, args, out: _local(out))
+
+
+def _rowwise(module, mesh) -> None:
+    """Split by input rows: the input arrives as this rank's columns, the partial outputs are summed (all-reduce)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    _, in_dim = _weight_dims(module)
+    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [Shard(in_dim)]))
+    module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [Replicate()]))
+    module.register_forward_pre_hook(
+        lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 1)], run_check=False), *args[1:]))
+    module.register_forward_hook(lambda m, args, out: out.redistribute(mesh, [Replicate()]).to_local())
+
+
+def _replicate(module, mesh, converted: dict) -> None:
+    """Every rank holds the whole parameter (a Replicate DTensor; tied parameters stay one tensor) and computes on
+    whole inputs."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for name, param in list(module.named_parameters(recurse=False)):
+        if id(param) not in converted:
+            converted[id(param)] = torch.nn.Parameter(
+                DTensor.from_local(param.data, mesh, [Replicate()], run_check=False), requires_grad=param.requires_grad)
+        setattr(module, name, converted[id(param)])
+
+    def inputs(m, args):
+        return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                     if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+
+    module.register_forward_pre_hook(inputs)
+    module.register_forward_hook(lambda m, args, out: _local(out))
+
+
+def _slice_alibi(rank: int, tp: int):
+    """BLOOM builds ALiBi biases for all heads, [batch x heads, 1, seq]: a rank's attention needs its own heads'."""
+    def hook(module, args, kwargs):
+        alibi = kwargs.get("alibi")
+        if alibi is not None:
+            heads = module.num_heads  # already this rank's
+            batch = alibi.shape[0] // (heads * tp)
+            mine = alibi.view(batch, heads * tp, *alibi.shape[1:])[:, rank * heads:(rank + 1) * heads]
+            kwargs["alibi"] = mine.reshape(batch * heads, *alibi.shape[1:])
+        return args, kwargs
+    return hook
+
+
+def _vocab_parallel(model, mesh) -> None:
+    """The word embedding and the LM head tied to it, split by vocabulary rows (Shard(0)) as Megatron splits them: the
+    embedding's partial lookups are summed (all-reduce); the head's logits, split by vocabulary, are gathered whole
+    for the Trainer's loss."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    weight = torch.nn.Parameter(distribute_tensor(embedding.weight.data, mesh, [Shard(0)]))
+    tied = head is not None and head.weight is embedding.weight
+    embedding.weight = weight
+    if tied:
+        head.weight = weight
+    for module in (embedding, head) if tied else (embedding,):
+        module.register_forward_pre_hook(
+            lambda m, args: (DTensor.from_local(args[0], mesh, [Replicate()], run_check=False), *args[1:]))
+        module.register_forward_hook(lambda m, args, out: out.redistribute(mesh, [Replicate()]).to_local())
+
+
+def apply_tensor_parallel(model, mesh, family: str):
+    """Split `model` (a GPT2LMHeadModel or BloomForCausalLM, whole on every rank, the same weights) over the 1-D TP
+    `mesh` in place; returns it. Every parameter becomes a DTensor (tp_placements lists them)."""
+    tp = mesh.size()
+    if model.config.num_attention_heads % tp:
+        raise ValueError(f"TP {tp} does not divide the {model.config.num_attention_heads} attention heads")
+    blocks = model.transformer.h
+    for block in blocks:
+        for name, style in PLANS[family].items():
+            module = block.get_submodule(name)
+            if style.startswith("colwise"):
+                _colwise(module, mesh, fused=3 if style.endswith("fused3") else 1)
+            else:
+                _rowwise(module, mesh)
+        attention = block.get_submodule(ATTENTION[family])
+        attention.num_heads //= tp
+        if family == "gpt2":
+            attention.split_size //= tp  # c_attn's output is [q_r | k_r | v_r], h / TP each
+        else:
+            attention.register_forward_pre_hook(_slice_alibi(mesh.get_local_rank(), tp), with_kwargs=True)
+    _vocab_parallel(model, mesh)
+    converted: dict = {}
+    for module in model.modules():
+        if any(not _is_dtensor(p) for p in module.parameters(recurse=False)):
+            _replicate(module, mesh, converted)
+    return model
+
+
+def _is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def tp_placements(model) -> dict[str, str]:
+    """{parameter name: its DTensor placements} - what the start-up proof compares with the plan ("plain" for a
+    parameter that is not a DTensor)."""
+    return {name: (str(tuple(p.placements)) if _is_dtensor(p) else "plain") for name, p in model.named_parameters()}

@@ -1,0 +1,77 @@
+"""hfscale's tensor-parallel plan against the unsharded model: 2 gloo processes (a TP mesh of 2) each build the same
+tiny GPT-2 and tiny BLOOM twice, split one copy (hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps
+with gradient clipping on the same batches. Prints, as JSON, per family: the losses of both, the largest difference of
+any gradient (full tensors) and of any weight after the steps, the clipped norms, each parameter's placements and
+the elements rank 0 holds against the whole model. Leaves through os._exit (see powersgd_hooks.py)."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TP = 2
+
+
+def family_run(family: str, mesh) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from hfscale.models import PRESETS, build_model
+    from hfscale.parallel.tensor_parallel import apply_tensor_parallel, tp_placements
+
+    shape = PRESETS["tiny" if family == "gpt2" else "tiny-bloom"]
+    whole, split = build_model(shape, 0, "eager"), build_model(shape, 0, "eager")
+    apply_tensor_parallel(split, mesh, family)
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (whole, split)]
+    torch.manual_seed(1)
+    losses, norms, grad_diff = [[], []], [[], []], 0.0
+    for step in range(3):
+        ids = torch.randint(0, shape.vocab, (2, 32))
+        for i, (model, opt) in enumerate(zip((whole, split), optimizers)):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses[i].append(loss.item())
+        if step == 0:
+            grad_diff = max((full(p.grad) - q.grad).abs().max().item()
+                            for p, q in zip(split.parameters(), whole.parameters()))
+        for i, (model, opt) in enumerate(zip((whole, split), optimizers)):
+            norms[i].append(float(full(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))))
+            opt.step()
+            opt.zero_grad()
+    weight_diff = max((full(p.data) - q.data).abs().max().item() for p, q in zip(split.parameters(), whole.parameters()))
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in split.parameters())
+    return {"losses": losses, "norms": norms, "grad_diff": grad_diff, "weight_diff": weight_diff,
+            "placements": tp_placements(split), "local_numel": local,
+            "whole_numel": sum(p.numel() for p in whole.parameters())}
+
+
+def worker(rank: int, port: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=TP)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    result = {family: family_run(family, mesh) for family in ("gpt2", "bloom")}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    port = sys.argv[-1]
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hfscale-tp-parity-{port}")
+    mp.spawn(worker, args=(port, out), nprocs=TP)
+    ranks = []
+    for rank in range(TP):
+        with open(f"{out}.{rank}") as f:
+            ranks.append(json.load(f))
+        os.remove(f"{out}.{rank}")
+    print(json.dumps({"ranks": ranks}))
+    os._exit(0)
