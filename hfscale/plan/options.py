@@ -86,10 +86,6 @@ def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus")
         raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
 
 
-def strategies_option(text: str) -> list:
-    return [get_strategy(n) for n in comma_list(text, "--strategy", valid=all_strategies(), what="strategy")]
-
-
 def strategies_and_families(text: str, with_3d: bool) -> tuple[list, list[str]]:
     """--strategy of a planner that also weighs 3D layouts: (the data-parallel strategies, the 3D families named).
     `all` is every strategy, and every 3D family when `with_3d` (the user gave a TP/PP layout to weigh)."""
