@@ -14,7 +14,7 @@ estimate`, `project` and `tune` (plan/options.py) - and read by all of them: the
 from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
-from .formulas.memory import Layout, RankMemory, rank_memory
+from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
 from .formulas.metrics import ModelShape, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
@@ -140,6 +140,12 @@ class RunPlan:
         plan = self if per_device_train_batch_size is None else replace(
             self, per_device_train_batch_size=per_device_train_batch_size)
         return rank_memory(plan)
+
+    def host_per_node(self, mem: RankMemory) -> int:
+        """Host RAM of the busiest node: every process's offloaded states, plus building the model
+        (formulas.memory.construction_host_bytes)."""
+        return self.processes_per_node * mem.host_offload + construction_host_bytes(
+            self.shape, self.processes_per_node, self.strategy.rank0_builds, self.shard_ranks)
 
     def but(self, **changes) -> "RunPlan":
         """The same plan with some inputs changed (the derived facts follow)."""

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..flags import ALL, comma_list
-from ..formulas.memory import construction_host_bytes
 from ..formulas.metrics import GB, ModelShape
 from ..formulas.peaks import DEVICES, device_memory_gb
 from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
@@ -152,18 +151,11 @@ class Fit:
     reason: str | None = None  # why not, in words
 
 
-def host_per_node(plan, mem) -> int:
-    """Offloaded states of every process on the node, plus building the model (construction_host_bytes)."""
-    if isinstance(plan, GridPlan):
-        return plan.host_per_node(mem)
-    return plan.processes_per_node * mem.host_offload + construction_host_bytes(
-        plan.shape, plan.processes_per_node, plan.strategy.rank0_builds, plan.shard_ranks)
-
-
 def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
-    """Does the plan fit `device_bytes` per GPU (and `host_bytes` of host RAM per node, when given)?"""
+    """Does the plan (a RunPlan or a 3D GridPlan) fit `device_bytes` per GPU (and `host_bytes` of host RAM per node,
+    when given)?"""
     mem = mem or plan.memory()
-    host = host_per_node(plan, mem)
+    host = plan.host_per_node(mem)
     if device_bytes is None:
         return Fit(None, mem.device_total, host, "no device memory given: not judged")
     if mem.device_total > device_bytes:
