@@ -134,6 +134,11 @@ class GridRun:
     def global_batch(self) -> int:
         return self.micro_batch * self.micro_batches * self.grid.dp
 
+    @property
+    def dtype(self) -> str:
+        """What weights and activations are stored in (TF32 computes in fp32 tensors)."""
+        return "fp32" if self.precision == "tf32" else self.precision
+
     def in_flight(self, stage: int) -> int:
         """Micro-batches stage `stage` holds activations for in 1F1B: P - stage in the steady state, at most M."""
         return min(self.grid.pp - stage, self.micro_batches)
@@ -147,7 +152,7 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first peak. Under full
     recomputation the backward rebuilds one layer's activations at a time on top."""
     shape, grid, b, s, h = run.shape, run.grid, run.micro_batch, run.seq, run.shape.hidden
-    precision = "fp32" if run.precision == "tf32" else run.precision
+    precision = run.dtype
     n = stage_parameters(shape, grid, stage)
     mem = RankMemory()
     mem.parameters = DTYPE_BYTES[precision] * n
@@ -214,7 +219,7 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
     gradient reduction, exposed. TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below
     the calibrated rate are not modelled (docs/project.md: the check against Megatron's published table)."""
     shape, grid, b, s = run.shape, run.grid, run.micro_batch, run.seq
-    act = DTYPE_BYTES["fp32" if run.precision == "tf32" else run.precision]
+    act = DTYPE_BYTES[run.dtype]
     padded = replace(shape, vocab=padded_vocab(shape.vocab, grid.tp))
     layers = stage_layers(shape, grid)  # the busiest stage sets the pace
     compute = hardware_flops_per_sequence(padded, s, run.recompute) * b * layers / shape.n_layer / grid.tp / flops_per_s
@@ -231,7 +236,7 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
     n = max(stage_parameters(shape, grid, k) for k in {0, grid.pp - 1})
     span = grid.tp * grid.dp > gpus_per_node  # a DP group's ranks lie T apart within the stage's T x D ranks
     g = grad_bytes(run.precision) * n
-    sent = run.micro_batches * (layers * TP_ALL_REDUCES[run.recompute] * RING["all_reduce"][0](grid.tp) * message
+    sent = m * (layers * TP_ALL_REDUCES[run.recompute] * RING["all_reduce"][0](grid.tp) * message
                                 + (2 * message / grid.tp if grid.pp > 1 else 0))
     sent += (RING["reduce_scatter"][0](grid.dp) * (g + act * n) if grid.zero1
              else RING["all_reduce"][0](grid.dp) * g)
