@@ -39,6 +39,7 @@ from .options import (add_grid_flags, add_model_flags, add_precision_flags, base
                       device_memory_bytes, fit, optimizers_option, positive, strategies_and_families)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
+DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given
 
 
 @dataclass
@@ -467,8 +468,10 @@ def build_parser() -> ArgumentParser:
 def add_link_flags(p) -> None:
     """The links of the communication model (`hfscale project`, `hfscale report --days_at_gpus`)."""
     p.add_argument("--gpus_per_node", type=int, default=8)
-    p.add_argument("--intra_bw", default="150", help="intra-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 150, assumed)")
-    p.add_argument("--inter_bw", default="12.5", help="inter-node bus bandwidth per GPU, GB/s or LOW:HIGH (default 12.5, assumed)")
+    p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
+                   f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
+    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth per GPU, GB/s or "
+                   f"LOW:HIGH (default {DEFAULT_INTER_GB_S:g}, assumed)")
     p.add_argument("--intra_latency_us", type=float, default=5.0)
     p.add_argument("--inter_latency_us", type=float, default=20.0)
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")

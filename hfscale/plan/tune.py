@@ -140,11 +140,11 @@ def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Cand
     """Megatron's 3D layouts beside the trials: hfscale cannot launch them, so each family's fastest layout that fits
     at the trials' process count is projected (plan/project.project_grids) from the winning trial's measured
     throughput, at its global batch - a `projected` row, never the winner."""
-    from .project import baseline_from_results, project_grids
+    from .project import DEFAULT_INTER_GB_S, DEFAULT_INTRA_GB_S, baseline_from_results, project_grids
 
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     base = baseline_from_results(opts.out / "trials" / winner.run.name / RESULTS_FILE, device_bytes)
-    links = (Links(intra_bw=150e9, inter_bw=12.5e9),) * 3  # hfscale project's defaults: one node, so intra only
+    links = (Links(DEFAULT_INTRA_GB_S * GB, DEFAULT_INTER_GB_S * GB),) * 3  # project's defaults; one node: intra
     recompute = "full" if base.plan.activation_checkpointing else "none"
     points = project_grids(base, families, [opts.num_processes], opts.num_processes, links, opts.token_budget,
                            base.plan.global_batch_size, GridOptions(recompute=recompute))
