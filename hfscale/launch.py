@@ -23,7 +23,7 @@ from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
 from .parallel.distributed import check_agree, check_local_processes, config_strategy, free_port
-from .parallel.strategies import check_pair, get_strategy
+from .parallel.strategies import check_pair, get_strategy, tp_layout_refusal
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
 from .runplan import hsdp_mesh
 
@@ -237,10 +237,17 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     if check_gpus:  # not when writing a job script for other machines (hfscale slurm)
         check_local_processes(nproc // machines)
     launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
-    if get_strategy(asked or launched or "ddp").hybrid:  # HSDP's mesh is the job's shape: nodes x processes per node
+    strategy = get_strategy(asked or launched or "ddp")
+    if strategy.hybrid:  # HSDP's mesh is the job's shape: nodes x processes per node
         replicas, shards = hsdp_mesh(machines, nproc // machines)
         launcher_args += ["--parallelism_config_dp_replicate_size", str(replicas),
                           "--parallelism_config_dp_shard_size", str(shards)]
+    elif strategy.tensor_parallel:  # TP over a node's processes, FSDP (fsdp_tp) over the nodes
+        reason = tp_layout_refusal(strategy, nproc, nproc // machines)
+        if reason:
+            raise HfscaleError(reason)
+        launcher_args += ["--parallelism_config_dp_shard_size", str(machines),
+                          "--parallelism_config_tp_size", str(nproc // machines)]
     if machines > 1:
         # static rendezvous, as flags: accelerate launch ignores rdzv_backend/same_network when they come only from
         # the config file, and c10d rendezvous ignores the machine rank (rank 0 may land on another node)

@@ -18,6 +18,7 @@ from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_m
 from .formulas.metrics import ModelShape, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
+from .parallel.tensor_parallel import tp_refusal
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICE_TYPES = ("cuda", "cpu")
@@ -98,19 +99,40 @@ class RunPlan:
         return hsdp_mesh(self.nodes, self.processes_per_node) if self.strategy.hybrid else None
 
     @property
+    def tp(self) -> int:
+        """The tensor-parallel degree: a node's processes under tp / fsdp_tp, else 1."""
+        return self.strategy.tp_size(self.world_size, self.processes_per_node)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """DP: ranks that see different samples (the world, over the TP degree)."""
+        return self.world_size // self.tp
+
+    @property
+    def parallel_sizes(self) -> dict[str, int] | None:
+        """The device mesh as accelerate's ParallelismConfig names its sizes - HSDP's (dp_replicate, dp_shard), TP's
+        (dp_shard, tp) - or None for a strategy without one."""
+        if self.mesh:
+            return {"dp_replicate": self.mesh[0], "dp_shard": self.mesh[1], "tp": 1}
+        if self.strategy.tensor_parallel:
+            return {"dp_replicate": 1, "dp_shard": self.data_parallel_size, "tp": self.tp}
+        return None
+
+    @property
     def shard_ranks(self) -> int:
-        """Ranks that share one copy of what the strategy shards (a node's processes under HSDP, else all)."""
+        """Ranks that share one copy of what the strategy shards (a node's processes under HSDP, the nodes under
+        fsdp_tp, else all)."""
         return self.strategy.shard_ranks(self.world_size, self.processes_per_node)
 
     @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step: MBS x GAS x DP."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     @property
     def tokens_per_step(self) -> int:
-        return tokens_per_step(self.per_device_train_batch_size, self.gradient_accumulation_steps, self.world_size,
-                               self.seq_len)
+        return tokens_per_step(self.per_device_train_batch_size, self.gradient_accumulation_steps,
+                               self.data_parallel_size, self.seq_len)
 
     @property
     def clips_gradients(self) -> bool:
@@ -133,7 +155,8 @@ class RunPlan:
         """Why this plan cannot run (the strategy x optimizer table, the layout: PowerSGD on one process, HSDP without
         whole nodes), or None."""
         return (incompatibility(self.strategy.name, self.optimizer.name)
-                or layout_refusal(self.strategy, self.world_size, self.processes_per_node))
+                or layout_refusal(self.strategy, self.world_size, self.processes_per_node)
+                or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None))
 
     def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
         """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""

@@ -25,7 +25,8 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
 from hfscale.models import resolve_seq_len  # noqa: E402
-from hfscale.parallel.distributed import setup_processes, shutdown, tf32_matmuls  # noqa: E402
+from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
+from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_hyperparameters,  # noqa: E402
                               check_model_tokenizer, parse_args, plan_training)
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
@@ -139,7 +140,7 @@ def evaluating(eval_strategy) -> bool:
     return str(getattr(eval_strategy, "value", eval_strategy)) != "no"
 
 
-def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction=None):
+def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction=None, parallelism=None):
     from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
 
     plan, results = state.plan, record.results
@@ -156,7 +157,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
     step_memory = StepMemory(on_cuda)
     trainer = HfscaleTrainer(model=model, args=args, train_dataset=blocks, eval_dataset=eval_blocks,
                              data_collator=default_data_collator, plan=plan, meter=meter, step_memory=step_memory,
-                             checkpoint_identity=state.checkpoint_identity,
+                             checkpoint_identity=state.checkpoint_identity, parallelism=parallelism,
                              on_checkpoint=lambda info: record.note_checkpoint(**info))
     powersgd = (PowerSGDConfig(args.powersgd_rank, args.powersgd_warmup_steps)
                 if plan.strategy.comm_hook == "powersgd" else None)
@@ -269,10 +270,13 @@ def run(argv: list[str] | None) -> None:
     construction = ConstructionMemory()
     construction.start()
     model = build(model_args, args, state.plan.shape, tokenizer, state.plan.strategy)
+    parallelism = tensor_parallel_config(state.plan)  # tp, fsdp_tp: the mesh, and the model split on its tp dimension
+    if parallelism is not None:
+        apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.family)
     construction.read(built=True)  # before StepMemory resets the high-water mark; read again once the engine has sharded
     record = RunRecord(args.output_dir, base_results(model_args, data_args, args, state, model,
                                                      environment(args, state.plan)), args.process_index == 0)
-    trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction)
+    trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction, parallelism)
     record.update(resumed_from=resume)
     try:
         output = trainer.train(resume_from_checkpoint=resume)

@@ -342,13 +342,17 @@ def slurm(*argv) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "hfscale", "slurm", *map(str, argv)], timeout=120)
 
 
-@pytest.fixture(scope="session")
-def fake_slurm(tmp_path_factory):
-    bin_dir = tmp_path_factory.mktemp("fake-slurm")
+def fake_slurm_bin(bin_dir: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
     return bin_dir
+
+
+@pytest.fixture(scope="session")
+def fake_slurm(tmp_path_factory):
+    return fake_slurm_bin(tmp_path_factory.mktemp("fake-slurm"))
 
 
 def run_slurm_job(script_path, fake_slurm, nodes: int) -> subprocess.CompletedProcess:
@@ -397,3 +401,35 @@ def hsdp_job(runs_dir, fake_slurm):
     saving = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--save_strategy", "steps", "--save_steps", "10"]
     return slurm_train(fake_slurm, runs_dir, "fsdp_hybrid", 2, 2,
                        [*saving, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir", str(out)])
+
+
+# ---- tensor parallelism: tp on one node of 2, fsdp_tp on 2 "nodes" x 2 (TP inside a node, FSDP2 across) ------------
+# Both step the parity runs' global batch (8 samples: ddp's 2 ranks x MBS 4) in fp32 for PARITY_STEPS, so their losses,
+# gradient norms and final weights compare with the parity suite's ddp run; each saves a checkpoint at TP_SAVE_STEP.
+TP_SAVE_STEP = 10
+
+
+def _tp_args(out: Path, mbs: int) -> list[str]:
+    saving = [a for a in TINY if a not in ("--save_strategy", "no")]
+    return [*saving, "--per_device_train_batch_size", str(mbs), "--save_strategy", "steps", "--save_steps",
+            str(TP_SAVE_STEP), "--max_steps", str(PARITY_STEPS), "--fingerprint_weights", "--output_dir", str(out)]
+
+
+def tp_run() -> dict:
+    """tp on 2 processes (one TP group, MBS 8: the 8 samples ddp's two ranks see)."""
+    return shared_run("tp", lambda folder: train(folder, "tp", "--per_device_train_batch_size", "8", "--save_strategy",
+                                                 "steps", "--save_steps", str(TP_SAVE_STEP), "--fingerprint_weights",
+                                                 steps=PARITY_STEPS))
+
+
+def fsdp_tp_job(*extra: str, steps: int | None = None, key: str = "fsdp_tp-2x2") -> dict:
+    """fsdp_tp on 2 "nodes" x 2 processes from the generated sbatch script (MBS 4 on each of the 2 data-parallel
+    groups); `extra` flags and fewer `steps` for the strategy x optimizer runs."""
+    def make(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        args = _tp_args(folder / "run", 4) + list(extra)
+        if steps is not None:
+            args += ["--max_steps", str(steps)]
+        return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_tp", 2, 2, args)
+
+    return shared_run(key, make)

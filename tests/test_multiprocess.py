@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BF16_RUNS, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY, accelerate_launch, bf16_result,
-                      parity_runs, run, shared_train)
+                      fsdp_tp_job, parity_runs, run, shared_train, tp_run)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -240,6 +240,11 @@ PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 def pair_result(strategy: str, optim: str, request) -> dict:
     if all_strategies()[strategy].hybrid:  # HSDP needs 2+ nodes: 2 x 2 simulated-SLURM jobs (conftest)
         return request.getfixturevalue("hsdp_8bit_job" if optim == "adamw_8bit" else "hsdp_job")
+    if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's run
+        return tp_run()
+    if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
+        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, "--save_strategy", "no", steps=3,
+                                                                  key=f"fsdp_tp-2x2-{optim}")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     if where.startswith("parity:"):
         return parity_run(where.split(":")[1])
@@ -259,10 +264,12 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
         assert not out.exists()
         return
     res = pair_result(strategy, optim, request)
-    world = 4 if all_strategies()[strategy].hybrid else 2  # HSDP: 2 nodes x 2 processes
+    s = all_strategies()[strategy]
+    world = 4 if s.hybrid or (s.tensor_parallel and s.engine == "fsdp") else 2  # HSDP, fsdp_tp: 2 nodes x 2
     assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == world
     check = res["strategy_check"]
-    assert check["world_size_torch"] == world and len(set(map(tuple, check["first_batch_per_rank"]))) == world
+    data_parallel = world // (2 if s.tensor_parallel else 1)  # the ranks of a TP group share their batches
+    assert check["world_size_torch"] == world and len(set(map(tuple, check["first_batch_per_rank"]))) == data_parallel
     if optim == "adamw_8bit":
         assert "uint8" in check["optimizer_states"]["dtypes"]
 

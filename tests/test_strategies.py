@@ -12,10 +12,11 @@ from hfscale.errors import HfscaleError
 from hfscale.parallel.strategies import (INCOMPATIBLE, all_strategies, check_pair, get_strategy, load_deepspeed_config,
                                          matrix_markdown)
 
-NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
+NAMES = ["ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "fsdp_tp", "tp", "zero1", "zero2", "zero2_offload",
+         "zero3", "zero3_offload"]
 
 
-def test_the_ten_strategies_exist_under_one_name_each():
+def test_the_twelve_strategies_exist_under_one_name_each():
     assert sorted(all_strategies()) == sorted(NAMES)
     for name in NAMES:
         assert (config_dir("accelerate_configs") / f"{name}.yaml").is_file()
@@ -36,6 +37,11 @@ def test_accelerate_config_matches_strategy(name):
     if s.engine == "fsdp":
         assert cfg["fsdp_config"]["fsdp_version"] == 2
         assert cfg["fsdp_config"]["fsdp_offload_params"] == s.offloads_state("parameters")
+    # a launcher config alone says which strategy it is (accelerate launch --config_file, no --strategy)
+    from hfscale.parallel.distributed import config_strategy
+
+    if s.engine != "deepspeed" and s.comm_hook is None:
+        assert config_strategy(cfg) == (None if name == "ddp" else name)
 
 
 def test_ds_configs_use_auto_for_trainer_filled_values():
@@ -168,7 +174,7 @@ def test_hsdp_mesh_comes_from_the_launcher_world_and_must_agree_with_its_paralle
     monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "2")
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "8")  # the shipped YAML's 2 x 8 on a 2 x 4 job
-    with pytest.raises(HfscaleError, match="dp_replicate 2 x dp_shard 8, but this job is 2 nodes x 4 processes"):
+    with pytest.raises(HfscaleError, match="dp_replicate 2 x dp_shard 8 x tp 1, but this job is dp_replicate 2 x dp_shard 4 x tp 1"):
         plan("fsdp_hybrid", 8)
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4")
     assert plan("fsdp_hybrid", 8).mesh == (2, 4)
@@ -241,3 +247,56 @@ def test_the_trainer_builds_the_optimizer_each_registry_entry_names(monkeypatch)
                 assert kwargs.get("fused", False) is (name == "adamw" and on_gpu), (name, on_gpu, kwargs)
                 if built.startswith("bitsandbytes"):
                     assert kwargs["optim_bits"] == 8
+
+
+def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypatch):
+    """tp is one node of 2+ (no data parallelism); fsdp_tp 2+ nodes of 2+ (TP inside a node, FSDP2 across); TP must
+    divide the heads. Checked in the run's plan before anything starts, as `hfscale launch`/`slurm` check it."""
+    from hfscale.models import PRESETS
+    from hfscale.parallel.strategies import layout_refusal
+    from hfscale.run.args import parse_args, plan_training
+
+    tp, fsdp_tp = get_strategy("tp"), get_strategy("fsdp_tp")
+    assert layout_refusal(tp, 4, 4) is None and layout_refusal(fsdp_tp, 8, 4) is None
+    assert "runs on one node" in layout_refusal(tp, 8, 4)
+    assert "2+ processes per node" in layout_refusal(tp, 1, 1)
+    assert "needs 2+ nodes" in layout_refusal(fsdp_tp, 4, 4)
+    assert "do not split into nodes" in layout_refusal(fsdp_tp, 6, 4)
+
+    def plan(strategy, world, per_node, model="tiny"):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+        _, _, training, _ = parse_args(["--strategy", strategy])
+        return plan_training(training, PRESETS[model], 64)[1]
+
+    two_by_two = plan("fsdp_tp", 4, 2)  # the mesh, the data-parallel size and what FSDP shards over
+    assert (two_by_two.tp, two_by_two.data_parallel_size, two_by_two.shard_ranks) == (2, 2, 2)
+    assert two_by_two.parallel_sizes == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert two_by_two.global_batch_size == 2 * two_by_two.per_device_train_batch_size  # TP ranks share a batch
+    assert not two_by_two.strategy.rank0_builds  # every rank builds the whole model its TP group splits
+    with pytest.raises(HfscaleError, match="does not divide the 4 attention heads"):
+        plan("tp", 3, 3)
+    with pytest.raises(HfscaleError, match="needs 2\\+ nodes"):
+        plan("fsdp_tp", 2, 2)
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")  # a launcher's own TP size must be the node's
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "8")
+    with pytest.raises(HfscaleError, match="tp 8, but this job is dp_replicate 1 x dp_shard 2 x tp 2"):
+        plan("fsdp_tp", 4, 2)
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "2")
+    assert plan("fsdp_tp", 4, 2).tp == 2
+
+
+def test_a_launcher_environment_names_its_tensor_parallel_strategy(monkeypatch):
+    from hfscale.parallel.distributed import launcher_strategy
+
+    for var in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "4")
+    assert launcher_strategy() == "tp"
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert launcher_strategy() == "fsdp_tp"
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "1")
+    assert launcher_strategy() == "fsdp"

@@ -140,6 +140,60 @@ def parameter_tensors(shape: ModelShape) -> list[Tensor]:
     return head + layers + tail
 
 
+# hfscale's tensor-parallel plan (parallel/tensor_parallel.py), tensor by tensor: the dimension each splits over the TP
+# ranks (Megatron's column-parallel weights and biases by output, row-parallel weights by input; the word embedding
+# and its tied head by vocabulary rows). Every other tensor is replicated. The start-up proof checks a running model's
+# DTensor placements against this table (parallel/verify.py), and the memory model reads each rank's shapes from it.
+TP_SPLITS = {
+    "gpt2": {"wte.weight": 0, "attn.c_attn.weight": 1, "attn.c_proj.weight": 0,  # c_attn.bias: replicated
+             "mlp.c_fc.weight": 1, "mlp.c_fc.bias": 0, "mlp.c_proj.weight": 0},
+    "bloom": {"word_embeddings.weight": 0, "self_attention.query_key_value.weight": 0,
+              "self_attention.query_key_value.bias": 0, "self_attention.dense.weight": 1,
+              "mlp.dense_h_to_4h.weight": 0, "mlp.dense_h_to_4h.bias": 0, "mlp.dense_4h_to_h.weight": 1},
+}
+
+
+def tp_split_dim(family: str, name: str) -> int | None:
+    """The dimension `name` (a parameter of the HF model) splits over under TP, or None: replicated."""
+    for suffix, dim in TP_SPLITS[family].items():
+        if name.endswith("." + suffix):
+            return dim
+    return None
+
+
+def tp_chunk(size: int, tp: int, rank: int = 0) -> int:
+    """What TP rank `rank` holds of a dimension of `size` split over `tp` (DTensor's Shard, like torch.chunk: chunks of
+    ceil(size/TP), the last ones shorter or empty when TP does not divide it)."""
+    chunk = ceil(size / tp)
+    return max(0, min(chunk, size - rank * chunk))
+
+
+def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> list[Tensor]:
+    """The model's tensors as TP rank `rank` holds them (tp_chunk along each split dimension). Rank 0 holds the most:
+    only the vocabulary may not divide, and hfscale does not pad it as Megatron does. TP 1: parameter_tensors."""
+    tensors = parameter_tensors(shape)
+    if tp == 1:
+        return tensors
+    out = []
+    for t in tensors:
+        dim = tp_split_dim(shape.family, t.name)
+        dims = t.shape if dim is None else tuple(tp_chunk(d, tp, rank) if i == dim else d for i, d in enumerate(t.shape))
+        out.append(Tensor(t.name, dims))
+    return out
+
+
+def tp_activation_ratio(shape: ModelShape, seq: int, tp: int, checkpointing: bool) -> float:
+    """What a TP rank keeps of a block's activations, against the whole model's (Korthikanti et al. 2022, Table 2,
+    formulas/parallel3d.py): the matmul inputs and the attention scores split over TP, LayerNorms and dropouts
+    replicated (no sequence parallelism); with checkpointing each block keeps only its input, replicated."""
+    from .parallel3d import activation_bytes_per_layer
+
+    if tp == 1 or checkpointing:
+        return 1.0
+    one = activation_bytes_per_layer(seq, 1, shape.hidden, shape.n_head)
+    return activation_bytes_per_layer(seq, 1, shape.hidden, shape.n_head, tp=tp) / one
+
+
 def block_numel(shape: ModelShape) -> int:
     """Elements of one transformer block (an FSDP unit, a ZeRO-3 gathering unit)."""
     h, f = shape.hidden, shape.ffn_size
@@ -310,10 +364,11 @@ def _offload(mem: RankMemory, *names: str) -> None:
 
 
 def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, precision: str, ranks: int,
-                      grad_accum: int = 1) -> RankMemory:
+                      grad_accum: int = 1, tp: int = 1) -> RankMemory:
     """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live. With gradient
-    accumulation (grad_accum > 1) FSDP2 keeps unsharded gradients between micro-batches (accelerate's no_sync)."""
-    tensors = parameter_tensors(shape)
+    accumulation (grad_accum > 1) FSDP2 keeps unsharded gradients between micro-batches (accelerate's no_sync). Under
+    TP (tp > 1) each rank starts from its TP slices (tp_local_tensors), which FSDP shards further over `ranks`."""
+    tensors = tp_local_tensors(shape, tp)
     P = sum(t.numel for t in tensors)
     train = DTYPE_BYTES[precision]
     embeddings_32bit = [BNB_EMBEDDINGS_32BIT and t.is_embedding for t in tensors]
@@ -423,12 +478,16 @@ def rank_memory(plan) -> RankMemory:
     (CUDA context, cuBLAS/NCCL workspaces) are added to the device total; a CPU run has neither."""
     layout, precision = plan.memory_layout, "fp32" if plan.precision == "tf32" else plan.precision
     mem = model_state_bytes(plan.shape, layout, plan.optimizer_memory_rule, precision, plan.shard_ranks,
-                            plan.gradient_accumulation_steps)
+                            plan.gradient_accumulation_steps, plan.tp)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
     mem.activations, mem.activation_peak, mem.activation_calibration = activation_bytes(
         plan.shape, plan.seq_len, plan.per_device_train_batch_size,
         activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
         plan.device_type, plan.torch_compile)
+    if plan.tp > 1:
+        ratio = tp_activation_ratio(plan.shape, plan.seq_len, plan.tp, plan.activation_checkpointing)
+        mem.activations, mem.activation_peak = int(mem.activations * ratio), int(mem.activation_peak * ratio)
+        mem.activation_calibration += f", x {ratio:.3f} under TP {plan.tp} (Korthikanti et al. 2022)"
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the

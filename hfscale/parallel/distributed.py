@@ -85,20 +85,28 @@ def launcher_processes_per_node(world: int) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world)) or 1
 
 
-PARALLELISM_ENV = ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "PARALLELISM_CONFIG_DP_SHARD_SIZE")
+PARALLELISM_ENV = {"dp_replicate": "PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "dp_shard": "PARALLELISM_CONFIG_DP_SHARD_SIZE",
+                   "tp": "PARALLELISM_CONFIG_TP_SIZE"}
 
 
-def check_launcher_mesh(mesh: tuple[int, int] | None) -> None:
+def launcher_parallel_size(dim: str) -> int:
+    """One size of the launcher's parallelism_config (accelerate launch exports each as PARALLELISM_CONFIG_*)."""
+    return int(os.environ.get(PARALLELISM_ENV[dim], "1"))
+
+
+def check_launcher_mesh(sizes: dict[str, int] | None) -> None:
     """A launcher started with its own parallelism_config (accelerate launch, YAML or flags) must agree with the job's
-    HSDP mesh (RunPlan.mesh: nodes x processes per node)."""
-    if mesh is None or not _true("ACCELERATE_USE_PARALLELISM_CONFIG"):
+    device mesh (RunPlan.parallel_sizes: HSDP's nodes x processes per node, TP's nodes x processes per node)."""
+    if sizes is None or not _true("ACCELERATE_USE_PARALLELISM_CONFIG"):
         return
-    asked = tuple(int(os.environ.get(var, "1")) for var in PARALLELISM_ENV)
-    if asked != mesh:
-        raise HfscaleError(f"the launcher's parallelism_config is dp_replicate {asked[0]} x dp_shard {asked[1]}, but "
-                           f"this job is {mesh[0]} nodes x {mesh[1]} processes; launch with `hfscale launch` or "
-                           f"`hfscale slurm`, which set it from the job, or pass --parallelism_config_dp_replicate_size "
-                           f"{mesh[0]} --parallelism_config_dp_shard_size {mesh[1]}")
+    asked = {dim: launcher_parallel_size(dim) for dim in sizes}
+    if asked != sizes:
+        shown = " x ".join(f"{dim} {n}" for dim, n in asked.items())
+        wanted = " x ".join(f"{dim} {n}" for dim, n in sizes.items())
+        flags = " ".join(f"--parallelism_config_{dim}_size {n}" for dim, n in sizes.items())
+        raise HfscaleError(f"the launcher's parallelism_config is {shown}, but this job is {wanted} (from its nodes and "
+                           f"processes per node); launch with `hfscale launch` or `hfscale slurm`, which set it from "
+                           f"the job, or pass {flags}")
 
 
 def _true(var: str) -> bool:
@@ -127,10 +135,14 @@ def launcher_strategy(deepspeed_json: dict | None = None) -> str | None:
             ds["zero_stage"] = stage
             ds["offload_optimizer_device"] = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
         return config_strategy({"distributed_type": "DEEPSPEED", "deepspeed_config": ds}, deepspeed_json)
+    mesh = _true("ACCELERATE_USE_PARALLELISM_CONFIG")
+    tensor_parallel = mesh and launcher_parallel_size("tp") > 1
     if _true("ACCELERATE_USE_FSDP"):
-        hybrid = _true("ACCELERATE_USE_PARALLELISM_CONFIG") and int(os.environ.get(PARALLELISM_ENV[0], "1")) > 1
+        if tensor_parallel:
+            return "fsdp_tp"
+        hybrid = mesh and launcher_parallel_size("dp_replicate") > 1
         return "fsdp_hybrid" if hybrid else "fsdp_offload" if _true("FSDP_OFFLOAD_PARAMS") else "fsdp"
-    return None
+    return "tp" if tensor_parallel else None
 
 
 def launcher_deepspeed_config() -> str | None:
@@ -159,11 +171,15 @@ def config_strategy(config: dict, deepspeed_json: dict | None = None) -> str | N
         stage = ds.get("zero_stage", zero.get("stage", ""))
         device = ds.get("offload_optimizer_device", (zero.get("offload_optimizer") or {}).get("device", "none"))
         return deepspeed_strategy(ds.get("deepspeed_config_file", ""), stage, str(device) not in ("none", ""))
+    mesh = config.get("parallelism_config") or {}
+    tensor_parallel = int(mesh.get("parallelism_config_tp_size", 1) or 1) > 1
     if kind == "FSDP":
+        if tensor_parallel:
+            return "fsdp_tp"
         offload = str((config.get("fsdp_config") or {}).get("fsdp_offload_params", False)).lower() == "true"
-        replicas = (config.get("parallelism_config") or {}).get("parallelism_config_dp_replicate_size", 1)
+        replicas = mesh.get("parallelism_config_dp_replicate_size", 1)
         return "fsdp_hybrid" if int(replicas or 1) > 1 else "fsdp_offload" if offload else "fsdp"
-    return None
+    return "tp" if tensor_parallel else None
 
 
 def check_agree(asked: str, launched: str | None) -> None:
@@ -216,6 +232,8 @@ def setup_processes(plan) -> dict:
     explicitly, by train.run(). Returns the TrainingArguments overrides this needs."""
     ensure_process_group_env()
     strategy, mesh = plan.strategy, plan.mesh
+    if strategy.tensor_parallel:  # its mesh is built with the model (tensor_parallel_config) and set on accelerate's
+        os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)  # state by hooks.use_tensor_parallel_state
     if plan.on_cuda:
         if mesh:
             from accelerate.parallelism_config import ParallelismConfig
@@ -233,6 +251,22 @@ def setup_processes(plan) -> dict:
     if strategy.engine == "deepspeed":
         return {"accelerator_config": configure_state_for_cpu_deepspeed()}
     return {}
+
+
+def tensor_parallel_config(plan):
+    """A tensor-parallel run's ParallelismConfig - (dp_shard, tp) = (nodes, processes per node) - with its device mesh
+    built: the model is split on mesh["tp"] before the Trainer exists, and accelerate is handed the same mesh
+    (hooks.use_tensor_parallel_state), so FSDP2 shards the TP slices over mesh["dp_shard_cp"] and the data loader
+    gives the ranks of one TP group the same batch. None for every other strategy. Needs the process group."""
+    if not plan.strategy.tensor_parallel:
+        return None
+    from accelerate.parallelism_config import ParallelismConfig
+
+    sizes = plan.parallel_sizes
+    config = ParallelismConfig(dp_replicate_size=1, dp_shard_size=sizes["dp_shard"], tp_size=sizes["tp"], cp_size=1,
+                               sp_size=1)  # every size: one left out is read from the launcher's environment
+    config.get_device_mesh("cuda" if plan.on_cuda else "cpu")
+    return config
 
 
 def barrier() -> None:

@@ -144,3 +144,30 @@ def force_fsdp_state(accelerator, fsdp_plugin_args: dict, mesh: tuple[int, int] 
         config = ParallelismConfig(dp_replicate_size=mesh[0], dp_shard_size=mesh[1])
         state.parallelism_config = config
         state.device_mesh = config.get_device_mesh("cpu")
+
+
+def use_tensor_parallel_state(accelerator, config, model) -> None:
+    """Hand accelerate the mesh the model was split on (distributed.tensor_parallel_config), on either route, right
+    after the Trainer creates its accelerator (before `prepare`); accelerate cannot take it earlier:
+    - on CPU it refuses any ParallelismConfig on MULTI_CPU; set on the state, it only reads it.
+    - tp alone: the full (tp) config, so `prepare_model` leaves the DTensor model unwrapped (no DDP: one replica).
+    - fsdp_tp: accelerate 1.15's own TP preparation under FSDP2 imports `ReplicateParallel`, which transformers 5 no
+      longer has (ImportError); with every parameter already a DTensor it would have nothing to do. accelerate gets the
+      data-parallel part (dp_shard) as its config, on the full (dp_shard, tp) mesh: FSDP2 shards over
+      mesh["dp_shard_cp"], and the data loader (which reads the mesh) gives a TP group's ranks the same batch.
+    The model's `_tp_size`, which the Trainer reads for its batch and loss accounting (get_tp_size) and accelerate
+    for its check of a TP model, is set here too: set before the Trainer's accelerator exists, it would make the
+    Trainer build a ParallelismConfig of its own."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    state = accelerator.state
+    if config.dp_shard_enabled:
+        # every size given: a size left out is read from the launcher's PARALLELISM_CONFIG_* (its tp_size too)
+        data_parallel = ParallelismConfig(dp_replicate_size=1, dp_shard_size=config.dp_shard_size, tp_size=1, cp_size=1,
+                                          sp_size=1)
+        data_parallel.device_mesh = config.device_mesh
+        state.parallelism_config = data_parallel
+    else:
+        state.parallelism_config = config
+    state.device_mesh = config.device_mesh
+    model._tp_size = config.tp_size

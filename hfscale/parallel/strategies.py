@@ -33,7 +33,12 @@ _FSDP2 = {
 INCOMPATIBLE = {
     **{(s, o): _OFFLOAD_NEEDS_CPU_ADAM.format(s=s, o=o, base=s.replace("_offload", ""))
        for s in ("zero2_offload", "zero3_offload") for o in ("adafactor", "adamw_8bit")},
-    **{(s, o): reason for s in ("fsdp", "fsdp_offload", "fsdp_hybrid") for o, reason in _FSDP2.items()},
+    **{(s, o): reason for s in ("fsdp", "fsdp_offload", "fsdp_hybrid", "fsdp_tp") for o, reason in _FSDP2.items()},
+    ("tp", "adafactor"): "transformers' Adafactor mixes plain tensors into the math on TP's DTensor parameters "
+                         "(aten.add_ got mixed torch.Tensor and DTensor); use fsdp_tp with adamw, or ddp for Adafactor",
+    ("tp", "adamw_8bit"): "bitsandbytes' 8-bit kernels have no DTensor sharding rule (optimizer_update_32bit has no "
+                          "sharding strategy registered) and TP's parameters are DTensors; use adamw, or fsdp_tp, whose "
+                          "8-bit Adam is torchao's",
 }
 
 
@@ -50,6 +55,9 @@ class Strategy:
     powersgd: dict = field(default_factory=dict)
     shards: tuple = ()
     offload: tuple = ()
+    # Megatron-style tensor parallelism over the processes of each node (parallel/tensor_parallel.py): every block's
+    # matrices split by heads and MLP columns, the embedding by vocabulary rows; the engine holds what is left
+    tensor_parallel: bool = False
 
     @property
     def deepspeed_config_path(self) -> Path | None:
@@ -73,15 +81,22 @@ class Strategy:
         return "hybrid_shard" in (self.fsdp or "").split()
 
     def shard_ranks(self, world: int, per_node: int) -> int:
-        """How many ranks share one copy of what the strategy shards: a node's processes under HSDP, else all."""
+        """How many ranks share one copy of what the strategy shards: a node's processes under HSDP, the nodes under
+        TP (each node is one tensor-parallel group, FSDP shards across them), else all."""
+        if self.tensor_parallel:
+            return max(world // max(per_node, 1), 1)
         return min(per_node, world) if self.hybrid else world
+
+    def tp_size(self, world: int, per_node: int) -> int:
+        """The tensor-parallel degree: a node's processes for a tensor-parallel strategy, else 1."""
+        return min(per_node, world) if self.tensor_parallel else 1
 
     @property
     def rank0_builds(self) -> bool:
         """By default only rank 0 builds the whole model and the engine shards it out: FSDP (accelerate's
         cpu_ram_efficient_loading) and ZeRO-3 (zero.Init, accelerate's zero3_init_flag). train.rank0_builds applies
-        the run's opt-outs."""
-        return self.engine == "fsdp" or self.zero_stage == 3
+        the run's opt-outs. Not under TP: every rank builds the whole model and its TP group splits it."""
+        return (self.engine == "fsdp" and not self.tensor_parallel) or self.zero_stage == 3
 
     def offloads_state(self, kind: str) -> bool:
         return kind in self.offload
@@ -99,6 +114,10 @@ def _parse_strategy(path: Path) -> Strategy:
         raise HfscaleError(f"{path}: engine {raw.get('engine')!r}; choose one of: {', '.join(ENGINES)}")
     if "hybrid_shard" in (raw.get("fsdp") or "").split() and raw.get("engine") != "fsdp":
         raise HfscaleError(f"{path}: `fsdp: hybrid_shard` needs `engine: fsdp`, not {raw.get('engine')!r}")
+    if raw.get("tensor_parallel") and (raw.get("engine") == "deepspeed" or raw.get("comm_hook")
+                                       or "hybrid_shard" in (raw.get("fsdp") or "").split()):
+        raise HfscaleError(f"{path}: `tensor_parallel: true` composes with engine ddp (TP alone) or fsdp (FSDP2 across "
+                           f"nodes), without a comm hook or hybrid_shard")
     for key in ("shards", "offload"):
         bad = [k for k in raw.get(key) or [] if k not in STATE_KINDS]
         if bad:
@@ -142,9 +161,29 @@ def hsdp_refusal(nodes: int, per_node: int) -> str | None:
     return None
 
 
+def tp_layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
+    """Why a tensor-parallel strategy cannot run on `gpus` processes, `per_node` to a node: TP spans one node's
+    processes (2 or more); `tp` alone has no data parallelism, so it is one node; fsdp_tp shards over 2+ nodes."""
+    if per_node < 1 or gpus % per_node:
+        return f"{strategy.name} needs whole nodes: {gpus} processes do not split into nodes of {per_node}"
+    nodes = gpus // per_node
+    if per_node < 2:
+        return (f"{strategy.name} splits every layer over the processes of a node: it needs 2+ processes per node, "
+                f"got {per_node}")
+    if strategy.engine == "fsdp" and nodes < 2:
+        return (f"{strategy.name} is TP inside a node and FSDP across nodes: it needs 2+ nodes, got {nodes}; use tp on "
+                f"one node")
+    if strategy.engine != "fsdp" and nodes > 1:
+        return (f"{strategy.name} is one tensor-parallel group with no data parallelism: it runs on one node, got "
+                f"{nodes}; use fsdp_tp across nodes")
+    return None
+
+
 def layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | None:
     """Why a strategy cannot run on `gpus` processes, `per_node` to a node (None when it can): PowerSGD compresses
-    the all-reduce between ranks; HSDP needs whole nodes (hsdp_refusal)."""
+    the all-reduce between ranks; HSDP needs whole nodes (hsdp_refusal); TP needs a node of 2+ (tp_layout_refusal)."""
+    if strategy.tensor_parallel:
+        return tp_layout_refusal(strategy, gpus, per_node)
     if strategy.comm_hook == "powersgd" and gpus < 2:
         return f"{strategy.name} compresses the gradient all-reduce between ranks; it needs 2 or more processes"
     if strategy.hybrid:

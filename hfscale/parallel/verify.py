@@ -34,7 +34,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _base_optimizer(optimizer):
+def base_optimizer(optimizer):
     """The torch optimizer holding the states, under accelerate's and DeepSpeed's wrappers."""
     while hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
@@ -57,7 +57,7 @@ def inspect_parameters(model) -> dict:
 
 def inspect_optimizer_states(optimizer) -> dict:
     """Elements, bytes, dtypes and devices of every state tensor this rank keeps (scalar step counters aside)."""
-    base = _base_optimizer(optimizer)
+    base = base_optimizer(optimizer)
     elements = nbytes = 0
     dtypes, devices, keys = set(), set(), set()
     for state in base.state.values():
@@ -157,7 +157,7 @@ def measure_model_states(model_wrapped, optimizer) -> dict:
     out = {"parameters": storage_bytes(module.parameters(), seen)}
     zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
     out["master_weights"] = sum(storage_bytes(_tensors(getattr(zero, n, None)), seen) for n in _ZERO_MASTERS) if zero else 0
-    base = _base_optimizer(optimizer)
+    base = base_optimizer(optimizer)
     out["optimizer_states"] = storage_bytes(
         (v for state in base.state.values() for v in state.values() if hasattr(v, "numel") and v.numel() > 1), seen)
     return out
@@ -176,6 +176,51 @@ def inspect_wrapper(model_wrapped) -> dict:
         groups = [m._get_fsdp_state()._fsdp_param_group for m in model_wrapped.modules() if hasattr(m, "_get_fsdp_state")]
         facts["fsdp_offload_policy"] = sorted({type(g.offload_policy).__name__ for g in groups if g is not None})
     return facts
+
+
+def _placement_dim(placement) -> int | None:
+    """The tensor dimension a DTensor placement splits (Shard, _StridedShard), None for Replicate."""
+    return getattr(placement, "dim", None)
+
+
+def inspect_tensor_parallel(model, family: str, tp: int) -> dict:
+    """Every parameter's placements against the TP plan's table (formulas.memory.TP_SPLITS): on the mesh's "tp"
+    dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
+    data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. Also the elements this rank holds, which the
+    caller compares with the plan's count."""
+    from ..formulas.memory import tp_split_dim
+
+    mismatches, checked = [], 0
+    for name, p in model.named_parameters():
+        mesh = getattr(p, "device_mesh", None)
+        names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
+        if "tp" not in names:
+            mismatches.append(f"{name}: not a DTensor on a mesh with a tp dimension")
+            continue
+        placements = dict(zip(names, p.placements))
+        want = tp_split_dim(family, name)
+        got = _placement_dim(placements["tp"])
+        if got != want or mesh["tp"].size() != tp:
+            mismatches.append(f"{name}: {placements['tp']} over tp {mesh['tp'].size()}, the plan says "
+                              f"{'Replicate' if want is None else f'Shard({want})'} over tp {tp}")
+        for dim, placement in placements.items():
+            if dim != "tp" and _placement_dim(placement) != 0:
+                mismatches.append(f"{name}: {placement} on {dim}, not FSDP2's Shard(0)")
+        checked += 1
+    return {"checked": checked, "mismatches": mismatches[:5], "mesh_dims": sorted(
+        {str(tuple(p.device_mesh.mesh_dim_names)) for p in model.parameters() if hasattr(p, "device_mesh")})}
+
+
+def check_batches_follow_the_mesh(digests: list, tp: int, strategy: Strategy) -> None:
+    """Every data-parallel rank must train on its own samples (the DeepSpeed-on-CPU trap gives all the same), and
+    under TP the ranks of one TP group (tp consecutive ranks: tp is the mesh's innermost dimension) on the same ones."""
+    groups = [digests[i:i + tp] for i in range(0, len(digests), tp)]
+    split = [g for g in groups if len({tuple(d) for d in g}) > 1]
+    require(not split, f"the ranks of one TP group trained on different first batches {split[0] if split else ''}",
+            strategy)
+    firsts = [tuple(g[0]) for g in groups]
+    require(len(set(firsts)) == len(firsts), f"every data-parallel rank trained on the same first batch "
+            f"{list(firsts[0])}: the data is not sharded", strategy)
 
 
 def require(ok: bool, what: str, strategy: Strategy) -> None:
@@ -204,6 +249,14 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
                  f"optimizer offload is {facts['offload_optimizer']}", strategy)
         require(facts["offload_param"] == strategy.offloads_state("parameters"),
                  f"parameter offload is {facts['offload_param']}", strategy)
+    if strategy.tensor_parallel:
+        mismatches = facts["tensor_parallel"]["mismatches"]
+        require(not mismatches, f"{len(mismatches)} parameter(s) are not laid out as the TP plan says, e.g. "
+                f"{mismatches[0] if mismatches else ''}", strategy)
+    if strategy.engine == "fsdp" and strategy.tensor_parallel:
+        want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
+        require(facts.get("fsdp_offload_policy") == want,
+                f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
     elif strategy.engine == "fsdp":
         params = facts["parameters"]
         require(params["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
@@ -215,8 +268,10 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
         want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
         require(facts.get("fsdp_offload_policy") == want,
                 f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
-    elif world_size > 1:
+    elif world_size > 1 and not strategy.tensor_parallel:
         require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
+    elif strategy.tensor_parallel and strategy.engine == "ddp":  # one TP group: no data-parallel wrapper at all
+        require(wrapper != "DistributedDataParallel", "the TP model is wrapped in DDP", strategy)
 
 
 def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> None:

@@ -197,7 +197,11 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                    activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
                    device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0))
-    check_launcher_mesh(plan.mesh)  # HSDP: whole nodes of 2+ processes, as the launcher's own config says
+    if strategy.tensor_parallel:  # a node of 2+ processes (one node for tp, 2+ for fsdp_tp), TP dividing the heads
+        reason = plan.refusal()
+        if reason:
+            raise HfscaleError(reason)
+    check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
     return kw, plan, tensorboard
 
 
@@ -219,8 +223,10 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         kw["fsdp"] = True
         # cpu_ram_efficient_loading: only rank 0 builds (or loads) the whole model; the others build on the meta device
         # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
+        # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds)
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             "cpu_ram_efficient_loading": True, **offload, **user_fsdp_config(kw["fsdp_config"])}
+                             "cpu_ram_efficient_loading": strategy.rank0_builds, **offload,
+                             **user_fsdp_config(kw["fsdp_config"])}
     elif kw["fsdp"]:
         raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
     if kw["ddp_find_unused_parameters"] is None:

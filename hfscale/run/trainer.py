@@ -21,9 +21,12 @@ from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..parallel import verify
+from ..errors import HfscaleError
+from ..parallel import tensor_parallel, verify
 from ..parallel.distributed import barrier
-from ..parallel.hooks import PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd, save_powersgd
+from ..parallel.hooks import (PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd,
+                              save_powersgd, use_tensor_parallel_state)
+from ..formulas.memory import tp_local_tensors
 from .checkpoints import dir_size_bytes, write_marker
 from .measure import perf_scalars
 
@@ -62,8 +65,9 @@ class ConsolePrinterCallback(PrinterCallback):  # --disable_tqdm: the same short
 
 class HfscaleTrainer(Trainer):
     def __init__(self, *args, plan, meter=None, step_memory=None, checkpoint_identity=None, on_checkpoint=None,
-                 **kwargs):
+                 parallelism=None, **kwargs):
         self.plan, self.meter, self.step_memory = plan, meter, step_memory  # plan: the run's RunPlan
+        self.parallelism = parallelism  # a TP run's ParallelismConfig, its mesh built (distributed.tensor_parallel_config)
         self._clock_start = None  # wall clock of the first micro-batch of this process's training
         self._elapsed_before = 0.0  # training seconds before a resume (from the checkpoint's log history)
         self._paused_s = 0.0  # evaluations and checkpoint saves since the clock started: not training time
@@ -139,11 +143,50 @@ class HfscaleTrainer(Trainer):
     def strategy(self):
         return self.plan.strategy
 
+    @property
+    def _tp_checkpoints(self) -> bool:
+        """tp and fsdp_tp write and read their checkpoints on every rank, whole (tensor_parallel.py): the Trainer writes
+        a plain model from rank 0 only, and FSDP's sharded checkpoint (torch.distributed.checkpoint) refuses GPT-2's
+        per-head c_attn split."""
+        return self.strategy.tensor_parallel
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if not self._tp_checkpoints:
+            return super().save_model(output_dir, _internal_call)
+        weights = tensor_parallel.full_state_dict(self.model)  # every rank gathers; rank 0 writes
+        if self.args.should_save:
+            self.model.save_pretrained(output_dir or self.args.output_dir, state_dict=weights)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if not self._tp_checkpoints:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        tensor_parallel.save_optimizer(verify.base_optimizer(self.optimizer), output_dir, self.args.should_save)
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), Path(output_dir) / "scheduler.pt")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if not self._tp_checkpoints:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        from safetensors.torch import load_file
+
+        files = sorted(Path(resume_from_checkpoint).glob("model*.safetensors"))  # save_pretrained's shards, if several
+        if not files:
+            raise HfscaleError(f"{resume_from_checkpoint} holds no model*.safetensors to resume {self.strategy.name} from")
+        tensor_parallel.load_full_state_dict(self.model, {k: v for f in files for k, v in load_file(f).items()})
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if not self._tp_checkpoints or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        if tensor_parallel.load_optimizer(verify.base_optimizer(self.optimizer), checkpoint):
+            self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=True))
+
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
         if self.strategy.engine == "fsdp" and self.accelerator.state.distributed_type == DistributedType.MULTI_CPU:
             force_fsdp_state(self.accelerator, self.args.fsdp_plugin_args, self.plan.mesh)
             self.is_fsdp_enabled = True
+        if self.parallelism is not None:
+            use_tensor_parallel_state(self.accelerator, self.parallelism, self.model)
 
     def evaluate(self, *args, **kwargs):
         self._eval_start = time.perf_counter()
@@ -178,6 +221,7 @@ class StrategyCallback(TrainerCallback):
     def __init__(self, trainer: HfscaleTrainer, *, total_params: int, powersgd: PowerSGDConfig | None, record,
                  resume_from: str | None = None, construction=None):
         self.trainer, self.total_params = trainer, total_params
+        self.engine_params = total_params  # what the engine shards: the whole model, or under TP this rank's slices
         self.powersgd, self.record = powersgd, record
         self.resume_from = resume_from
         self.construction = construction  # measure.ConstructionMemory: host memory to build and shard the model
@@ -211,12 +255,21 @@ class StrategyCallback(TrainerCallback):
             **verify.inspect_wrapper(trainer.model_wrapped),
             "parameters": {**verify.inspect_parameters(trainer.model_wrapped), "elements_total": self.total_params},
         }
+        if strategy.tensor_parallel:  # what the data-parallel engine starts from: this rank's TP slices
+            self.engine_params = sum(t.numel for t in tp_local_tensors(self.plan.shape, self.plan.tp,
+                                                                         args.process_index % self.plan.tp))
+            self.facts["tensor_parallel"] = {
+                **verify.inspect_tensor_parallel(trainer.model_wrapped, self.plan.shape.family, self.plan.tp),
+                "tp": self.plan.tp, "elements_tp_slices": self.engine_params}
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)
         running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
         verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
-        verify.check_sharded("parameters", params["elements_local"], self.total_params, self.plan.shard_ranks, strategy)
+        verify.check_sharded("parameters", params["elements_local"], self.engine_params, self.plan.shard_ranks, strategy)
+        if strategy.tensor_parallel and self.plan.shard_ranks == 1:  # TP alone: exactly the plan's slices
+            verify.require(params["elements_local"] == self.engine_params, f"this rank holds "
+                           f"{params['elements_local']:,} parameters, the TP plan {self.engine_params:,}", strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.plan.on_cuda)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
@@ -296,8 +349,7 @@ class StrategyCallback(TrainerCallback):
             digests = [None] * dist.get_world_size()
             dist.all_gather_object(digests, self.trainer.first_batch_digest)
         self.facts["first_batch_per_rank"] = digests
-        verify.require(len({tuple(d) for d in digests}) == len(digests),
-                       f"every rank trained on the same first batch {digests[0]}: the data is not sharded", self.strategy)
+        verify.check_batches_follow_the_mesh(digests, self.plan.tp, self.strategy)
 
     def _check_optimizer_states(self) -> None:
         self._check_data_sharded()
@@ -305,7 +357,7 @@ class StrategyCallback(TrainerCallback):
         states = verify.inspect_optimizer_states(self.trainer.optimizer)
         # Adafactor's factored states are not proportional to the parameters: their sharding is reported, not checked
         per_param = optimizer.state_elements_per_param
-        states["elements_unsharded"] = per_param * self.total_params if per_param else None
+        states["elements_unsharded"] = per_param * self.engine_params if per_param else None
         self.facts["optimizer_states"] = states
         if per_param:
             verify.check_sharded("optimizer_states", states["elements_local"], states["elements_unsharded"],
