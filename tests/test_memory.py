@@ -117,8 +117,13 @@ def test_estimate_command_table_and_json():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     rows = {r["strategy"]: r for r in report["rows"]}
-    assert set(rows) == {"ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "zero1", "zero2",
-                         "zero2_offload", "zero3", "zero3_offload"}
+    assert set(rows) == {"ddp", "ddp_powersgd", "fsdp", "fsdp_hybrid", "fsdp_offload", "fsdp_tp", "tp", "zero1",
+                         "zero2", "zero2_offload", "zero3", "zero3_offload"}
+    # TP over a node's 8 GPUs: tp cannot span the 4 nodes; fsdp_tp holds a TP slice (1/8 of the matrices, whole
+    # LayerNorms and row-parallel biases) sharded over the 4 nodes: about fsdp's 1/32 of the model
+    assert "one node" in rows["tp"]["refused"] and rows["fsdp_tp"]["refused"] is None
+    tp_states, fsdp_states = rows["fsdp_tp"]["memory"]["model_states"], rows["fsdp"]["memory"]["model_states"]
+    assert fsdp_states <= tp_states < 1.02 * fsdp_states
     # 7.1B parameters: DDP holds 16 bytes each (112 GB) and cannot fit in 80 GB; ZeRO-3 shards them 32 ways and fits.
     assert not rows["ddp"]["fits"] and rows["ddp"]["memory"]["model_states"] > 100e9
     assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
@@ -239,3 +244,28 @@ def test_the_estimate_holds_for_every_h100_run(run):
                    precision=p["precision"], activation_checkpointing=p["activation_checkpointing"],
                    attention=p["attention"], torch_compile=p["torch_compile"], device_type="cuda")
     assert plan.memory().allocated / 1e9 == pytest.approx(run["device_allocated_gb"], rel=0.10), run
+
+
+def test_tp_slices_follow_the_plan_table_and_the_korthikanti_ratio():
+    """Each TP rank's tensors, tensor by tensor: 1/T of every split matrix and column bias, the vocabulary in torch.chunk
+    order (uneven when T does not divide it: the last rank holds the rest), everything else whole; the ranks' slices
+    add up to the model. Activations kept per block under TP follow Korthikanti et al.'s (10 + 24/T + 5as/(hT))."""
+    from dataclasses import replace
+
+    from hfscale.formulas.memory import parameter_tensors, tp_activation_ratio, tp_local_tensors
+    from hfscale.models import PRESETS
+
+    for preset in ("tiny", "tiny-bloom", "bloom-7b1"):
+        shape = replace(PRESETS[preset], vocab=PRESETS[preset].vocab + 3)  # a vocabulary 4 does not divide
+        whole = {t.name: t.numel for t in parameter_tensors(shape)}
+        ranks = [{t.name: t.numel for t in tp_local_tensors(shape, 4, r)} for r in range(4)]
+        split = [n for n in whole if ranks[0][n] != whole[n]]
+        assert all(sum(r[n] for r in ranks) == whole[n] for n in split)  # the slices add up to the tensor
+        assert all(r[n] == whole[n] for r in ranks for n in whole if n not in split)  # the rest whole everywhere
+        embedding = next(n for n in whole if n.endswith(("wte.weight", "word_embeddings.weight")))
+        assert ranks[0][embedding] > ranks[3][embedding]
+        assert len(split) == 1 + 6 * shape.n_layer - (shape.n_layer if shape.family == "gpt2" else 0)
+    shape = PRESETS["gpt2-1.3b"]
+    s, h, a = 2048, shape.hidden, shape.n_head
+    assert tp_activation_ratio(shape, s, 8, False) == pytest.approx((10 + 24 / 8 + 5 * a * s / (h * 8)) / (34 + 5 * a * s / h))
+    assert tp_activation_ratio(shape, s, 8, True) == 1.0 and tp_activation_ratio(shape, s, 1, False) == 1.0

@@ -149,6 +149,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/parity"))
     opts = parser.parse_args(argv)
     strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
+    tensor_parallel = [s for s in strategies if all_strategies()[s].tensor_parallel]
+    if tensor_parallel and opts.strategy != "all":  # under "all" they are left out
+        raise HfscaleError(f"hfscale parity runs every strategy on the same processes and micro-batch, but the ranks "
+                           f"of {tensor_parallel[0]}'s TP group share one batch (its global batch is ddp's / TP); "
+                           f"compare it at --per_device_train_batch_size x TP, as tests/test_tensor_parallel.py does")
+    strategies = [s for s in strategies if s not in tensor_parallel]
     if opts.max_steps <= 0 or opts.num_processes <= 0 or opts.tolerance <= 0:
         raise HfscaleError("--max_steps, --num_processes and --tolerance must be positive")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):

@@ -84,6 +84,8 @@ def _notes(results: Results) -> str:
         ramp = ", at the final GBS after ramp-up" if cfg.extra.get("rampup_batch_size") else ""
         notes[-1] += (f", TP {cfg.tp or 1} PP {cfg.pp or 1} DP {cfg.dp or '?'}, "
                       f"{results.perf.extra.get('iterations_averaged')} iterations{ramp}")
+    elif cfg.tp:  # hfscale's own TP runs, in the Megatron logs' terms, so the two read side by side
+        notes.append(f"TP {cfg.tp} PP {cfg.pp or 1} DP {cfg.dp or '?'}")
     if cfg.checkpointing:
         notes.append("act. ckpt")
     if cfg.precision:

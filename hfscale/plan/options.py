@@ -85,14 +85,26 @@ def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus")
         raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
 
 
-def strategies_and_families(text: str, with_3d: bool) -> tuple[list, list[str]]:
+NOT_TIMED_TP = ("{name} is not timed from a data-parallel run yet (the step model has no TP all-reduces for a runnable "
+                "strategy): project TP's costs with the megatron families' layouts (--strategy megatron --tp N), or "
+                "estimate its memory with `hfscale estimate --strategy {name}`")
+
+
+def strategies_and_families(text: str, with_3d: bool, timed: bool = False) -> tuple[list, list[str]]:
     """--strategy of a planner that also weighs 3D layouts: (the data-parallel strategies, the 3D families named).
-    `all` is every strategy, and every 3D family when `with_3d` (the user gave a TP/PP layout to weigh)."""
+    `all` is every strategy, and every 3D family when `with_3d` (the user gave a TP/PP layout to weigh). A planner
+    that times steps (`timed`: project, tune) leaves out the runnable TP strategies, whose step it does not model
+    (NOT_TIMED_TP); named, they are refused."""
     if text == ALL:
-        return list(all_strategies().values()), list(FAMILIES) if with_3d else []
+        strategies = [s for s in all_strategies().values() if not (timed and s.tensor_parallel)]
+        return strategies, list(FAMILIES) if with_3d else []
     names = comma_list(text, "--strategy", valid=[*all_strategies(), *FAMILIES], what="strategy")
     strategies, families = split_strategy_names(names)
-    return [get_strategy(n) for n in strategies], families
+    strategies = [get_strategy(n) for n in strategies]
+    untimed = [s.name for s in strategies if timed and s.tensor_parallel]
+    if untimed:
+        raise HfscaleError(NOT_TIMED_TP.format(name=untimed[0]))
+    return strategies, families
 
 
 def add_grid_flags(p: ArgumentParser) -> None:

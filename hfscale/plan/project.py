@@ -418,7 +418,7 @@ def baseline_from_megatron_log(path: Path, links, gpus_per_node: int, device_byt
 
 
 def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
-    strategies, _ = strategies_and_families(opts.strategy, with_3d=True)  # a 3D family alone: measured as ddp
+    strategies, _ = strategies_and_families(opts.strategy, with_3d=True, timed=True)  # a 3D family alone: measured as ddp
     strategy, optimizer = (strategies or [get_strategy("ddp")])[0], optimizers_option(opts.optim)[0]
     plan = base_plan(opts, strategy, optimizer, world_size=1, processes_per_node=1,
                      per_device_train_batch_size=opts.per_device_train_batch_size,
@@ -544,7 +544,7 @@ def run_projection(opts):
         base = baseline_from_flags(opts, device_bytes)
     else:
         raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
-    strategies, families = (strategies_and_families(opts.strategy, with_3d=True) if opts.strategy
+    strategies, families = (strategies_and_families(opts.strategy, with_3d=True, timed=True) if opts.strategy
                             else ([base.plan.strategy], []))
     if (opts.tp or opts.pp) and not families:
         raise HfscaleError("--tp/--pp describe the 3D layouts: add megatron or megatron-deepspeed to --strategy")

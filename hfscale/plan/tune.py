@@ -91,7 +91,7 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     positive(opts, "seq_len")
     check_attention(opts.attn_implementation)
     memory_per_gpu = device_memory_bytes(opts.device, opts.device_memory_gb)
-    strategies, _ = strategies_and_families(opts.strategy, with_3d=True)  # 3D layouts: projected after the trials
+    strategies, _ = strategies_and_families(opts.strategy, with_3d=True, timed=True)  # 3D layouts: projected after the trials
     optimizers = optimizers_option(opts.optim)
     sizes = sorted(set(comma_list(opts.per_device_train_batch_size, "--per_device_train_batch_size", int)))
     modes = comma_list(opts.activation_checkpointing, "--activation_checkpointing", bool)
@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
         measured(cand, opts.out, opts.token_budget)
     mark_pareto(cands)
     ok = sorted((c for c in cands if c.status == "ok"), key=lambda c: -c.tokens_per_s)
-    families = strategies_and_families(opts.strategy, with_3d=True)[1]
+    families = strategies_and_families(opts.strategy, with_3d=True, timed=True)[1]
     if families and ok:
         cands += projected_layouts(ok[0], families, opts)
     text = table(cands)
