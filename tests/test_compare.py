@@ -3,6 +3,7 @@ outcome classification, parity judgement, report table and plots."""
 
 import csv
 import io
+import json
 import statistics
 import sys
 
@@ -205,6 +206,22 @@ def test_report_table_csv_plots_and_html(tmp_path):
     html = (tmp_path / "report" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "<td>OOM</td>" in html
     assert not list((tmp_path / "report").glob(".*"))  # no temporary files left behind
+
+
+def test_tp_runs_sit_beside_megatron_logs_in_one_table(tmp_path):
+    """hfscale's TP runs carry their TP/PP/DP in the notes, as imported Megatron logs do, in the same table."""
+    runs = tmp_path / "runs"
+    _hfscale_row(runs / "fsdp_tp-16", "fsdp_tp", 16, 500_000.0)
+    results = Results.from_dict(json.loads((runs / "fsdp_tp-16" / "results.json").read_text()))
+    results.config.tp, results.config.dp, results.config.pp = 8, 2, 1
+    write_results(runs / "fsdp_tp-16", results)
+    write_results(runs / "megatron" / HEADER_LOG.stem,
+                  import_log(HEADER_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1))
+    write_report([runs], tmp_path / "report")
+    table = (tmp_path / "report" / "report.md").read_text().splitlines()
+    ours = next(line for line in table if "| fsdp_tp |" in line)
+    theirs = next(line for line in table if "megatron-deepspeed-tp4" in line)
+    assert "TP 8 PP 1 DP 2" in ours and "TP 4 PP 16 DP" in theirs
 
 
 def test_report_refuses_what_is_not_a_results_file(tmp_path):

@@ -319,3 +319,35 @@ def test_ddp_compiles_by_default_on_a_gpu_and_says_how_to_turn_it_off(gpus, monk
                                  "config": {"world_size": 1, "torch_compile": True, "token_budget": 1e11},
                                  "environment": {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}})
     assert "compiled (--torch_compile false for eager)" in format_summary(results)
+
+
+def test_the_tp_mesh_reaches_accelerate_the_same_way_on_both_routes(gpus, monkeypatch):
+    """tp / fsdp_tp: no ParallelismConfig goes to the TrainingArguments on either route (the launcher's is dropped once
+    checked); after the accelerator exists, hooks.use_tensor_parallel_state gives it the mesh the model was split on -
+    all of it for tp (so accelerate leaves the model unwrapped), the data-parallel part for fsdp_tp (so accelerate's
+    FSDP2 TP preparation, broken against transformers 5, never runs) - whatever sizes the launcher exported."""
+    from types import SimpleNamespace
+
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from hfscale.parallel.distributed import setup_processes
+    from hfscale.parallel.hooks import use_tensor_parallel_state
+
+    for var, value in (("WORLD_SIZE", "16"), ("LOCAL_WORLD_SIZE", "8"), ("LOCAL_RANK", "0"), ("DS_ACCELERATOR", ""),
+                       ("ACCELERATE_USE_PARALLELISM_CONFIG", "true"), ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2"),
+                       ("PARALLELISM_CONFIG_TP_SIZE", "8")):
+        monkeypatch.setenv(var, value)  # restored after the test; no process group is started here
+    gpus(8)
+    for on_cuda in (True, False):
+        monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+        assert "parallelism_config" not in setup_processes(route_plan("fsdp_tp", on_cuda, world=16, per_node=8))
+        assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in os.environ
+    mesh = object()  # stands for the (dp_shard, tp) device mesh distributed.tensor_parallel_config builds
+    for dp_shard, want_tp in ((2, 1), (1, 8)):  # fsdp_tp on 2 nodes of 8; tp on one node of 8
+        config = ParallelismConfig(dp_replicate_size=1, dp_shard_size=dp_shard, tp_size=8, cp_size=1, sp_size=1)
+        config.device_mesh = mesh
+        accelerator, model = SimpleNamespace(state=SimpleNamespace()), SimpleNamespace()
+        use_tensor_parallel_state(accelerator, config, model)
+        given = accelerator.state.parallelism_config
+        assert (given.dp_shard_size, given.tp_size) == (dp_shard, want_tp) and given.device_mesh is mesh
+        assert accelerator.state.device_mesh is mesh and model._tp_size == 8

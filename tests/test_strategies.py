@@ -146,6 +146,29 @@ def test_hsdp_layout_proof_tells_hybrid_from_full_shard():
         check_sharded("parameters", 500, 1000, 4, hybrid)
 
 
+def test_the_wrapper_proof_knows_every_engine_and_tp():
+    """Each engine's wrapper, and TP's: tp runs unwrapped (one TP group), every TP parameter as the plan says."""
+    from hfscale.parallel.verify import StrategyMismatch, check_wrapper
+
+    zero = {"wrapper": "DeepSpeedEngine", "distributed_type": "DEEPSPEED", "zero_stage": 2, "offload_optimizer": False,
+            "offload_param": False}
+    check_wrapper(zero, get_strategy("zero2"), 2)
+    check_wrapper({"wrapper": "DistributedDataParallel", "distributed_type": "MULTI_CPU"}, get_strategy("ddp"), 2)
+    with pytest.raises(StrategyMismatch, match="not DDP"):
+        check_wrapper({"wrapper": "GPT2LMHeadModel", "distributed_type": "MULTI_CPU"}, get_strategy("ddp"), 2)
+    tp = {"wrapper": "GPT2LMHeadModel", "distributed_type": "MULTI_CPU", "tensor_parallel": {"mismatches": []}}
+    check_wrapper(tp, get_strategy("tp"), 2)
+    with pytest.raises(StrategyMismatch, match="wrapped in DDP"):
+        check_wrapper({**tp, "wrapper": "DistributedDataParallel"}, get_strategy("tp"), 2)
+    with pytest.raises(StrategyMismatch, match="1 parameter\(s\) are not laid out as the TP plan says"):
+        check_wrapper({**tp, "tensor_parallel": {"mismatches": ["lm_head.weight: Replicate()"]}}, get_strategy("tp"), 2)
+    fsdp_tp = {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP", "fsdp_offload_policy": ["OffloadPolicy"],
+               "parameters": {"dtensor": True}, "tensor_parallel": {"mismatches": []}}
+    check_wrapper(fsdp_tp, get_strategy("fsdp_tp"), 4)
+    with pytest.raises(StrategyMismatch, match="not FSDP"):
+        check_wrapper({**fsdp_tp, "distributed_type": "MULTI_CPU"}, get_strategy("fsdp_tp"), 4)
+
+
 @pytest.mark.parametrize("nodes,per_node", [(1, 8), (4, 1), (1, 1), (0, 2)])
 def test_hsdp_mesh_refuses_one_node_or_one_process_per_node(nodes, per_node):
     from hfscale.runplan import hsdp_mesh

@@ -249,29 +249,26 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
                  f"optimizer offload is {facts['offload_optimizer']}", strategy)
         require(facts["offload_param"] == strategy.offloads_state("parameters"),
                  f"parameter offload is {facts['offload_param']}", strategy)
+    elif strategy.engine == "fsdp":
+        params = facts["parameters"]
+        require(params["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
+        if not strategy.tensor_parallel:  # fsdp_tp's placements are checked parameter by parameter below
+            mesh = facts.get("mesh") or [world_size]
+            want = ["[Replicate(), Shard(dim=0)]"] if strategy.hybrid else ["[Shard(dim=0)]"]
+            require(params["placements"] == want and params["mesh_shapes"] == [str(list(mesh))],
+                    f"parameters are laid out {params['placements']} on meshes {params['mesh_shapes']}, not {want} on "
+                    f"{list(mesh)}", strategy)
+        want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
+        require(facts.get("fsdp_offload_policy") == want,
+                f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
+    elif strategy.tensor_parallel:  # tp: one TP group, no data-parallel wrapper at all
+        require(wrapper != "DistributedDataParallel", "the TP model is wrapped in DDP", strategy)
+    elif world_size > 1:
+        require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
     if strategy.tensor_parallel:
         mismatches = facts["tensor_parallel"]["mismatches"]
         require(not mismatches, f"{len(mismatches)} parameter(s) are not laid out as the TP plan says, e.g. "
                 f"{mismatches[0] if mismatches else ''}", strategy)
-    if strategy.engine == "fsdp" and strategy.tensor_parallel:
-        want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
-        require(facts.get("fsdp_offload_policy") == want,
-                f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
-    elif strategy.engine == "fsdp":
-        params = facts["parameters"]
-        require(params["dtensor"], f"parameters are not FSDP2 DTensors (wrapper {wrapper})", strategy)
-        mesh = facts.get("mesh") or [world_size]
-        want = ["[Replicate(), Shard(dim=0)]"] if strategy.hybrid else ["[Shard(dim=0)]"]
-        require(params["placements"] == want and params["mesh_shapes"] == [str(list(mesh))],
-                f"parameters are laid out {params['placements']} on meshes {params['mesh_shapes']}, not {want} on "
-                f"{list(mesh)}", strategy)
-        want = ["CPUOffloadPolicy"] if strategy.offloads_state("parameters") else ["OffloadPolicy"]
-        require(facts.get("fsdp_offload_policy") == want,
-                f"FSDP2 units were built with {facts.get('fsdp_offload_policy')}, not {want}", strategy)
-    elif world_size > 1 and not strategy.tensor_parallel:
-        require(wrapper == "DistributedDataParallel", f"model is wrapped in {wrapper}, not DDP", strategy)
-    elif strategy.tensor_parallel and strategy.engine == "ddp":  # one TP group: no data-parallel wrapper at all
-        require(wrapper != "DistributedDataParallel", "the TP model is wrapped in DDP", strategy)
 
 
 def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> None:
