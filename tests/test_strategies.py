@@ -53,18 +53,21 @@ def test_ds_configs_use_auto_for_trainer_filled_values():
 
 def test_the_refused_pairs_are_the_ones_the_libraries_reject():
     """Every pair the strategy table refuses fails in the library that would run it, tried directly
-    (tests/probes/refused_pairs.py, one gloo process): FSDP2's DTensor parameters under Adafactor, ZeRO-Offload with a
-    client optimizer; beside them the allowed pairs of the same engines step. And the refusal names the pair and its
+    (tests/probes/refused_pairs.py, one gloo process): FSDP2's and TP's DTensor parameters under Adafactor (and
+    bitsandbytes' 8-bit kernels under TP), ZeRO-Offload with a client optimizer; beside them the allowed pairs of the same engines step. And the refusal names the pair and its
     reason, in one line (what `hfscale train` prints)."""
     seen = probe("refused_pairs")
-    engine_of = {s: ("fsdp" if get_strategy(s).engine == "fsdp" else "zero2_offload") for s, _ in INCOMPATIBLE}
+    engine_of = {s: ("fsdp" if get_strategy(s).engine == "fsdp" else "tp" if get_strategy(s).tensor_parallel
+                     else "zero2_offload") for s, _ in INCOMPATIBLE}
     for (strategy, optim), reason in INCOMPATIBLE.items():
         assert seen[f"{engine_of[strategy]} x {optim}"], (strategy, optim)  # the library fails it
         with pytest.raises(HfscaleError, match=f"strategy '{strategy}' cannot use optimizer '{optim}'"):
             check_pair(strategy, optim)
     assert "mixed torch.Tensor and DTensor" in seen["fsdp x adafactor"] and "DTensor" in INCOMPATIBLE[("fsdp", "adafactor")]
     assert "client provided optimizer" in seen["zero2_offload x adafactor"]
+    assert "mixed torch.Tensor and DTensor" in seen["tp x adafactor"] and "DTensor" in seen["tp x adamw_8bit"]
     assert seen["fsdp x adamw"] is None and seen["zero2_offload x adamw"] is None  # the same engines step otherwise
+    assert seen["tp x adamw"] is None
     assert matrix_markdown().count(" refused |") == len(INCOMPATIBLE)  # the generated docs table: one cell per pair
 
 

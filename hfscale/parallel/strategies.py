@@ -36,9 +36,9 @@ INCOMPATIBLE = {
     **{(s, o): reason for s in ("fsdp", "fsdp_offload", "fsdp_hybrid", "fsdp_tp") for o, reason in _FSDP2.items()},
     ("tp", "adafactor"): "transformers' Adafactor mixes plain tensors into the math on TP's DTensor parameters "
                          "(aten.add_ got mixed torch.Tensor and DTensor); use fsdp_tp with adamw, or ddp for Adafactor",
-    ("tp", "adamw_8bit"): "bitsandbytes' 8-bit kernels have no DTensor sharding rule (optimizer_update_32bit has no "
-                          "sharding strategy registered) and TP's parameters are DTensors; use adamw, or fsdp_tp, whose "
-                          "8-bit Adam is torchao's",
+    ("tp", "adamw_8bit"): "bitsandbytes' 8-bit kernels do not run on TP's DTensor parameters (optimizer_update_32bit has "
+                          "no sharding strategy registered; optimizer_update_8bit_blockwise got mixed torch.Tensor and "
+                          "DTensor); use adamw, or fsdp_tp, whose 8-bit Adam is torchao's",
 }
 
 

@@ -3,6 +3,8 @@ beside a pair of the same engine that hfscale allows. Prints {"strategy x optim"
 
 fsdp*: FSDP2 (fully_shard) parameters are DTensors; the optimizer steps them.
 zero*_offload: DeepSpeed ZeRO-Offload with the optimizer the Trainer would hand it (a client optimizer).
+tp: hfscale's tensor-parallel plan (a 1-rank TP mesh: every parameter a DTensor, as on any TP size); the optimizer the
+Trainer would build for tp steps them (bitsandbytes' for adamw_8bit, as under every ddp-engine strategy).
 """
 
 import json
@@ -52,7 +54,21 @@ def zero_offload_step(optim: str) -> None:
     engine.step()
 
 
-PROBES = {("fsdp", "adafactor"): (fsdp_step, "adafactor"), ("fsdp", "adamw"): (fsdp_step, "adamw"),
+def tp_step(optim: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hfscale.models import PRESETS, build_model
+    from hfscale.parallel.tensor_parallel import apply_tensor_parallel
+
+    model = apply_tensor_parallel(build_model(PRESETS["tiny"], 0, "eager"), init_device_mesh("cpu", (1,)), "gpt2")
+    opt = optimizer(optim, model.parameters())
+    ids = torch.randint(0, PRESETS["tiny"].vocab, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+
+
+PROBES = {("tp", "adafactor"): (tp_step, "adafactor"), ("tp", "adamw_8bit"): (tp_step, "adamw_8bit"),
+          ("tp", "adamw"): (tp_step, "adamw"),("fsdp", "adafactor"): (fsdp_step, "adafactor"), ("fsdp", "adamw"): (fsdp_step, "adamw"),
           ("zero2_offload", "adafactor"): (zero_offload_step, "adafactor"),
           ("zero2_offload", "adamw_8bit"): (zero_offload_step, "adamw_8bit"),
           ("zero2_offload", "adamw"): (zero_offload_step, "deepspeed_cpu_adam")}  # what the Trainer hands it for adamw
