@@ -96,7 +96,8 @@ def setup_logging(args) -> None:
 
 def run_name(model_args, plan) -> str:
     ckpt = "-ac" if plan.activation_checkpointing else ""
-    return (f"{plan.strategy.name}-{plan.optimizer.name}-{model_args.name}-dp{plan.world_size}-"
+    tp = f"-tp{plan.tp}" if plan.tp > 1 else ""
+    return (f"{plan.strategy.name}-{plan.optimizer.name}-{model_args.name}-dp{plan.data_parallel_size}{tp}-"
             f"mbs{plan.per_device_train_batch_size}-gas{plan.gradient_accumulation_steps}-seq{plan.seq_len}{ckpt}-"
             f"{plan.precision}")
 

@@ -182,16 +182,16 @@ def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> list[Tens
     return out
 
 
-def tp_activation_ratio(shape: ModelShape, seq: int, tp: int, checkpointing: bool) -> float:
-    """What a TP rank keeps of a block's activations, against the whole model's (Korthikanti et al. 2022, Table 2,
-    formulas/parallel3d.py): the matmul inputs and the attention scores split over TP, LayerNorms and dropouts
-    replicated (no sequence parallelism); with checkpointing each block keeps only its input, replicated."""
-    from .parallel3d import activation_bytes_per_layer
-
+def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:
+    """What a TP rank keeps of the per-layer activation features (the blocks' b·s·h terms, their b·a·s² attention
+    terms) against the whole model's, by Korthikanti et al. (2022, Table 2; formulas/parallel3d.py) without sequence
+    parallelism: of the 34·sbh a layer keeps, the 24·sbh of the matmul inputs split over TP and the LayerNorms' and
+    dropouts' 10·sbh stay whole; the attention scores, softmax and dropout (5·as²b) split. The logits, the embedding
+    output and the masks stay whole (hfscale gathers the vocabulary-parallel logits for the loss). Under activation
+    checkpointing a block keeps its input alone, whole on every rank."""
     if tp == 1 or checkpointing:
-        return 1.0
-    one = activation_bytes_per_layer(seq, 1, shape.hidden, shape.n_head)
-    return activation_bytes_per_layer(seq, 1, shape.hidden, shape.n_head, tp=tp) / one
+        return 1.0, 1.0
+    return (10 + 24 / tp) / 34, 1 / tp
 
 
 def block_numel(shape: ModelShape) -> int:
@@ -448,14 +448,19 @@ def activation_mode(family: str, attention: str, compute: str, checkpointing: bo
 
 
 def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu",
-                     compiled: bool = False) -> tuple[int, int, str]:
-    """(kept after the forward, the step's peak, which calibration gave them) for one micro-batch on `device`."""
+                     compiled: bool = False, tp: int = 1) -> tuple[int, int, str]:
+    """(kept after the forward, the step's peak, which calibration gave them) for one micro-batch on `device`, on one
+    rank of a TP group of `tp` (tp_activation_scales)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
     if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
     if mode not in table:
         raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
     feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
+    linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
+    feats[0], feats[1] = feats[0] * linear, feats[1] * attention
+    if tp > 1:
+        calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
@@ -483,11 +488,7 @@ def rank_memory(plan) -> RankMemory:
     mem.activations, mem.activation_peak, mem.activation_calibration = activation_bytes(
         plan.shape, plan.seq_len, plan.per_device_train_batch_size,
         activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
-        plan.device_type, plan.torch_compile)
-    if plan.tp > 1:
-        ratio = tp_activation_ratio(plan.shape, plan.seq_len, plan.tp, plan.activation_checkpointing)
-        mem.activations, mem.activation_peak = int(mem.activations * ratio), int(mem.activation_peak * ratio)
-        mem.activation_calibration += f", x {ratio:.3f} under TP {plan.tp} (Korthikanti et al. 2022)"
+        plan.device_type, plan.torch_compile, plan.tp)
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the

@@ -18,12 +18,12 @@ Each attention module then runs its own n_head / TP heads. Proven in tests/test_
 gloo): the loss, every gradient, the clipped norm and AdamW steps equal the unsharded model's.
 
 The strategies `tp` (TP alone) and `fsdp_tp` (TP inside a node, FSDP2 across) launch it through the Trainer
-(train.py, distributed.tensor_parallel_config, hooks.use_tensor_parallel_state). Checkpoints of `tp` alone are
-written by every rank together (the Trainer writes from rank 0 only, and gathering a DTensor is collective), whole:
-the weights as HF safetensors (export and from_pretrained read them as any run's) and the optimizer states gathered
-into one file; on resume each rank takes its slices again. fsdp_tp's too: FSDP's sharded checkpoint
-(torch.distributed.checkpoint) refuses GPT-2's c_attn, whose _StridedShard chunks its save planner reads as
-overlapping (torch 2.13).
+(train.py, distributed.tensor_parallel_config, hooks.use_tensor_parallel_state). Both write their checkpoints whole,
+every rank taking part (gathering a DTensor is collective, and the Trainer writes a plain model from rank 0 only): the
+weights as HF safetensors (export and from_pretrained read them as any run's) and the optimizer states gathered into
+one file; on resume each rank takes its slices again. FSDP's sharded checkpoint is no way out for fsdp_tp:
+torch.distributed.checkpoint refuses GPT-2's c_attn, whose _StridedShard chunks its save planner reads as overlapping
+(torch 2.13).
 """
 
 from ..formulas.metrics import ModelShape
