@@ -186,8 +186,8 @@ def _placement_dim(placement) -> int | None:
 def inspect_tensor_parallel(model, family: str, tp: int) -> dict:
     """Every parameter's placements against the TP plan's table (formulas.memory.TP_SPLITS): on the mesh's "tp"
     dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
-    data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. Also the elements this rank holds, which the
-    caller compares with the plan's count."""
+    data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. (The elements this rank holds are compared with
+    the plan's count by the caller, from inspect_parameters.)"""
     from ..formulas.memory import tp_split_dim
 
     mismatches, checked = [], 0
