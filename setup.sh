@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Set up hfscale in ./.venv. torch is installed FIRST and pinned: letting pip resolve torch freely would pull the
+# Set up hfscale in ./.venv. torch is installed FIRST and pinned: letting a resolver pick torch freely would pull the
 # multi-GB CUDA build onto a CPU machine. On a GPU machine set TORCH_SPEC to the CUDA build you want.
+# torch comes from pip (where a machine keeps its local torch wheels); the rest from uv, which installs it in seconds
+# rather than pip's ~25 s; Python writes the bytecode of what it imports on first use (HFSCALE_INSTALLER=pip: pip only).
 set -euo pipefail
 cd "$(dirname "$0")"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
-"${PIP[@]}" install --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" install "$TORCH_SPEC" 2>&1 | grep -v "is ignored" || true
+quiet() { grep -v "is ignored" || true; }  # pip's notes about index locations this machine does not have
+"${PIP[@]}" install --upgrade pip setuptools wheel 2>&1 | quiet
+.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" install "$TORCH_SPEC" 2>&1 | quiet
 # --no-build-isolation: DeepSpeed's build imports torch; an isolated build env would fetch its own (CUDA) torch.
-"${PIP[@]}" install --no-build-isolation -e ".[test]" 2>&1 | grep -v "is ignored" || true
+# With torch already installed, the ranges in pyproject.toml install no other torch.
+if [ "${HFSCALE_INSTALLER:-uv}" = uv ] && "${PIP[@]}" install uv 2>&1 | quiet && [ -x .venv/bin/uv ]; then
+  .venv/bin/uv pip install -q --python .venv/bin/python --no-build-isolation -e ".[test]"
+else
+  "${PIP[@]}" install --no-build-isolation -e ".[test]" 2>&1 | quiet
+fi
 .venv/bin/python -c "import torch, hfscale; print(f'hfscale ready: torch {torch.__version__}, cuda={torch.cuda.is_available()}')"

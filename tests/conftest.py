@@ -108,11 +108,6 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
     return results
 
 
-@pytest.fixture(scope="session")
-def runs_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("runs")
-
-
 # ---- runs several tests read, in any worker ---------------------------------------------------------------------------
 
 def shared_run(key: str, make) -> dict:
@@ -274,11 +269,11 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# Tests that read the same runs go to one worker: the files whose runs are module or session fixtures. The key is the
-# file; every other test is scheduled on its own. (pytest-xdist's own xdist_group marks stopped grouping with pytest
+# Tests that read the same runs go to one worker: the files whose runs are module fixtures. The key is the file; every
+# other test is scheduled on its own (runs that tests in several files read are `shared_run`s, made once whichever
+# worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
 # 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
-SHARED_RUNS = {"test_multiprocess.py": "shared_runs", "test_multinode.py": "shared_runs",  # conftest.hsdp_job
-               "test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
+SHARED_RUNS = {"test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
                "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
 
 
@@ -383,24 +378,29 @@ def slurm_train(fake_slurm, workdir: Path, strategy: str, nodes: int, gpus_per_n
 HSDP_STEPS = 20
 
 
-@pytest.fixture(scope="session")
-def hsdp_8bit_job(runs_dir, fake_slurm):
+def hsdp_8bit_job() -> dict:
     """fsdp_hybrid x adamw_8bit (torchao's AdamW8bit on the 2-D mesh), 2 "nodes" x 2 processes, 3 steps: the
     strategy x optimizer matrix's run of that pair."""
-    workdir = runs_dir / "hsdp-8bit-job"
-    workdir.mkdir(exist_ok=True)
-    return slurm_train(fake_slurm, workdir, "fsdp_hybrid", 2, 2,
-                       [*TINY, "--optim", "adamw_8bit", "--max_steps", "3", "--output_dir", str(runs_dir / "hsdp-2x2-8bit")])
+    def make(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_hybrid", 2, 2,
+                           [*TINY, "--optim", "adamw_8bit", "--max_steps", "3", "--output_dir", str(folder / "run")])
+
+    return shared_run("hsdp-2x2-8bit", make)
 
 
-@pytest.fixture(scope="session")
-def hsdp_job(runs_dir, fake_slurm):
+def hsdp_job() -> dict:
     """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, 20 steps, weights
-    fingerprinted, a checkpoint at step 10): shared by the multi-node checks and the strategy x optimizer matrix."""
-    out = runs_dir / "hsdp-2x2"
-    saving = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--save_strategy", "steps", "--save_steps", "10"]
-    return slurm_train(fake_slurm, runs_dir, "fsdp_hybrid", 2, 2,
-                       [*saving, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir", str(out)])
+    fingerprinted, a checkpoint at step 10; its folder is `output_dir`): shared by the multi-node checks and the
+    strategy x optimizer matrix, in whichever worker asks first."""
+    def make(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        saving = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--save_strategy", "steps", "--save_steps", "10"]
+        return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_hybrid", 2, 2,
+                           [*saving, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir",
+                            str(folder / "run")])
+
+    return shared_run("hsdp-2x2", make)
 
 
 # ---- tensor parallelism: tp on one node of 2, fsdp_tp on 2 "nodes" x 2 (TP inside a node, FSDP2 across) ------------

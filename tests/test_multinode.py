@@ -8,10 +8,11 @@ HSDP (fsdp_hybrid) runs the same way as 2 nodes x 2 processes (conftest.hsdp_job
 """
 
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import HSDP_STEPS, PARITY_STEPS, TINY, parity_runs, run, slurm, slurm_train, train
+from conftest import HSDP_STEPS, PARITY_STEPS, TINY, hsdp_job, parity_runs, run, slurm, slurm_train, train
 
 pytestmark = pytest.mark.multiprocess
 
@@ -46,14 +47,14 @@ def ddp_four(tmp_path_factory):
     return train(tmp_path_factory.mktemp("ddp-np4") / "run", "ddp", "--fingerprint_weights", nproc=4, steps=HSDP_STEPS)
 
 
-def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(hsdp_job, ddp_four):
+def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(ddp_four):
     """fsdp_hybrid on 2 simulated nodes x 2 processes: parameters are (Replicate(), Shard(0)) DTensors on a (2, 2)
     mesh, every rank holds half of them (a node's share, not a world-wide quarter), and losses, gradient norms and
     final weights match ddp on 4 processes within 1e-4 over 20 steps."""
     from hfscale.compare.parity import compare
     from hfscale.run.results import Results
 
-    res = hsdp_job
+    res = hsdp_job()
     assert res["strategy"] == "fsdp_hybrid" and res["config"]["world_size"] == 4
     assert res["environment"]["nodes"] == 2 and res["environment"]["processes_per_node"] == 2
     check = res["strategy_check"]
@@ -134,13 +135,14 @@ def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path):
     assert not out.exists()
 
 
-def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm, hsdp_job, runs_dir):
+def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm):
     """fsdp_hybrid saves sharded checkpoints on its 2-D mesh; a job resumed from step 10 continues with exactly the
     losses of the uninterrupted one (fp32, same kernels)."""
-    checkpoint = runs_dir / "hsdp-2x2" / "checkpoint-10"
+    reference = hsdp_job()
+    checkpoint = Path(reference["output_dir"]) / "checkpoint-10"
     resumed = slurm_train(fake_slurm, tmp_path, "fsdp_hybrid", 2, 2,
                           [*TINY, "--max_steps", str(HSDP_STEPS), "--output_dir", str(tmp_path / "resumed"),
                            "--resume_from_checkpoint", str(checkpoint)])
     assert resumed["resumed_from"] == str(checkpoint)
     assert [p["step"] for p in resumed["loss_history"]] == list(range(1, HSDP_STEPS + 1))
-    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in hsdp_job["loss_history"]]
+    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in reference["loss_history"]]

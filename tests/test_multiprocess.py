@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BF16_RUNS, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY, accelerate_launch, bf16_result,
-                      fsdp_tp_job, parity_runs, run, shared_train, tp_run)
+                      fsdp_tp_job, hsdp_8bit_job, hsdp_job, parity_runs, run, shared_train, tp_run)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -237,9 +237,9 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
 PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 
 
-def pair_result(strategy: str, optim: str, request) -> dict:
+def pair_result(strategy: str, optim: str) -> dict:
     if all_strategies()[strategy].hybrid:  # HSDP needs 2+ nodes: 2 x 2 simulated-SLURM jobs (conftest)
-        return request.getfixturevalue("hsdp_8bit_job" if optim == "adamw_8bit" else "hsdp_job")
+        return hsdp_8bit_job() if optim == "adamw_8bit" else hsdp_job()
     if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's run
         return tp_run()
     if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
@@ -255,7 +255,7 @@ def pair_result(strategy: str, optim: str, request) -> dict:
 
 
 @pytest.mark.parametrize("strategy,optim", PAIRS)
-def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, request):
+def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim):
     if (strategy, optim) in INCOMPATIBLE:
         out = tmp_path / "out"
         proc = run([sys.executable, "-m", "hfscale", "train", "--strategy", strategy, "--optim", optim, *TINY,
@@ -263,7 +263,7 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
         assert proc.returncode == 2 and f"strategy {strategy!r} cannot use optimizer {optim!r}" in proc.stderr
         assert not out.exists()
         return
-    res = pair_result(strategy, optim, request)
+    res = pair_result(strategy, optim)
     s = all_strategies()[strategy]
     world = 4 if s.hybrid or (s.tensor_parallel and s.engine == "fsdp") else 2  # HSDP, fsdp_tp: 2 nodes x 2
     assert res["strategy"] == strategy and res["optim"] == optim and res["config"]["world_size"] == world
@@ -280,12 +280,12 @@ BLOOM_RUNS = [("zero3", "adafactor"), ("ddp", "adamw_8bit"), ("fsdp", "adamw")]
 
 @pytest.mark.parametrize("strategy,optim,family", [(*p, "gpt2") for p in PAIRS if p not in INCOMPATIBLE]
                          + [(*p, "bloom") for p in BLOOM_RUNS])
-def test_memory_estimate_equals_what_the_engine_holds(strategy, optim, family, request):
+def test_memory_estimate_equals_what_the_engine_holds(strategy, optim, family):
     """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
     states, counted by storage on the live engine, against hfscale.formulas.memory: equal within 2%. The estimate
     is for the rank that holds the most, so it is compared with the largest rank."""
     if family == "gpt2":
-        res = pair_result(strategy, optim, request)
+        res = pair_result(strategy, optim)
     else:
         res = result(f"bloom-{strategy}-{optim}", strategy, "--optim", optim, "--model", "tiny-bloom",
                      "--bf16", steps=3)
