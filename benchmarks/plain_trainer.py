@@ -20,6 +20,10 @@ from hfscale.run.construction import build, load_data  # noqa: E402
 
 def main() -> None:
     model_args, data_args, args = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).parse_args_into_dataclasses()
+    if args.deepspeed and args.use_cpu:  # DeepSpeed's CPU accelerator would JIT-build an inference-only kernel
+        from hfscale.parallel.distributed import skip_deepspeed_shm_kernel  # (~35 s); hfscale's CPU route skips it too
+
+        skip_deepspeed_shm_kernel()
     shape = model_args.shape()
     seq_len = resolve_seq_len(shape, data_args.seq_len)
     set_seed(args.seed)

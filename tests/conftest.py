@@ -240,6 +240,9 @@ def _machine_lock(exclusive: bool):
 # builds it while the other worker's runs compete for the cores and every offload run waits, and a run killed mid-build
 # (a timeout) leaves the lock behind: every later offload run then waits for it forever. So the session's first process
 # builds it once, before any test starts; no other process of this session exists yet, so a lock found now is stale.
+# The build lives in the environment's own folder (TORCH_EXTENSIONS_DIR, inherited by every run), not in the user's
+# ~/.cache/torch_extensions: a build there is another checkout's or another session's, whose lock may be live.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 BUILD_CPU_ADAM = """
 import os
 from torch.utils import cpp_extension
@@ -269,12 +272,14 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# Tests that read the same runs go to one worker: the files whose runs are module fixtures. The key is the file; every
-# other test is scheduled on its own (runs that tests in several files read are `shared_run`s, made once whichever
-# worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
-# 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
+# Tests that read the same runs go to one worker: the files whose runs are module fixtures, and the multi-process and
+# multi-node files, whose tests read the same shared runs (scheduled one by one, a worker sat idle waiting for the run
+# the other was making: CI took 1578 s, 1175 s grouped). The key is the file; every other test is scheduled on its own
+# (a `shared_run` that tests in several files read is made once, by whichever worker asks first). (pytest-xdist's own
+# xdist_group marks stopped grouping with pytest 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
 SHARED_RUNS = {"test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
-               "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
+               "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune",
+               "test_multiprocess.py": "shared_runs", "test_multinode.py": "shared_runs"}
 
 
 def pytest_xdist_make_scheduler(config, log):

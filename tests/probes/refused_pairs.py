@@ -47,6 +47,10 @@ def fsdp_step(optim: str) -> None:
 def zero_offload_step(optim: str) -> None:
     import deepspeed
 
+    from hfscale.parallel.distributed import skip_deepspeed_shm_kernel
+
+    skip_deepspeed_shm_kernel()  # as hfscale's CPU route does: no ~35 s build of an inference-only kernel
+
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer(optim, model.parameters()), config=config)
