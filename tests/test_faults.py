@@ -6,9 +6,10 @@ The uninterrupted run is each strategy's bf16 run (conftest.BF16_RUNS: gradient 
 checkpointing, a checkpoint every 4 steps, per-batch digests), which other tests read too; the killed run is the same
 command. One strategy per engine is killed for real (KILLED: DDP, FSDP2 and DeepSpeed each save their own way); the
 others resume from what a killed run leaves, taken from the uninterrupted run: its complete checkpoints up to the kill
-step, which the same command wrote (the launch a kill costs is CI's scarcest resource). bf16 on CPU is deterministic and a checkpoint restores everything a step depends on (weights, fp32 masters,
-optimizer and scheduler state, RNG, data position, PowerSGD's error feedback), so "the same" means equal to the last
-bit: the tolerance is 0 for every strategy but the ZeRO-Offload ones (see TOLERANCE)."""
+step, which the same command wrote (a launch is what CI's time goes to). bf16 on CPU is deterministic and a checkpoint
+restores everything a step depends on (weights, fp32 masters, optimizer and scheduler state, RNG, data position,
+PowerSGD's error feedback), so "the same" means equal to the last bit: the tolerance is 0 for every strategy but the
+ZeRO-Offload ones (see TOLERANCE)."""
 
 import json
 import os
