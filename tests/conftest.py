@@ -272,14 +272,12 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# Tests that read the same runs go to one worker: the files whose runs are module fixtures, and the multi-process and
-# multi-node files, whose tests read the same shared runs (scheduled one by one, a worker sat idle waiting for the run
-# the other was making: CI took 1578 s, 1175 s grouped). The key is the file; every other test is scheduled on its own
-# (a `shared_run` that tests in several files read is made once, by whichever worker asks first). (pytest-xdist's own
-# xdist_group marks stopped grouping with pytest 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
+# Tests that read the same runs go to one worker: the files whose runs are module fixtures. The key is the file; every
+# other test is scheduled on its own (runs that tests in several files read are `shared_run`s, made once whichever
+# worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
+# 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
 SHARED_RUNS = {"test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
-               "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune",
-               "test_multiprocess.py": "shared_runs", "test_multinode.py": "shared_runs"}
+               "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
 
 
 def pytest_xdist_make_scheduler(config, log):
