@@ -238,6 +238,26 @@ def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
         unset_hf_deepspeed_config()
 
 
+def test_zero_offload_asks_py_cpuinfo_once_per_process(monkeypatch):
+    """DeepSpeed's CPU Adam asks py-cpuinfo three times per rank (its op builder's -march and SIMD width, the
+    optimizer's vendor); each answer costs a Python interpreter, so hfscale keeps the first."""
+    import cpuinfo
+    import cpuinfo.cpuinfo as module
+    from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder
+
+    from hfscale.parallel.distributed import keep_cpu_info
+
+    asked = []
+    answer = json.dumps({"arch": "X86_64", "flags": ["avx2"], "vendor_id_raw": "GenuineIntel"})
+    monkeypatch.setattr(module, "get_cpu_info_json", lambda: asked.append(1) or answer)  # the interpreter it starts
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", cpuinfo.get_cpu_info)  # put back after the test
+    keep_cpu_info()
+    keep_cpu_info()  # idempotent: set up once per process, whatever calls it
+    builder = CPUAdamBuilder()
+    assert (builder.cpu_arch(), builder.simd_width()) == ("-march=native", "-D__AVX256__")
+    assert cpuinfo.get_cpu_info()["vendor_id_raw"] == "GenuineIntel" and len(asked) == 1
+
+
 def test_zero3_partitions_in_the_dtype_its_config_trains_in():
     import torch
 

@@ -224,6 +224,21 @@ def skip_deepspeed_shm_kernel() -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+def keep_cpu_info() -> None:
+    """py-cpuinfo's get_cpu_info starts a Python interpreter for every call (~1 s each), and DeepSpeed calls it three
+    times per rank when ZeRO-Offload loads its CPU Adam (the op builder for -march and for the SIMD width, the
+    optimizer for the vendor): the first answer is kept for the others - the CPU does not change during a run. Both
+    routes (the CPU Adam steps on the host either way)."""
+    import functools
+
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed then asks lscpu
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):  # DeepSpeed imports it from the package when it calls it
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
+
+
 def setup_processes(plan) -> dict:
     """Everything that must happen before the TrainingArguments build their device state, for a run's RunPlan: the
     one-process group environment when no launcher started us; on the GPU route, the CPU backend FSDP offload needs and
@@ -232,6 +247,8 @@ def setup_processes(plan) -> dict:
     explicitly, by train.run(). Returns the TrainingArguments overrides this needs."""
     ensure_process_group_env()
     strategy, mesh = plan.strategy, plan.mesh
+    if strategy.engine == "deepspeed" and strategy.offloads_state("optimizer_states"):
+        keep_cpu_info()
     if strategy.tensor_parallel:  # its mesh is built with the model (tensor_parallel_config) and set on accelerate's
         os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)  # state by hooks.use_tensor_parallel_state
     if plan.on_cuda:
