@@ -406,6 +406,50 @@ def hsdp_job() -> dict:
     return shared_run("hsdp-2x2", make)
 
 
+# ---- runs that several files read, each also one pair of the strategy x optimizer matrix (test_multiprocess.py) ------
+# A check that does not depend on the optimizer runs with the optimizer of a pair no other test runs, so one launch
+# proves both: ZeRO's gradient partitions (test_gradient_partitions.py; fsdp x adafactor is refused) and the ZeRO-3 runs
+# of the models larger than a host (test_host_memory.py).
+PARTITION_SHAPE = ["--n_layer", "8", "--vocab_size", "512", "--seq_len", "32", "--gradient_accumulation_steps", "2"]
+PARTITION_OPTIM = {"zero1": "adamw_8bit", "zero2": "adafactor", "fsdp": "adamw"}
+
+
+def partition_run(strategy: str) -> dict:
+    """zero1, zero2 or fsdp on 2 processes, 2 steps of 2 accumulated micro-batches, 8 layers, a 512-token vocabulary."""
+    return shared_train(f"partitions-{strategy}", strategy, *PARTITION_SHAPE, "--optim", PARTITION_OPTIM[strategy],
+                        steps=2)
+
+
+# 12 layers x 1024 hidden x 16 heads over the tiny preset's 2048-token vocabulary: ~153M parameters, 0.61 GB in fp32
+# (large beside the ~0.1 GB a process moves for anything else); its largest tensor (an MLP matrix, 16 MB) is what a
+# rank holds beyond its shard while rank 0's weights arrive.
+HOST_SHAPE = ["--n_layer", "12", "--hidden_size", "1024", "--n_head", "16", "--per_device_train_batch_size", "1",
+              "--seq_len", "32"]
+# run -> (strategy, optimizer, environment): zero3's zero3_init_flag as `accelerate launch` exports it
+HOST_RUNS = {"ddp": ("ddp", "adamw", {}), "fsdp": ("fsdp", "adamw", {}), "zero3": ("zero3", "adafactor", {}),
+             "zero3-no-init": ("zero3", "adamw_8bit", {"ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"})}
+
+
+def host_memory_run(name: str) -> dict:
+    """One step of the ~153M-parameter shape on 2 processes, for the resident-set high-water marks per rank."""
+    strategy, optim, environ = HOST_RUNS[name]
+
+    def make(folder):
+        with pytest.MonkeyPatch.context() as mp:
+            # glibc hands freed tensors back to the kernel at once, so the resident set follows the tensors
+            # (otherwise freed broadcast buffers stay in the heap and count; docs/estimate.md)
+            mp.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+            # and backs them with transparent huge pages where the kernel gives them on request (THP "madvise"): one
+            # fault per 2 MB instead of 512, the same high-water marks (the tensors fill their pages); the four runs
+            # took 131 CPU-s instead of 150 on the 2-core CI machine
+            mp.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+            for key, value in environ.items():
+                mp.setenv(key, value)
+            return train(folder, strategy, *HOST_SHAPE, "--optim", optim, steps=1)
+
+    return shared_run(f"host-memory-{name}", make)
+
+
 # ---- tensor parallelism: tp on one node of 2, fsdp_tp on 2 "nodes" x 2 (TP inside a node, FSDP2 across) ------------
 # Both step the parity runs' global batch (8 samples: ddp's 2 ranks x MBS 4) in fp32 for PARITY_STEPS, so their losses,
 # gradient norms and final weights compare with the parity suite's ddp run; each saves a checkpoint at TP_SAVE_STEP.

@@ -3,21 +3,20 @@ after a micro-batch that is not the last of its step, ZeRO-1 holds every full gr
 partition (what tells the two stages apart; DeepSpeed's self-reported stage is not evidence), and FSDP2 whole
 gradients until the step's last micro-batch. The model has many similar tensors (8 layers, a 512-token vocabulary),
 so the tensors cut by a partition's edges stay small; ZeRO-3 and FSDP are proven at the optimizer step (1/N) by
-test_multiprocess.py's memory-estimate check."""
+test_multiprocess.py's memory-estimate check. The gradients do not depend on the optimizer: zero1 steps with
+adamw_8bit and zero2 with adafactor, so these runs are also those pairs' runs in the strategy x optimizer matrix
+(conftest.partition_run)."""
 
 import pytest
 
-from conftest import train
+from conftest import PARTITION_OPTIM, partition_run
 
 pytestmark = pytest.mark.multiprocess
 
-SHAPE = ["--n_layer", "8", "--vocab_size", "512", "--seq_len", "32", "--gradient_accumulation_steps", "2"]
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gradient-partitions")
-    return {s: train(out / s, s, *SHAPE, steps=2) for s in ("zero1", "zero2", "fsdp")}
+def runs():
+    return {s: partition_run(s) for s in PARTITION_OPTIM}
 
 
 def test_zero1_accumulates_full_gradients_and_zero2_its_partition(runs):

@@ -5,31 +5,17 @@ engine has sharded it)."""
 
 import pytest
 
-from conftest import train
+from conftest import HOST_RUNS, host_memory_run
 
 pytestmark = pytest.mark.multiprocess
 
-# 12 layers x 1024 hidden x 16 heads over the tiny preset's 2048-token vocabulary: ~153M parameters, 0.61 GB in fp32
-# (large beside the ~0.1 GB a process moves for anything else); its largest tensor (an MLP matrix, 16 MB) is what a
-# rank holds beyond its shard while rank 0's weights arrive.
-SHAPE = ["--n_layer", "12", "--hidden_size", "1024", "--n_head", "16", "--per_device_train_batch_size", "1",
-         "--seq_len", "32"]
-RUNS = {"ddp": {}, "fsdp": {}, "zero3": {}, "zero3-no-init": {"ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"}}
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("host-memory")
-    results = {}
-    for name, env in RUNS.items():
-        with pytest.MonkeyPatch.context() as mp:
-            # glibc hands freed tensors back to the kernel at once, so the resident set follows the tensors
-            # (otherwise freed broadcast buffers stay in the heap and count; docs/estimate.md)
-            mp.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-            for key, value in env.items():  # accelerate's zero3_init_flag, as `accelerate launch` exports it
-                mp.setenv(key, value)
-            results[name] = train(out / name, name.split("-")[0], *SHAPE, steps=1)
-    return results
+def runs():
+    """The ~153M-parameter shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
+    optimizer: the two zero3 runs step with adafactor and adamw_8bit, and are also those pairs' runs in the
+    strategy x optimizer matrix."""
+    return {name: host_memory_run(name) for name in HOST_RUNS}
 
 
 def full_copy(runs) -> int:

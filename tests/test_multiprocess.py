@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BF16_RUNS, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY, accelerate_launch, bf16_result,
-                      fsdp_tp_job, hsdp_8bit_job, hsdp_job, parity_runs, run, shared_train, tp_run)
+from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
+                      accelerate_launch, bf16_result, fsdp_tp_job, host_memory_run, hsdp_8bit_job, hsdp_job,
+                      partition_run, parity_runs, run, shared_train, tp_run)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -234,6 +235,9 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("ddp_powersgd", "adamw"): "bf16:ddp_powersgd", ("fsdp_offload", "adamw"): "bf16:fsdp_offload",
                   ("zero2_offload", "adamw"): "bf16:zero2_offload", ("zero3_offload", "adamw"): "bf16:zero3_offload",
                   ("ddp", "adamw_8bit"): "ddp-8bit", ("zero2", "adamw_8bit"): "zero2-8bit", ("fsdp", "adamw_8bit"): "fsdp-8bit", ("ddp", "adafactor"): "ddp-adafactor"}
+# runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
+_RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
+_RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items() if (s, o) not in _RUN_ELSEWHERE})
 PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 
 
@@ -250,6 +254,10 @@ def pair_result(strategy: str, optim: str) -> dict:
         return parity_run(where.split(":")[1])
     if where.startswith("bf16:"):
         return bf16_result(where.split(":")[1])
+    if where.startswith("partitions:"):
+        return partition_run(where.split(":")[1])
+    if where.startswith("host:"):
+        return host_memory_run(where.split(":")[1])
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     return result(where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
 
