@@ -272,9 +272,9 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# Tests that read the same runs go to one worker: the files whose runs are module fixtures. The key is the file; every
-# other test is scheduled on its own (runs that tests in several files read are `shared_run`s, made once whichever
-# worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
+# Tests that read the same runs go to one worker: the files whose tests all read one set of runs (a module fixture, or
+# `shared_run`s that another file may read too). The key is the file; every other test is scheduled on its own (a
+# `shared_run` is made once, by whichever worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
 # 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
 SHARED_RUNS = {"test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
                "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
@@ -448,6 +448,66 @@ def host_memory_run(name: str) -> dict:
             return train(folder, strategy, *HOST_SHAPE, "--optim", optim, steps=1)
 
     return shared_run(f"host-memory-{name}", make)
+
+
+# ---- `hfscale sweep` and `hfscale tune` (test_sweep.py, test_tune.py): their trials are real 2-process runs, and two of
+# them are pairs of the strategy x optimizer matrix (ddp x adafactor, zero1 x adafactor)
+_MBS = TINY.index("--per_device_train_batch_size")
+SWEEP_FIXED = [*TINY[:_MBS], *TINY[_MBS + 2:], "--max_steps", "3"]  # the micro-batch is a sweep axis (default 4)
+SWEEP = ["--strategy", "ddp,zero2_offload", "--optim", "adamw,adafactor", "--num_processes", "2"]
+
+
+def sweep(out, *args, fixed=SWEEP_FIXED, timeout=900) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "hfscale", "sweep", "--out", str(out), *args, "--", *fixed], timeout=timeout)
+
+
+def swept() -> dict:
+    """Three sweeps into one folder: ddp and zero2_offload x adamw and adafactor (one pair refused before launch); a
+    zero1 run that cannot finish in 4 s; a ddp run whose shape is refused. {"out", "returncodes", "stderr"}."""
+    def make(folder):
+        folder.mkdir(parents=True)
+        main = sweep(folder, *SWEEP)
+        # a run that cannot finish in 4 s however fast the machine starts it: a million steps
+        hung = sweep(folder, "--strategy", "zero1", "--num_processes", "2", "--timeout", "4",
+                     fixed=[*SWEEP_FIXED, "--max_steps", "1000000"])
+        refused = sweep(folder, "--strategy", "ddp", "--num_processes", "1", "--per_device_train_batch_size", "3",
+                        fixed=[*SWEEP_FIXED, "--seq_len", "100000"])
+        return {"out": str(folder), "returncodes": [p.returncode for p in (main, hung, refused)],
+                "stderr": main.stderr[-3000:]}
+
+    return shared_run("sweep", make)
+
+
+def swept_run(name: str) -> dict:
+    """One run of the first sweep (as `train` returns it: results.json, its launch log as _stdout)."""
+    folder = Path(swept()["out"]) / name
+    return {**json.loads((folder / "results.json").read_text()), "_stdout": (folder / "launch.log").read_text(),
+            "_stderr": ""}
+
+
+# 0.1 GB per "GPU": the estimate fits micro-batch 4 (~0.015 GB) and not 64 (~0.17 GB) for the tiny model - on this CPU
+# machine without the CUDA context allowance, which a CPU run does not have.
+TUNE = ["--model", "tiny", "--seq_len", "64", "--num_processes", "2", "--strategy", "zero1,zero2_offload,megatron-deepspeed",
+        "--optim", "adamw,adafactor", "--per_device_train_batch_size", "4,64", "--activation_checkpointing", "false",
+        "--device_memory_gb", "0.1"]
+TRIAL_ARGS = ["--max_steps", "5", "--save_strategy", "no", "--logging_steps", "1"]
+
+
+def tuned() -> dict:
+    """`hfscale tune` over zero1, zero2_offload and a 3D layout x adamw, adafactor x micro-batch 4, 64:
+    {"out", "report": tune.json}."""
+    def make(folder):
+        proc = run([sys.executable, "-m", "hfscale", "tune", *TUNE, "--out", str(folder), "--", *TRIAL_ARGS], timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return {"out": str(folder), "report": json.loads((folder / "tune.json").read_text())}
+
+    return shared_run("tune", make)
+
+
+def tune_trial(name: str) -> dict:
+    folder = Path(tuned()["out"]) / "trials" / name
+    return {**json.loads((folder / "results.json").read_text()), "_stdout": (folder / "launch.log").read_text(),
+            "_stderr": ""}
 
 
 # ---- tensor parallelism: tp on one node of 2, fsdp_tp on 2 "nodes" x 2 (TP inside a node, FSDP2 across) ------------

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
                       accelerate_launch, bf16_result, fsdp_tp_job, host_memory_run, hsdp_8bit_job, hsdp_job,
-                      partition_run, parity_runs, run, shared_train, tp_run)
+                      partition_run, parity_runs, run, shared_train, swept_run, tp_run, tune_trial)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -186,10 +186,11 @@ def test_adamw_8bit_states_are_uint8_and_train_like_ddp(strategy):
 
 
 def test_adafactor_states_are_factored():
-    states = result("ddp-adafactor", "ddp", "--optim", "adafactor")["strategy_check"]["optimizer_states"]
+    res = pair_result("ddp", "adafactor")
+    states = res["strategy_check"]["optimizer_states"]
     assert states["factored"] and {"exp_avg_sq_row", "exp_avg_sq_col"} <= set(states["keys"])
     # Factored second moments are far smaller than AdamW's two full copies.
-    assert states["elements_local"] < 0.1 * 2 * result("ddp-adafactor", "ddp")["model"]["params_model"]
+    assert states["elements_local"] < 0.1 * 2 * res["model"]["params_model"]
 
 
 def test_launcher_config_file_selects_the_strategy():
@@ -234,7 +235,9 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("zero2", "adamw"): "parity:zero2", ("zero3", "adamw"): "parity:zero3",
                   ("ddp_powersgd", "adamw"): "bf16:ddp_powersgd", ("fsdp_offload", "adamw"): "bf16:fsdp_offload",
                   ("zero2_offload", "adamw"): "bf16:zero2_offload", ("zero3_offload", "adamw"): "bf16:zero3_offload",
-                  ("ddp", "adamw_8bit"): "ddp-8bit", ("zero2", "adamw_8bit"): "zero2-8bit", ("fsdp", "adamw_8bit"): "fsdp-8bit", ("ddp", "adafactor"): "ddp-adafactor"}
+                  ("ddp", "adamw_8bit"): "ddp-8bit", ("zero2", "adamw_8bit"): "zero2-8bit", ("fsdp", "adamw_8bit"): "fsdp-8bit",
+                  ("ddp", "adafactor"): "sweep:ddp-adafactor-np2-mbs4-gas1",  # test_sweep.py's (3 steps, MBS 4)
+                  ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1"}  # a trial of test_tune.py's (5 steps)
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
 _RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
 _RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items() if (s, o) not in _RUN_ELSEWHERE})
@@ -250,14 +253,10 @@ def pair_result(strategy: str, optim: str) -> dict:
         return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, "--save_strategy", "no", steps=3,
                                                                   key=f"fsdp_tp-2x2-{optim}")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
-    if where.startswith("parity:"):
-        return parity_run(where.split(":")[1])
-    if where.startswith("bf16:"):
-        return bf16_result(where.split(":")[1])
-    if where.startswith("partitions:"):
-        return partition_run(where.split(":")[1])
-    if where.startswith("host:"):
-        return host_memory_run(where.split(":")[1])
+    kind, _, key = where.partition(":")
+    if key:  # a run another test makes, by the conftest function that makes it
+        return {"parity": parity_run, "bf16": bf16_result, "sweep": swept_run, "tune": tune_trial,
+                "partitions": partition_run, "host": host_memory_run}[kind](key)
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     return result(where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
 

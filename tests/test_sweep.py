@@ -4,40 +4,30 @@ resumes, and `hfscale report` turns the directory into a table with the failed r
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run
+from conftest import SWEEP, run, sweep, swept as swept_runs
 
 pytestmark = pytest.mark.multiprocess
-
-_MBS = TINY.index("--per_device_train_batch_size")
-FIXED = [*TINY[:_MBS], *TINY[_MBS + 2:], "--max_steps", "3"]  # the micro-batch is a sweep axis (default 4)
-
-
-def sweep(out, *args, fixed=FIXED, timeout=900):
-    return run([sys.executable, "-m", "hfscale", "sweep", "--out", str(out), *args, "--", *fixed], timeout=timeout)
 
 
 def statuses(out) -> dict:
     return {row["run"]: row["status"] for row in json.loads((out / "sweep.json").read_text())["runs"]}
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep")
-    main = sweep(out, "--strategy", "ddp,zero2_offload", "--optim", "adamw,adafactor", "--num_processes", "2")
-    # a run that cannot finish in 4 s however fast the machine starts it: a million steps
-    hung = sweep(out, "--strategy", "zero1", "--num_processes", "2", "--timeout", "4",
-                 fixed=[*FIXED, "--max_steps", "1000000"])
-    refused = sweep(out, "--strategy", "ddp", "--num_processes", "1", "--per_device_train_batch_size", "3",
-                    fixed=[*FIXED, "--seq_len", "100000"])
-    return out, main, hung, refused
+@pytest.fixture()
+def swept():
+    """The three sweeps into one folder (conftest.swept), made once per session: its ddp x adafactor run is also that
+    pair's run in the strategy x optimizer matrix."""
+    made = swept_runs()
+    return Path(made["out"]), made
 
 
 def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
-    out, main, hung, refused = swept
-    assert main.returncode == hung.returncode == refused.returncode == 0, main.stderr[-3000:]
+    out, made = swept
+    assert made["returncodes"] == [0, 0, 0], made["stderr"]
     assert statuses(out) == {"ddp-adamw-np1-mbs3-gas1": "refused"}  # sweep.json describes the latest sweep
     results = {d.name: json.loads((d / "results.json").read_text()) for d in out.iterdir() if (d / "results.json").is_file()}
     assert {name: r["status"] for name, r in results.items()} == {
@@ -58,8 +48,7 @@ def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
 def test_interrupted_sweep_skips_what_finished(swept):
     out = swept[0]
     before = {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")}
-    again = sweep(out, "--strategy", "ddp,zero2_offload", "--optim", "adamw,adafactor", "--num_processes", "2",
-                  timeout=120)
+    again = sweep(out, *SWEEP, timeout=120)
     assert again.returncode == 0
     assert again.stdout.count("(already done)") == 4
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before

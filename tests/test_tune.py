@@ -9,16 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run
+from conftest import REPO, TRIAL_ARGS, TUNE, run, tuned as tune_run
 
 pytestmark = pytest.mark.multiprocess
-
-TRIAL_ARGS = ["--max_steps", "5", "--save_strategy", "no", "--logging_steps", "1"]
-# 0.1 GB per "GPU": the estimate fits micro-batch 4 (~0.015 GB) and not 64 (~0.17 GB) for the tiny model - on this CPU
-# machine without the CUDA context allowance, which a CPU run does not have.
-TUNE = ["--model", "tiny", "--seq_len", "64", "--num_processes", "2", "--strategy", "zero1,zero2_offload,megatron-deepspeed",
-        "--optim", "adamw,adafactor", "--per_device_train_batch_size", "4,64", "--activation_checkpointing", "false",
-        "--device_memory_gb", "0.1"]
 
 
 def _env() -> dict:
@@ -27,12 +20,12 @@ def _env() -> dict:
     return {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tune")
-    proc = run([sys.executable, "-m", "hfscale", "tune", *TUNE, "--out", str(out), "--", *TRIAL_ARGS], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, json.loads((out / "tune.json").read_text())
+@pytest.fixture()
+def tuned():
+    """One `hfscale tune` per session (conftest.tuned): its zero1 x adafactor trial is also that pair's run in the
+    strategy x optimizer matrix."""
+    made = tune_run()
+    return Path(made["out"]), made["report"]
 
 
 def test_tune_prunes_refuses_runs_and_ranks(tuned):
