@@ -200,8 +200,7 @@ def parity_runs() -> dict:
         proc = run([sys.executable, "-m", "hfscale", "parity", "--strategy", ",".join(PARITY_STRATEGIES), "--max_steps",
                     str(PARITY_STEPS), "--num_processes", "2", "--out", str(folder), "--", *fixed], timeout=1500)
         assert (folder / "parity.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
-        runs = {s: {**json.loads((folder / s / "results.json").read_text()), "_stdout": (folder / s / "launch.log").read_text()}
-                for s in ["ddp", *PARITY_STRATEGIES]}
+        runs = {s: launched_run(folder / s) for s in ["ddp", *PARITY_STRATEGIES]}
         return {"proc": {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr},
                 "report": json.loads((folder / "parity.json").read_text()), "runs": runs, "folder": str(folder)}
 
@@ -274,8 +273,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 # Tests that read the same runs go to one worker: the files whose tests all read one set of runs (a module fixture, or
 # `shared_run`s that another file may read too). The key is the file; every other test is scheduled on its own (a
-# `shared_run` is made once, by whichever worker asks first). (pytest-xdist's own xdist_group marks stopped grouping with pytest
-# 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
+# `shared_run` is made once, by whichever worker asks first). (pytest-xdist's own xdist_group marks stopped grouping
+# with pytest 9.2, pytest-xdist#1386: this scheduler reads nothing but the test ids.)
 SHARED_RUNS = {"test_convergence.py": "convergence", "test_gradient_partitions.py": "gradient_partitions",
                "test_host_memory.py": "host_memory", "test_sweep.py": "sweep", "test_tune.py": "tune"}
 
@@ -465,7 +464,7 @@ def swept() -> dict:
     """Three sweeps into one folder: ddp and zero2_offload x adamw and adafactor (one pair refused before launch); a
     zero1 run that cannot finish in 4 s; a ddp run whose shape is refused. {"out", "returncodes", "stderr"}."""
     def make(folder):
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         main = sweep(folder, *SWEEP)
         # a run that cannot finish in 4 s however fast the machine starts it: a million steps
         hung = sweep(folder, "--strategy", "zero1", "--num_processes", "2", "--timeout", "4",
@@ -478,11 +477,16 @@ def swept() -> dict:
     return shared_run("sweep", make)
 
 
-def swept_run(name: str) -> dict:
-    """One run of the first sweep (as `train` returns it: results.json, its launch log as _stdout)."""
-    folder = Path(swept()["out"]) / name
+def launched_run(folder: Path) -> dict:
+    """A run that `hfscale sweep`, `tune` or `parity` launched, as `train` returns one: its results.json, and its
+    launch.log (both streams) as _stdout."""
     return {**json.loads((folder / "results.json").read_text()), "_stdout": (folder / "launch.log").read_text(),
             "_stderr": ""}
+
+
+def swept_run(name: str) -> dict:
+    """One run of the first sweep."""
+    return launched_run(Path(swept()["out"]) / name)
 
 
 # 0.1 GB per "GPU": the estimate fits micro-batch 4 (~0.015 GB) and not 64 (~0.17 GB) for the tiny model - on this CPU
@@ -505,9 +509,7 @@ def tuned() -> dict:
 
 
 def tune_trial(name: str) -> dict:
-    folder = Path(tuned()["out"]) / "trials" / name
-    return {**json.loads((folder / "results.json").read_text()), "_stdout": (folder / "launch.log").read_text(),
-            "_stderr": ""}
+    return launched_run(Path(tuned()["out"]) / "trials" / name)
 
 
 # ---- tensor parallelism: tp on one node of 2, fsdp_tp on 2 "nodes" x 2 (TP inside a node, FSDP2 across) ------------
