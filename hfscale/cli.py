@@ -11,6 +11,7 @@ from .errors import ArgumentParser, exit_on_user_error
 from .formulas.peaks import measure_peak_tflops, table_peak
 from .parallel.optimizers import OPTIMIZERS
 from .parallel.strategies import all_strategies, matrix_markdown
+from .run.garbage import paused
 
 
 def cmd_strategies(argv: list[str]) -> None:
@@ -61,6 +62,13 @@ COMMANDS = {
 }
 
 
+def import_command(module: str):
+    """A command's module; its imports (torch and transformers for most) run without garbage collections, which
+    would walk the whole growing heap again and again to find almost nothing (hfscale/run/garbage.py)."""
+    with paused():
+        return importlib.import_module(f"hfscale.{module}")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
@@ -71,11 +79,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     command, rest = argv[0], argv[1:]
     if command == "train":
-        return importlib.import_module("hfscale.train").main(rest)
+        return import_command("train").main(rest)
     if command in ("launch", "slurm", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
                    "bandwidth", "tune"):
         module = {"launch": "launch", "slurm": "cluster.slurm", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
                   "import-logs": "compare.megatron", "export": "run.export", "estimate": "plan.estimate",
                   "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune"}[command]
-        sys.exit(importlib.import_module(f"hfscale.{module}").main(rest) or 0)
+        sys.exit(import_command(module).main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

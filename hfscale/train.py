@@ -4,9 +4,12 @@ Reads top to bottom like transformers' run_clm.py: args -> logging -> seed -> da
 train -> results. Every TrainingArguments flag works; `--strategy` and `--optim` choose the two axes.
 """
 
+import gc
 import os
 import sys
 
+if __name__ == "__main__":  # a launched rank: no collections through start-up's imports (hfscale/run/garbage.py)
+    gc.disable()
 if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.py): make the package importable,
     # and take hfscale/ itself off the path, so its modules and subpackages never shadow top-level ones
     _here = os.path.dirname(os.path.abspath(__file__))
@@ -35,6 +38,7 @@ from hfscale.run.checkpoints import LATEST, identity, resolve_resume, set_aside_
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import validation_plan  # noqa: E402
+from hfscale.run import garbage  # noqa: E402
 from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, StepMemory,  # noqa: E402
                                  TensorBoardWriter, memory_now, print_summary)
 from hfscale.run.recipes import apply_defaults  # noqa: E402
@@ -142,7 +146,7 @@ def evaluating(eval_strategy) -> bool:
 
 
 def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction=None, parallelism=None):
-    from hfscale.run.trainer import HfscaleTrainer, StrategyCallback
+    from hfscale.run.trainer import GarbageCollectionCallback, HfscaleTrainer, StrategyCallback
 
     plan, results = state.plan, record.results
     on_cuda = results.environment.device_type == "cuda"
@@ -164,6 +168,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
                 if plan.strategy.comm_hook == "powersgd" else None)
     trainer.add_callback(StrategyCallback(trainer, total_params=results.model.params_model, powersgd=powersgd,
                                           record=record, resume_from=state.resume_from, construction=construction))
+    trainer.add_callback(GarbageCollectionCallback(args.gc_freq, record))  # after the start-up checks, before the clock starts
     trainer.collectives = CollectiveCounter(args.count_collectives) if args.count_collectives else None
     trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory, trainer.collectives))
     return trainer, meter
@@ -212,7 +217,8 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     quiet_libraries()
     try:
-        run(argv)
+        with garbage.paused():  # until train begin, where --gc_freq takes over
+            run(argv)
     except BaseException:
         shutdown(wait_for_all=False)
         raise
@@ -279,6 +285,7 @@ def run(argv: list[str] | None) -> None:
                                                      environment(args, state.plan)), args.process_index == 0)
     trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction, parallelism)
     record.update(resumed_from=resume)
+    garbage.settle()  # the model is built: the train-begin collections (accelerate's, hfscale's) walk only what follows
     try:
         output = trainer.train(resume_from_checkpoint=resume)
         if eval_blocks is not None and not evaluating(args.eval_strategy):

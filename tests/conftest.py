@@ -307,14 +307,23 @@ def restored_environment():
 def restore_process_state():
     """Every test leaves the process as it found it: the environment (which every later launch inherits, so a variable
     left behind - say ACCELERATE_USE_FSDP, or FSDP_CPU_RAM_EFFICIENT_LOADING that transformers exports while building
-    FSDP TrainingArguments - would silently change every run after it), the working directory, and no process group.
+    FSDP TrainingArguments - would silently change every run after it), the working directory, Python's garbage
+    collector (enabled, nothing frozen: a training run started in-process sets both), and no process group.
     Restored here for the libraries a test calls as well as for the test itself."""
+    import gc
+
     import torch.distributed as dist
 
     cwd = os.getcwd()
+    collector = gc.isenabled(), gc.get_freeze_count()
     with restored_environment():
         yield
     os.chdir(cwd)
+    left = gc.isenabled(), gc.get_freeze_count()
+    if left != collector:
+        gc.unfreeze()
+        gc.enable()
+        pytest.fail(f"the test left the garbage collector (enabled, frozen objects) = {left}; it found {collector}")
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail("the test left a torch.distributed process group initialized")

@@ -56,7 +56,10 @@ def test_eval_loss_is_the_mean_token_cross_entropy_of_the_validation_text(tmp_pa
     results = train(out, "ddp", "--train_files", str(train_file), "--validation_files", str(val_file),
                     "--cache_dir", str(cache),
                     "--eval_strategy", "steps", "--eval_steps", "5", "--save_strategy", "steps", "--save_steps", "10",
-                    "--save_only_model", "true", "--per_device_eval_batch_size", "3", steps=10)
+                    "--save_only_model", "true", "--per_device_eval_batch_size", "3", "--gc_freq", "3", steps=10)
+    # Python's collector on the schedule: young collections at steps 3, 6, 9 only, a full one after each evaluation
+    collector = results["perf"]["gc"]
+    assert collector["scheduled"] == 3 and collector["training"][:2] == [0, 3] and collector["training"][2] >= 2
     evals = results["eval_history"]
     assert [e["step"] for e in evals] == [5, 10] and evals[1]["loss"] < evals[0]["loss"]
     assert evals[1]["perplexity"] == pytest.approx(2.718281828459045 ** evals[1]["loss"], rel=1e-9)

@@ -4,6 +4,7 @@ document every key a run writes."""
 import json
 import re
 import shlex
+import sys
 
 from conftest import REPO, run
 from hfscale.parallel.distributed import free_port
@@ -29,7 +30,18 @@ def test_readme_main_command_runs(tmp_path):
         "hfscale run ")[-1].split("\n", 2)[2]
     last = results["checkpoints"][-1]
     assert f"checkpoint-{last['step']} ({last['size_gb']:.3g} GB" in proc.stdout and last["step"] == results["steps"]
+    assert_collector_paused_then_scheduled(results["perf"]["gc"])
     assert_documented(results)
+
+
+def assert_collector_paused_then_scheduled(facts: dict) -> None:
+    """The default --gc_freq: start-up made no more young collections than a bare interpreter's own start-up (hundreds
+    unpaused), and training none at all (automatic collection off; the first scheduled one is at step 50)."""
+    bare = json.loads(run([sys.executable, "-c", "import gc, json; print(json.dumps([g['collections'] for g in "
+                                               "gc.get_stats()]))"]).stdout)
+    assert facts["gc_freq"] == 50 and facts["scheduled"] == 0
+    assert facts["start_up"][0] <= bare[0] + 10 and facts["start_up"][1] <= bare[1] + 2, (facts, bare)
+    assert facts["training"] == [0, 0, 0], facts
 
 
 def assert_documented(results: dict) -> None:

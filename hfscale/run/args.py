@@ -27,6 +27,7 @@ from ..parallel.optimizers import OPTIMIZERS, get_optimizer
 from ..parallel.strategies import Strategy, all_strategies, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
 from .data import EMBEDDED, check_file_content, check_local_files
+from .garbage import DEFAULT_GC_FREQ
 
 DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
@@ -129,6 +130,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
     count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
+    gc_freq: int = field(default=DEFAULT_GC_FREQ, metadata={"help": "Python's garbage collector: automatic collection off, a young-generation collection at the end of every Nth optimizer step on every rank (no rank stalls its partners at a random moment; torchtitan's gc_freq) and a full one after each evaluation; 0: Python's automatic collection. Start-up runs without collections either way (hfscale/run/garbage.py)."})
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
 
     def __post_init__(self):
@@ -291,6 +293,7 @@ HYPERPARAMETER_RANGES = {
     "weight_decay": (0.0, None, "must be >= 0"),
     "max_grad_norm": (0.0, None, "must be >= 0 (0 turns clipping off)"),
     "warmup_steps": (0.0, None, "must be >= 0 (a number of steps, or a fraction of them below 1)"),
+    "gc_freq": (0, None, "must be >= 0 (optimizer steps between collections; 0: Python's automatic collection)"),
 }
 
 

@@ -123,6 +123,7 @@ class PerfRecord(_Section):
     peak_tflops: float | None = None
     peak_source: str | None = None
     measured_peak_tflops: float | None = None
+    gc: dict | None = None  # Python's garbage collector: run/trainer.py's GarbageCollectionCallback
     extra: dict = field(default_factory=dict)
 
 

@@ -27,6 +27,7 @@ from ..parallel.distributed import barrier
 from ..parallel.hooks import (PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd,
                               save_powersgd, use_tensor_parallel_state)
 from ..formulas.memory import tp_local_tensors
+from . import garbage
 from .checkpoints import dir_size_bytes, write_marker
 from .measure import perf_scalars
 
@@ -213,6 +214,35 @@ class HfscaleTrainer(Trainer):
             logs.update(self.step_memory.window(self._memory_logged_step))  # on the console; every rank's in results)
             self._memory_logged_step = self.state.global_step
         super().log(logs, *args, **kwargs)
+
+
+class GarbageCollectionCallback(TrainerCallback):
+    """Python's collector on --gc_freq's schedule from train begin (hfscale/run/garbage.py). results.json's perf.gc:
+    the collections of each generation made during start-up and during training, and the scheduled ones' count and
+    seconds."""
+
+    def __init__(self, gc_freq: int, record):
+        self.gc_freq, self.record = gc_freq, record
+        self.facts = {"gc_freq": gc_freq, "scheduled": 0, "scheduled_s": 0.0}
+        self._at_begin: list[int] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.facts["start_up"] = garbage.collections()
+        garbage.start_training(self.gc_freq)
+        self._at_begin = garbage.collections()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        began = time.perf_counter()
+        if garbage.after_step(state.global_step, self.gc_freq):
+            self.facts["scheduled"] += 1
+            self.facts["scheduled_s"] += time.perf_counter() - began
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        garbage.after_evaluation(self.gc_freq)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.facts["training"] = [now - then for now, then in zip(garbage.collections(), self._at_begin)]
+        self.record.results.perf.gc = self.facts
 
 
 class StrategyCallback(TrainerCallback):
