@@ -1,6 +1,9 @@
 """Strategy files, shipped configs and the strategy x optimizer table."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -256,6 +259,29 @@ def test_zero_offload_asks_py_cpuinfo_once_per_process(monkeypatch):
     builder = CPUAdamBuilder()
     assert (builder.cpu_arch(), builder.simd_width()) == ("-march=native", "-D__AVX256__")
     assert cpuinfo.get_cpu_info()["vendor_id_raw"] == "GenuineIntel" and len(asked) == 1
+
+
+def test_a_run_without_deepspeed_never_imports_it():
+    """accelerate unwraps a model (the Trainer's init, every save) by importing DeepSpeed whenever it is installed
+    (~0.6 CPU-s per rank); hfscale's set-up has it ask only once deepspeed is imported, which a DeepSpeedEngine
+    needs: a ddp model unwraps with no import, an engine still unwraps. In a fresh interpreter, as a rank."""
+    code = """
+import json, sys, torch
+from accelerate.utils import extract_model_from_parallel
+from hfscale.parallel.distributed import unwrap_without_importing_deepspeed
+unwrap_without_importing_deepspeed(); unwrap_without_importing_deepspeed()
+model = torch.nn.Linear(2, 2)
+plain = extract_model_from_parallel(model) is model and "deepspeed" not in sys.modules
+import deepspeed
+engine = deepspeed.DeepSpeedEngine.__new__(deepspeed.DeepSpeedEngine)
+torch.nn.Module.__init__(engine)
+engine.module = model
+print(json.dumps([plain, extract_model_from_parallel(engine) is model]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [True, True]
 
 
 def test_zero3_partitions_in_the_dtype_its_config_trains_in():
