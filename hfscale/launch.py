@@ -79,8 +79,9 @@ def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def launch_command(train_args: list[str], nproc: int, config_file: str | None = None,
                    launcher_args: list[str] = (), free_main_port: bool = True) -> list[str]:
     """`accelerate launch` for nproc processes (with --multi_gpu when no config file: without it a CPU machine
-    starts one process whatever --num_processes says), on a free port unless the caller sets one."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    starts one process whatever --num_processes says), on a free port unless the caller sets one. Started as
+    hfscale.run.launcher: accelerate's launcher with its imports made without garbage collections."""
+    cmd = [sys.executable, "-m", "hfscale.run.launcher"]
     if config_file:
         cmd += ["--config_file", config_file]
     elif nproc > 1:

@@ -80,3 +80,25 @@ def test_the_cli_imports_a_command_without_collections(monkeypatch):
     was = gc.isenabled()
     cli.import_command("plan.estimate")
     assert seen == [("hfscale.plan.estimate", False)] and gc.isenabled() == was
+
+
+def test_the_launcher_imports_accelerate_without_collections_then_settles():
+    """`python -m hfscale.run.launcher` (every launch hfscale makes): accelerate's launcher imported with no collection
+    at all (dozens when imported as usual), then one full one and the survivors frozen; then collection is back on."""
+    import json
+    import subprocess
+    import sys
+
+    record = ("import gc, json, sys\nseen = []\n"  # each collection once accelerate's import began, till the freeze
+              "gc.callbacks.append(lambda phase, info: phase == 'start' and 'accelerate' in sys.modules and "
+              "gc.get_freeze_count() == 0 and seen.append(info['generation']))\n")
+    launched = ("from hfscale.run import launcher\nsys.argv = ['accelerate launch', '--help']\n"
+                "try:\n    launcher.main()\nexcept SystemExit:\n    pass\n")
+    report = "print(json.dumps([seen, gc.get_freeze_count(), gc.isenabled()]))"
+    (seen, frozen, enabled), (usual, _, _) = (
+        json.loads(subprocess.run([sys.executable, "-c", record + body + report], capture_output=True, text=True,
+                                  check=True).stdout.splitlines()[-1])
+        for body in (launched, "import accelerate.commands.launch\n"))
+    assert seen == [2]
+    assert frozen > 50_000 and enabled
+    assert len(usual) > 20  # what the pause saves: the usual import collects again and again
