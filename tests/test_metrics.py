@@ -135,12 +135,33 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_why():
     from hfscale.run.record import peak_tflops
     from hfscale.run.results import EnvironmentRecord
 
-    args = SimpleNamespace(measure_peak=False, peak_tflops=None, local_process_index=0)
+    args = SimpleNamespace(measure_peak=False, peak_tflops=None, local_process_index=0, process_index=0)
     perf = peak_tflops(args, EnvironmentRecord(device_type="cuda", device_name="NVIDIA RTX 6000 Ada Generation"), "bf16")
     assert perf.peak_tflops is None and perf.measured_peak_tflops is None
     assert "unknown device" in perf.peak_source and "--peak_tflops" in perf.peak_source
     perf = peak_tflops(args, EnvironmentRecord(device_type="cuda", device_name="NVIDIA H100 NVL"), "bf16")
     assert perf.peak_tflops == 835.5 and perf.peak_source.startswith("datasheet")
+
+
+def test_only_the_main_process_measures_the_peak(monkeypatch):
+    """Its results, console and TensorBoard are the only readers of the peak; another rank's probe is CPU wasted."""
+    from types import SimpleNamespace
+
+    from hfscale.run import record
+    from hfscale.run.results import EnvironmentRecord
+
+    probes = []
+    monkeypatch.setattr(record, "measure_peak_tflops", lambda device, *a, **k: probes.append(device) or 1.5)
+    cpu = EnvironmentRecord(device_type="cpu", device_name="CPU (x86_64, 1 threads/process)")
+    gpu = EnvironmentRecord(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
+    for rank, measure_peak, env in [(0, False, cpu), (1, False, cpu), (1, True, gpu), (0, True, gpu)]:
+        args = SimpleNamespace(measure_peak=measure_peak, peak_tflops=None, local_process_index=rank, process_index=rank)
+        perf = record.peak_tflops(args, env, "bf16")
+        if rank:
+            assert perf.measured_peak_tflops is None and perf.peak_source in ("measured by the main process",
+                                                                              "datasheet NVIDIA H100 80GB HBM3 bf16")
+    assert probes == ["cpu", "cuda:0"]
+    assert perf.peak_tflops == 989.0 and perf.measured_peak_tflops == 1.5  # rank 0, GPU: the datasheet's, and its own
 
 
 def test_tflops_label_one_decimal_always_and_never_zero_for_a_real_figure():

@@ -42,10 +42,13 @@ def environment(args, plan) -> EnvironmentRecord:
 
 
 def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:
-    """The peak used for MFU, where it came from, and the measured peak (or None). Never a GPU peak on a CPU."""
+    """The peak used for MFU, where it came from, and the measured peak (or None). Never a GPU peak on a CPU. Only
+    the main process measures: the results, the console and TensorBoard are its, and a probe in every other rank
+    would cost each ~0.2 CPU-s (on a CPU, where every run measures) for a figure nobody reads."""
     on_cuda = env.device_type == "cuda"
+    main = args.process_index == 0
     measured = None
-    if args.measure_peak or not on_cuda:
+    if (args.measure_peak or not on_cuda) and main:
         device = f"cuda:{args.local_process_index}" if on_cuda else "cpu"
         # a few matmuls: on CPU the probe runs in every run (its MFU needs a peak), so it is kept to ~0.2 s
         measured = measure_peak_tflops(device, precision, seconds=0.5 if on_cuda else 0.2)
@@ -54,6 +57,8 @@ def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:
         peak, source = args.peak_tflops, "--peak_tflops"
     elif table:
         peak, source = table, f"datasheet {env.device_name} {precision}"
+    elif (args.measure_peak or not on_cuda) and not main:
+        peak, source = None, "measured by the main process"
     elif measured is None:  # a GPU the table does not know, and nothing measured: no MFU rather than a wrong one
         peak, source = None, f"unknown device {env.device_name!r}: pass --peak_tflops or --measure_peak"
     else:
