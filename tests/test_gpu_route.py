@@ -351,3 +351,37 @@ def test_the_tp_mesh_reaches_accelerate_the_same_way_on_both_routes(gpus, monkey
         given = accelerator.state.parallelism_config
         assert (given.dp_shard_size, given.tp_size) == (dp_shard, want_tp) and given.device_mesh is mesh
         assert accelerator.state.device_mesh is mesh and model._tp_size == 8
+
+
+def _bump(tensor):
+    return tensor.add_(1.0)
+
+
+def test_an_optimizer_step_compiles_on_the_gpu_route_or_when_asked():
+    """torchao's AdamW8bit torch.compiles its step: kept on the GPU route and under --torch_compile; otherwise, on
+    the CPU route, the step runs eagerly (`parallel/distributed.eager_optimizer_step`, from
+    `HfscaleTrainer.create_optimizer`), with the same result."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hfscale.parallel.distributed import eager_optimizer_step
+
+    compiles = []
+
+    def backend(graph, example_inputs):
+        compiles.append(graph)
+        return graph.forward
+
+    try:
+        for on_cuda, torch_compile, expected_compiles in ((True, False, 1), (False, True, 1), (False, False, 0)):
+            torch._dynamo.reset()
+            compiles.clear()
+            param = torch.zeros(3)
+            optimizer = SimpleNamespace(step=lambda: torch.compile(_bump, backend=backend, fullgraph=True)(param))
+            assert eager_optimizer_step(optimizer, on_cuda, torch_compile) is not expected_compiles
+            assert eager_optimizer_step(optimizer, on_cuda, torch_compile) is False  # wrapped once at most
+            optimizer.step()
+            assert len(compiles) == expected_compiles and param.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        torch._dynamo.reset()

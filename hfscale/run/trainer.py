@@ -23,7 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..errors import HfscaleError
 from ..parallel import tensor_parallel, verify
-from ..parallel.distributed import barrier
+from ..parallel.distributed import barrier, eager_optimizer_step
 from ..parallel.hooks import (PowerSGDConfig, apply_powersgd, force_fsdp_state, powersgd_facts, restore_powersgd,
                               save_powersgd, use_tensor_parallel_state)
 from ..formulas.memory import tp_local_tensors
@@ -83,6 +83,11 @@ class HfscaleTrainer(Trainer):
         for library, ours in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsolePrinterCallback)):
             if self.pop_callback(library) is not None:
                 self.add_callback(ours)
+
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        eager_optimizer_step(optimizer, self.plan.on_cuda, self.args.torch_compile)
+        return optimizer
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self._clock_start is None:
