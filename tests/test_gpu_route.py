@@ -383,5 +383,6 @@ def test_an_optimizer_step_compiles_on_the_gpu_route_or_when_asked():
             assert eager_optimizer_step(optimizer, on_cuda, torch_compile) is False  # wrapped once at most
             optimizer.step()
             assert len(compiles) == expected_compiles and param.tolist() == [1.0, 1.0, 1.0]
+        assert eager_optimizer_step(SimpleNamespace(), False, False) is False  # a DeepSpeed JSON's (DummyOptim)
     finally:
         torch._dynamo.reset()

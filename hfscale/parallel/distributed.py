@@ -231,14 +231,14 @@ def eager_optimizer_step(optimizer, on_cuda: bool, torch_compile: bool) -> bool:
     ~30 CPU-s per rank before the first step of a cold run (a 6-step 2-process run: 81 CPU-s compiled, 15 eager),
     for ~0.05 s per step back (0.10 vs 0.155 s/iter, tiny GPT-2, inductor's cache warm): worth it from some hundreds
     of steps, which is what --torch_compile asks for. The GPU route keeps torchao's compiled step. Returns whether
-    the step was made eager; idempotent."""
-    if on_cuda or torch_compile or getattr(optimizer.step, "eager_on_cpu", False):
+    the step was made eager; idempotent. An optimizer a DeepSpeed JSON defines is accelerate's DummyOptim here, with no
+    step of its own: DeepSpeed's engine steps it."""
+    compiled_step = getattr(optimizer, "step", None)
+    if on_cuda or torch_compile or compiled_step is None or getattr(compiled_step, "eager_on_cpu", False):
         return False
     import functools
 
     import torch
-
-    compiled_step = optimizer.step
 
     @functools.wraps(compiled_step)
     def step(*args, **kwargs):
