@@ -46,9 +46,9 @@ def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:
     the main process measures: the results, the console and TensorBoard are its, and a probe in every other rank
     would cost each ~0.2 CPU-s (on a CPU, where every run measures) for a figure nobody reads."""
     on_cuda = env.device_type == "cuda"
-    main = args.process_index == 0
+    probed, main = args.measure_peak or not on_cuda, args.process_index == 0  # probed: by the main process
     measured = None
-    if (args.measure_peak or not on_cuda) and main:
+    if probed and main:
         device = f"cuda:{args.local_process_index}" if on_cuda else "cpu"
         # a few matmuls: on CPU the probe runs in every run (its MFU needs a peak), so it is kept to ~0.2 s
         measured = measure_peak_tflops(device, precision, seconds=0.5 if on_cuda else 0.2)
@@ -57,7 +57,7 @@ def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:
         peak, source = args.peak_tflops, "--peak_tflops"
     elif table:
         peak, source = table, f"datasheet {env.device_name} {precision}"
-    elif (args.measure_peak or not on_cuda) and not main:
+    elif probed and not main:
         peak, source = None, "measured by the main process"
     elif measured is None:  # a GPU the table does not know, and nothing measured: no MFU rather than a wrong one
         peak, source = None, f"unknown device {env.device_name!r}: pass --peak_tflops or --measure_peak"
