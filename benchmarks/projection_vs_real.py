@@ -34,24 +34,32 @@ def measure(opts, strategy: str, n: int) -> dict:
             "--per_device_train_batch_size", str(opts.per_device_train_batch_size), "--save_strategy", "no",
             "--max_steps", str(opts.steps), "--logging_steps", "10", *(["--bf16"] if opts.bf16 else [])]
     hfscale = [sys.executable, "-m", "hfscale"]
-    quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="hfscale-projection-") as tmp:
         tmp = Path(tmp)
+
+        def start(what: str, *cmd: str) -> tuple[str, subprocess.Popen, Path]:
+            log = tmp / f"{what.replace(' ', '-')}.log"
+            with log.open("w") as stderr:  # the child keeps its own copy of the descriptor
+                return what, subprocess.Popen([*hfscale, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=stderr), log
+
+        def wait(*started: tuple[str, subprocess.Popen, Path]) -> None:
+            for what, proc, log in started:
+                if proc.wait():
+                    tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                    sys.exit(f"{strategy}: {what} failed (exit {proc.returncode}); the end of its output:\n{tail}")
+
         # one process of a strategy that needs ranks to shard over runs as ddp would: the projection puts the strategy
         # back (`--strategy`); a 1-process ddp_powersgd is refused, so its twins run plain ddp
         alone_args = args if strategy != "ddp_powersgd" else [*args[:1], "ddp", *args[2:]]
-        alone = [subprocess.Popen([*hfscale, "train", *alone_args, "--output_dir", str(tmp / f"alone{i}")], **quiet)
-                 for i in range(n)]
-        if any(p.wait() for p in alone):
-            sys.exit(f"{strategy}: a 1-process run failed")
+        wait(*[start(f"1-process run {i}", "train", *alone_args, "--output_dir", str(tmp / f"alone{i}"))
+               for i in range(n)])
         step_ms = json.loads((tmp / "alone0" / "results.json").read_text())["perf"]["s_per_iter"] * 1e3
-        subprocess.run([*hfscale, "bandwidth", "--num_processes", str(n), "--max_bytes", str(4 << 20), "--compute_ms",
-                        f"{step_ms:.2f}", "--out", str(tmp / "bw.json")], check=True, **quiet)
-        subprocess.run([*hfscale, "launch", "--num_processes", str(n), *args, "--output_dir", str(tmp / "real")],
-                       check=True, **quiet)
-        subprocess.run([*hfscale, "project", str(tmp / "alone0" / "results.json"), "--strategy", strategy,
-                        "--gpus", f"1,{n}", "--gpus_per_node", str(n), "--bandwidth_file", str(tmp / "bw.json"),
-                        "--out", str(tmp / "proj")], check=True, **quiet)
+        wait(start("bandwidth", "bandwidth", "--num_processes", str(n), "--max_bytes", str(4 << 20), "--compute_ms",
+                   f"{step_ms:.2f}", "--out", str(tmp / "bw.json")))
+        wait(start(f"{n}-process run", "launch", "--num_processes", str(n), *args, "--output_dir", str(tmp / "real")))
+        wait(start("projection", "project", str(tmp / "alone0" / "results.json"), "--strategy", strategy,
+                   "--gpus", f"1,{n}", "--gpus_per_node", str(n), "--bandwidth_file", str(tmp / "bw.json"),
+                   "--out", str(tmp / "proj")))
         one = json.loads((tmp / "alone0" / "results.json").read_text())["perf"]
         real = json.loads((tmp / "real" / "results.json").read_text())["perf"]
         points = {p["gpus"]: p for p in json.loads((tmp / "proj" / "projection.json").read_text())["points"]}
