@@ -193,3 +193,14 @@ def test_measure_peak_leaves_no_trace_on_a_faked_gpu(monkeypatch):
     finally:
         matmul.fp32_precision = before
     assert calls == ["empty_cache", ("reset", "cuda:0")]
+
+
+def test_measure_peak_times_at_least_one_round_when_descheduled_past_its_deadline(monkeypatch):
+    """On a loaded machine the probe's process can be descheduled longer than its whole budget between setting the
+    deadline and the first check: it still times one round (a peak of 0 would be recorded as measured and give no MFU).
+    The clock is faked: every reading is 1 s after the previous one."""
+    from hfscale.formulas import peaks
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(peaks.time, "perf_counter", lambda: float(next(clock)))
+    assert peaks.measure_peak_tflops("cpu", "fp32", size=64, seconds=0.2) == pytest.approx(4 * 2 * 64**3 / 1e12)
