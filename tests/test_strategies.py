@@ -284,6 +284,33 @@ print(json.dumps([plain, extract_model_from_parallel(engine) is model]))
     assert json.loads(proc.stdout.splitlines()[-1]) == [True, True]
 
 
+def test_a_run_without_a_launcher_binds_its_one_process_group_to_a_port_the_kernel_picks():
+    """`hfscale train` (no launcher) is a one-process group whose TCPStore binds MASTER_PORT 0: the kernel picks a free
+    port as it binds, so no other process can take it between a choice and the bind (two such runs side by side, or
+    any listener or connection on the machine). In a fresh interpreter, as accelerate starts the group."""
+    code = """
+import json, os
+import torch
+from accelerate import PartialState
+from hfscale.parallel.distributed import ensure_process_group_env
+ensure_process_group_env()
+state = PartialState(cpu=True)
+import torch.distributed as dist
+t = torch.ones(1); dist.all_reduce(t)
+store = dist.distributed_c10d._get_default_store()
+while not hasattr(store, "port"):
+    store = store.underlying_store  # the group's PrefixStore over the TCPStore
+port = store.port
+print(json.dumps([os.environ["MASTER_PORT"], port > 0, state.num_processes, t.item()]))
+"""
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                                "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == ["0", True, 1, 1.0]
+
+
 def test_zero3_partitions_in_the_dtype_its_config_trains_in():
     import torch
 

@@ -72,7 +72,10 @@ def ensure_process_group_env() -> None:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    # port 0: the one rank's TCPStore binds a port the kernel picks as it binds (torchrun --standalone's localhost:0);
+    # no other rank needs to know it. A free port chosen here is bound only later, and any process on the machine can
+    # take it meanwhile (a listener's bind, an outgoing connection), which fails the run at start.
+    os.environ.setdefault("MASTER_PORT", "0")
 
 
 def launcher_world_size() -> int:
