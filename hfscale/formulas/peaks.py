@@ -112,13 +112,13 @@ def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | No
         torch.matmul(a, b)  # warm-up: kernel selection, allocation
         sync()
         # at least one timed round: a process descheduled past the deadline (a loaded machine) still measures
-        deadline, timed = time.perf_counter() + seconds, False
-        while not timed or time.perf_counter() < deadline:
+        deadline = time.perf_counter() + seconds
+        while not best or time.perf_counter() < deadline:
             start = time.perf_counter()
             for _ in range(4):
                 torch.matmul(a, b)
             sync()
-            best, timed = max(best, 4 * 2 * size**3 / (time.perf_counter() - start) / 1e12), True
+            best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start) / 1e12)
         del a, b
         return best
     finally:
