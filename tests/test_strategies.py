@@ -166,7 +166,7 @@ def test_the_wrapper_proof_knows_every_engine_and_tp():
     check_wrapper(tp, get_strategy("tp"), 2)
     with pytest.raises(StrategyMismatch, match="wrapped in DDP"):
         check_wrapper({**tp, "wrapper": "DistributedDataParallel"}, get_strategy("tp"), 2)
-    with pytest.raises(StrategyMismatch, match="1 parameter\(s\) are not laid out as the TP plan says"):
+    with pytest.raises(StrategyMismatch, match=r"1 parameter\(s\) are not laid out as the TP plan says"):
         check_wrapper({**tp, "tensor_parallel": {"mismatches": ["lm_head.weight: Replicate()"]}}, get_strategy("tp"), 2)
     fsdp_tp = {"wrapper": "FSDPGPT2LMHeadModel", "distributed_type": "FSDP", "fsdp_offload_policy": ["OffloadPolicy"],
                "parameters": {"dtensor": True}, "tensor_parallel": {"mismatches": []}}
