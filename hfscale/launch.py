@@ -22,7 +22,7 @@ from .files import load_json, load_yaml
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
-from .parallel.distributed import check_agree, check_local_processes, config_strategy, free_port
+from .parallel.distributed import check_agree, check_local_processes, config_strategy
 from .parallel.strategies import check_pair, get_strategy, tp_layout_refusal
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
 from .runplan import hsdp_mesh
@@ -80,7 +80,11 @@ def launch_command(train_args: list[str], nproc: int, config_file: str | None = 
                    launcher_args: list[str] = (), free_main_port: bool = True) -> list[str]:
     """`accelerate launch` for nproc processes (with --multi_gpu when no config file: without it a CPU machine
     starts one process whatever --num_processes says), on a free port unless the caller sets one. Started as
-    hfscale.run.launcher: accelerate's launcher with its imports made without garbage collections."""
+    hfscale.run.launcher: accelerate's launcher with its imports made without garbage collections.
+
+    The free port is accelerate's `--main_process_port 0`: the launcher picks it after its imports, right before
+    torchrun binds it. A port picked here would stay unbound for the ~2.5 s the launcher takes to import torch and
+    accelerate, time in which any other process (another run's rank connecting to its peers) may take it."""
     cmd = [sys.executable, "-m", "hfscale.run.launcher"]
     if config_file:
         cmd += ["--config_file", config_file]
@@ -88,7 +92,7 @@ def launch_command(train_args: list[str], nproc: int, config_file: str | None = 
         cmd += ["--multi_gpu"]
     cmd += ["--num_processes", str(nproc), *launcher_args]
     if free_main_port:  # two jobs on one node must not collide
-        cmd += ["--main_process_port", str(free_port())]
+        cmd += ["--main_process_port", "0"]
     return cmd + [TRAIN_SCRIPT, *train_args]
 
 
@@ -272,7 +276,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num_machines", type=int, default=1)
     parser.add_argument("--machine_rank", type=int, default=None)
     parser.add_argument("--main_process_ip", default=None)
-    parser.add_argument("--main_process_port", type=int, default=None)
+    parser.add_argument("--main_process_port", type=int, default=None,
+                        help="the rendezvous port (default on one machine: 0, a free port accelerate picks)")
     parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
     opts, train_args = parser.parse_known_args(argv)
     flags = []

@@ -4,7 +4,9 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -78,10 +80,9 @@ def _kill_session(proc: subprocess.Popen) -> None:
 
 
 def probe(name: str, *args: str) -> dict:
-    """Run tests/probes/<name>.py in its own one-process gloo world (a free port appended) and return its JSON."""
-    from hfscale.parallel.distributed import free_port
-
-    proc = run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, str(free_port())], timeout=300,
+    """Run tests/probes/<name>.py in its own one-process gloo world and return its JSON. Its port, appended, is 0: the
+    one rank's store binds a port the kernel picks as it binds."""
+    proc = run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, "0"], timeout=300,
                environ={**env(), "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -367,13 +368,32 @@ def run_slurm_job(script_path, fake_slurm, nodes: int) -> subprocess.CompletedPr
     return run(["bash", str(script_path)], timeout=600, environ=job_env)
 
 
+def static_rendezvous_port() -> int:
+    """A free port for a job whose launchers all get it up front (a static rendezvous: a SLURM script's nodes), drawn
+    below the kernel's ephemeral range: seconds pass between the draw and the bind by the job's first agent, and a
+    port the kernel hands out (bind to port 0, every outgoing connection, as another run's ranks make to their peers)
+    could be taken in between. Free when drawn: it binds."""
+    try:
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768  # Linux's default range starts there
+    draw = random.SystemRandom()  # not the random module's seeded state, which the tests' own draws may set
+    for _ in range(100):
+        port = draw.randrange(max(1024, first_ephemeral - 8192), first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 100 drawn below {first_ephemeral}")
+
+
 def slurm_train(fake_slurm, workdir: Path, strategy: str, nodes: int, gpus_per_node: int, train_args: list[str]) -> dict:
     """Generate the sbatch script for one training run, run it as `nodes` nodes, return its results.json (asserting
     it succeeded). train_args must name the --output_dir."""
-    from hfscale.parallel.distributed import free_port
-
-    gen = slurm("--nodes", nodes, "--gpus_per_node", gpus_per_node, "--port", free_port(), "--python", sys.executable,
-                "--", "--strategy", strategy, *train_args)
+    gen = slurm("--nodes", nodes, "--gpus_per_node", gpus_per_node, "--port", static_rendezvous_port(),
+                "--python", sys.executable, "--", "--strategy", strategy, *train_args)
     assert gen.returncode == 0, gen.stderr
     script = workdir / f"{strategy}-{nodes}x{gpus_per_node}.sbatch"
     script.write_text(gen.stdout)

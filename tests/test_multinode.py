@@ -103,6 +103,22 @@ def test_launch_across_machines_passes_static_rendezvous_as_flags(tmp_path):
     assert cmd[cmd.index("--machine_rank") + 1] == "1"
 
 
+def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
+    """`--main_process_port 0`: accelerate's launcher picks a free port after its imports, just before torchrun binds
+    it (a port picked by the caller would stay unbound for seconds, for any other process to take); a port the user
+    names is kept."""
+    proc = run([sys.executable, "-m", "hfscale", "launch", "--num_processes", "2", "--dry_run", "--strategy", "zero2"],
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cmd = proc.stdout.split()
+    assert cmd[cmd.index("--main_process_port") + 1] == "0"
+    proc = run([sys.executable, "-m", "hfscale", "launch", "--num_processes", "2", "--main_process_port", "29511",
+                "--dry_run", "--strategy", "zero2"], cwd=tmp_path)
+    cmd = proc.stdout.split()
+    assert proc.returncode == 0 and cmd.count("--main_process_port") == 1, proc.stderr
+    assert cmd[cmd.index("--main_process_port") + 1] == "29511"
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["--nodes", "0", "--gpus_per_node", "8"], "--nodes must be positive, got 0"),
     (["--nodes", "2", "--gpus_per_node", "-1"], "--gpus_per_node must be positive"),

@@ -13,7 +13,6 @@ Traps this module exists for (each seen with transformers 5 / accelerate 1.x on 
 """
 
 import os
-import socket
 
 from ..errors import HfscaleError
 from ..files import load_json
@@ -53,12 +52,6 @@ def tf32_matmuls(on_cuda: bool) -> bool:
     import torch
 
     return on_cuda and torch.backends.cuda.matmul.fp32_precision == "tf32"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_process_group_env() -> None:
