@@ -111,29 +111,41 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
 
 # ---- runs several tests read, in any worker ---------------------------------------------------------------------------
 
-def shared_run(key: str, make) -> dict:
+def shared_run(key: str, make, recipe=None) -> dict:
     """A run that several tests read, made once per session by whichever test (in whichever pytest-xdist worker) asks
     first - a test asking meanwhile waits for it - and kept under the session folder: `make(folder)` makes it and
     returns what the readers get (JSON-serialisable: results, logs). A `make` that fails leaves nothing behind, so the
-    next test asking tries again (and fails the same way)."""
+    next test asking tries again (and fails the same way).
+
+    `recipe` (JSON-serialisable) says what `make` runs: a key names one run, so a caller asking for the same key with
+    another recipe fails whatever the order the tests ran in - otherwise whichever asked first would decide, for
+    every reader, how the run was made (the run's length, its flags), and a check could pass or fail by scheduling."""
     import fcntl
 
     folder = SESSION_DIR / "shared-runs"
     folder.mkdir(exist_ok=True)
     done = folder / f"{key}.json"
+    asked = json.loads(json.dumps(recipe, default=str))
     with open(folder / f"{key}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.is_file():
             made = make(folder / key)
             tmp = done.with_suffix(".tmp")
-            tmp.write_text(json.dumps(made))
+            tmp.write_text(json.dumps({"recipe": asked, "made": made}))
             tmp.replace(done)
-        return json.loads(done.read_text())
+        stored = json.loads(done.read_text())
+    assert stored["recipe"] == asked, f"shared run {key!r} was made as {stored['recipe']}, not as asked: {asked}"
+    return stored["made"]
 
 
 def shared_train(key: str, strategy, *extra, **kw) -> dict:
     """`train` as a shared run: its results (with the launch's _stdout/_stderr) under `key`."""
-    return shared_run(key, lambda folder: train(folder, strategy, *extra, **kw))
+    import inspect
+
+    call = inspect.signature(train).bind(None, strategy, *extra, **kw)
+    call.apply_defaults()  # a step count given or left to its default names the same run
+    return shared_run(key, lambda folder: train(folder, strategy, *extra, **kw),
+                      recipe={name: value for name, value in call.arguments.items() if name != "out"})
 
 
 # Every strategy in bf16, 20 steps, with gradient accumulation, activation checkpointing, checkpoints every
@@ -570,4 +582,4 @@ def fsdp_tp_job(*extra: str, steps: int | None = None, key: str = "fsdp_tp-2x2")
             args += ["--max_steps", str(steps)]
         return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_tp", 2, 2, args)
 
-    return shared_run(key, make)
+    return shared_run(key, make, recipe={"extra": extra, "steps": steps})

@@ -168,18 +168,23 @@ def test_powersgd_hook_compresses_after_warmup():
     assert psgd["iterations"] == PARITY_STEPS  # one hook iteration per optimizer step
 
 
+def eight_bit_run(strategy: str) -> dict:
+    """The 3-step adamw_8bit run of ddp, zero2 or fsdp: the 8-bit checks' and those strategies' adamw_8bit pair."""
+    return result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit", steps=3)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
 def test_adamw_8bit_states_are_uint8_and_train_like_ddp(strategy):
     """bitsandbytes under ddp and ZeRO; under FSDP2 torchao's AdamW8bit, whose 8-bit states are DTensors of its own
     subclass (uint8 codes, fp32 block scales): sharded per rank, and the same losses as ddp's bitsandbytes run up to
     the two libraries' quantization."""
-    res = result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit")
+    res = eight_bit_run(strategy)
     states = res["strategy_check"]["optimizer_states"]
     assert "uint8" in states["dtypes"]
     assert states["optimizer"].startswith("torchao." if strategy == "fsdp" else "bitsandbytes.")
     if strategy == "fsdp":
         assert states["elements_local"] / states["elements_unsharded"] == pytest.approx(0.5, abs=0.02)
-        reference = losses(result("ddp-8bit", "ddp", "--optim", "adamw_8bit"))
+        reference = losses(eight_bit_run("ddp"))
         assert max_rel(losses(res), reference) < 1e-4
         for noise in ("Failed to load", "is an Enum subclass"):  # torchao's import-time noise stays out of the log
             assert noise not in res["_stdout"] + res["_stderr"], noise
@@ -235,7 +240,7 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("zero2", "adamw"): "parity:zero2", ("zero3", "adamw"): "parity:zero3",
                   ("ddp_powersgd", "adamw"): "bf16:ddp_powersgd", ("fsdp_offload", "adamw"): "bf16:fsdp_offload",
                   ("zero2_offload", "adamw"): "bf16:zero2_offload", ("zero3_offload", "adamw"): "bf16:zero3_offload",
-                  ("ddp", "adamw_8bit"): "ddp-8bit", ("zero2", "adamw_8bit"): "zero2-8bit", ("fsdp", "adamw_8bit"): "fsdp-8bit",
+                  ("ddp", "adamw_8bit"): "8bit:ddp", ("zero2", "adamw_8bit"): "8bit:zero2", ("fsdp", "adamw_8bit"): "8bit:fsdp",
                   ("ddp", "adafactor"): "sweep:ddp-adafactor-np2-mbs4-gas1",  # test_sweep.py's (3 steps, MBS 4)
                   ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1"}  # a trial of test_tune.py's (5 steps)
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
@@ -255,10 +260,10 @@ def pair_result(strategy: str, optim: str) -> dict:
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     kind, _, key = where.partition(":")
     if key:  # a run another test makes, by the conftest function that makes it
-        return {"parity": parity_run, "bf16": bf16_result, "sweep": swept_run, "tune": tune_trial,
+        return {"parity": parity_run, "bf16": bf16_result, "8bit": eight_bit_run, "sweep": swept_run, "tune": tune_trial,
                 "partitions": partition_run, "host": host_memory_run}[kind](key)
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
-    return result(where or f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
+    return result(f"pair-{strategy}-{optim}", strategy, "--optim", optim, *extra, steps=3)
 
 
 @pytest.mark.parametrize("strategy,optim", PAIRS)
