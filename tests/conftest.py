@@ -80,8 +80,9 @@ def _kill_session(proc: subprocess.Popen) -> None:
 
 
 def probe(name: str, *args: str) -> dict:
-    """Run tests/probes/<name>.py in its own one-process gloo world and return its JSON. Its port, appended, is 0: the
-    one rank's store binds a port the kernel picks as it binds."""
+    """Run tests/probes/<name>.py in its own gloo world and return its JSON. Its port, appended, is 0: the probe's store
+    (a one-process world's own, or the one a multi-process probe serves to its workers before starting them) binds a
+    port the kernel picks as it binds."""
     proc = run([sys.executable, str(REPO / "tests" / "probes" / f"{name}.py"), *args, "0"], timeout=300,
                environ={**env(), "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -51,9 +51,12 @@ def family_run(family: str, mesh) -> dict:
             "whole_numel": sum(p.numel() for p in whole.parameters())}
 
 
-def worker(rank: int, port: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
+def worker(rank: int, port: int, out: str) -> None:
+    from datetime import timedelta
+
+    # a client of the parent's store, bound before any worker started: no port to pick, none another process can take
+    store = dist.TCPStore("127.0.0.1", port, TP + 1, False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
@@ -65,13 +68,18 @@ def worker(rank: int, port: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    port = sys.argv[-1]
-    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hfscale-tp-parity-{port}")
-    mp.spawn(worker, args=(port, out), nprocs=TP)
-    ranks = []
-    for rank in range(TP):
-        with open(f"{out}.{rank}") as f:
-            ranks.append(json.load(f))
-        os.remove(f"{out}.{rank}")
+    import tempfile
+    from datetime import timedelta
+
+    # the rendezvous store, served here on the port given (0: one the kernel picks as it binds) for the workers' lives
+    store = dist.TCPStore("127.0.0.1", int(sys.argv[-1]), TP + 1, True, wait_for_workers=False,
+                          timeout=timedelta(seconds=120))
+    with tempfile.TemporaryDirectory(prefix="hfscale-tp-parity-") as folder:
+        out = os.path.join(folder, "rank")
+        mp.spawn(worker, args=(store.port, out), nprocs=TP)
+        ranks = []
+        for rank in range(TP):
+            with open(f"{out}.{rank}") as f:
+                ranks.append(json.load(f))
     print(json.dumps({"ranks": ranks}))
     os._exit(0)
