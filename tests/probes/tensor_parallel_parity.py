@@ -7,6 +7,8 @@ the elements rank 0 holds against the whole model. Leaves through os._exit (see 
 import json
 import os
 import sys
+import tempfile
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -52,8 +54,6 @@ def family_run(family: str, mesh) -> dict:
 
 
 def worker(rank: int, port: int, out: str) -> None:
-    from datetime import timedelta
-
     # a client of the parent's store, bound before any worker started: no port to pick, none another process can take
     store = dist.TCPStore("127.0.0.1", port, TP + 1, False, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
@@ -68,9 +68,6 @@ def worker(rank: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    import tempfile
-    from datetime import timedelta
-
     # the rendezvous store, served here on the port given (0: one the kernel picks as it binds) for the workers' lives
     store = dist.TCPStore("127.0.0.1", int(sys.argv[-1]), TP + 1, True, wait_for_workers=False,
                           timeout=timedelta(seconds=120))
