@@ -8,9 +8,12 @@ install the packages on a machine without a registry.
     python benchmarks/gpu_suite.py --model gpt2-1.3b --only reference,runs --strategy ddp,zero1
     python benchmarks/gpu_suite.py --dry_run --out /tmp/suite                       # CPU: the same code, tiny sizes
 
-Sections (--only): `runs` (hfscale launch of each pair, plus ddp with --torch_compile: s/it, tokens/s, TFLOPs, MFU,
-the allocator's peak beside the estimate), `reference` (the same model stepped by hand: bf16 autocast over fp32
-weights, SDPA, fused AdamW, clipping 1.0, random tokens, median step after warm-up; eager and torch.compile), `grid`
+Sections (--only): `runs` (hfscale launch of each pair, eager, then ddp's variants - DDP_VARIANTS: compiled, compiled
+with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, and an eager run naming each host sync
+of a step: s/it, tokens/s, TFLOPs, MFU, the allocator's peak beside the estimate, ddp's ratio to the hand-written
+step), `reference` (the same model stepped by hand: bf16 autocast over fp32
+weights, SDPA, fused AdamW, clipping 1.0, random tokens on the device, the steps after warm-up timed as one window with
+no per-step sync; eager and torch.compile), `grid`
 (what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x checkpointing
 off/on x compiled or not, over shapes varied one at a time: the rows benchmarks/calibrate_activations.py --fit takes).
 `--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped.
@@ -21,7 +24,6 @@ import contextlib
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -72,13 +74,24 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
     return out
 
 
-def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False) -> dict:
-    name = f"{strategy}-{optim}" + ("-compiled" if compiled else "")
+# ddp variants, run after the pairs: hfscale's GPU default (compiled), the same with the Trainer's own defaults that
+# stop the host at every micro-batch put back (before/after of run/args._no_host_syncs), with Python's automatic
+# garbage collector (--gc_freq 0 against the default 50), and a short eager run naming every host sync of a step
+DDP_VARIANTS = [("", True, []),
+                ("trainer-syncs", True, ["--logging_nan_inf_filter", "true", "--accelerator_config", '{"non_blocking": false}']),
+                ("gc0", True, ["--gc_freq", "0"]),
+                ("host-syncs", False, ["--count_host_syncs"])]
+
+
+def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
+               extra: list[str] | tuple = ()) -> dict:
+    """One `hfscale launch` of the pair, eager unless `compiled` (said explicitly: ddp compiles by default on GPUs)."""
+    name = f"{strategy}-{optim}" + ("-compiled" if compiled else "") + (f"-{variant}" if variant else "")
     args = [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(gpus), "--strategy", strategy,
             "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
             str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps), "--logging_steps", "5",
             "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
-            *(["--bf16"] if opts.bf16 else []), *(["--torch_compile"] if compiled else []),
+            *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(), *extra,
             *(["--use_cpu"] if opts.dry_run else [])]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     path = out / name / "results.json"
@@ -88,6 +101,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     perf, est, mem = res["perf"], res["estimate"], res["memory"]
     steps = [r for r in mem.get("step_per_rank") or [] if r]
     return {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
+            "variant": variant, "flags": list(extra), "host_syncs": res.get("host_syncs"),
             "s_per_iter": perf.get("s_per_iter"), "tokens_per_s": perf.get("tokens_per_s"),
             "tflops_per_gpu": perf.get("tflops_per_gpu_model"), "mfu": perf.get("mfu"),
             "device_allocated_gb": mem.get("peak_allocated_gb"), "estimate_allocated_gb": est["allocated"] / 1e9,
@@ -115,22 +129,27 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
     ids = torch.randint(0, shape.vocab, (opts.per_device_train_batch_size, opts.seq_len), device=device)
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if opts.bf16 else contextlib.nullcontext()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times = []
-    for step in range(opts.steps):
-        sync()
-        start = time.perf_counter()
+
+    def step():
         with autocast:
             loss = step_fn(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times[max(2, len(times) // 3):])  # after warm-up (and compilation)
+
+    warmup = max(2, opts.steps // 3)  # warm-up (and compilation), then the rest timed as one window: no per-step sync,
+    for _ in range(warmup):           # as a hand-written loop runs
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(opts.steps - warmup):
+        step()
+    sync()
+    per_step = (time.perf_counter() - start) / max(opts.steps - warmup, 1)
     tokens = opts.per_device_train_batch_size * opts.seq_len
     return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
-            "compiled": compiled, "s_per_step": median, "tokens_per_s": tokens / median}
+            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step}
 
 
 # ---- the activation grid ----------------------------------------------------------------------------------------------
@@ -216,18 +235,25 @@ def machine(device: str) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# {report['machine']} ({report['date']})", "", f"`{report['command']}`", "",
-             "| run | s/it | tokens/s | TFLOPs/GPU | MFU | allocated GB (est / measured) |", "|---|---|---|---|---|---|"]
+             "| run | s/it | tokens/s | TFLOPs/GPU | MFU | allocated GB (est / measured) | / hand-written |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         if r["status"] != "ok":
-            lines.append(f"| {r['run']} | {r['status']} | | | | |")
+            lines.append(f"| {r['run']} | {r['status']} | | | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") else ""
         alloc = r["device_allocated_gb"]
         lines.append(f"| {r['run']} | {r['s_per_iter']:.4f} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
-                     f"{mfu} | {r['estimate_allocated_gb']:.2f} / {alloc if alloc is None else f'{alloc:.2f}'} |")
+                     f"{mfu} | {r['estimate_allocated_gb']:.2f} / {alloc if alloc is None else f'{alloc:.2f}'} | "
+                     f"{r.get('hand_written_ratio', '')} |")
     lines += ["", "| reference | tokens/s | hfscale ddp / reference |", "|---|---|---|"]
     for r in report["references"]:
         lines.append(f"| {r['reference']} | {r['tokens_per_s']:,.0f} | {r.get('hfscale_ratio', '')} |")
+    for r in report["runs"]:
+        steps = (r.get("host_syncs") or {}).get("steps") or []
+        if len(steps) > 1:  # step 2: after the first step's one-off checks, no logging (--logging_steps 5)
+            sites = ", ".join(f"{site} x{n}" for site, n in sorted(steps[1]["sites"].items(), key=lambda kv: -kv[1]))
+            lines += ["", f"host syncs of {r['run']}, step 2: {steps[1]['reads']} ({sites or 'none'})"]
     lines += ["", f"activation grid: {len(report['grid'])} rows (JSON: grid), skipped: {len(report['skipped'])}"]
     return "\n".join(lines) + "\n"
 
@@ -262,22 +288,28 @@ def main() -> None:
               "skipped": []}
     opts.out.mkdir(parents=True, exist_ok=True)
     if "runs" in sections:
-        todo = [(s, o, False) for s, o in pairs(gpus, opts.strategy, opts.optim)]
-        todo += [("ddp", "adamw", True)] if not opts.dry_run else []
-        for strategy, optim, compiled in todo:
+        todo = [(s, o, False, "", []) for s, o in pairs(gpus, opts.strategy, opts.optim)]
+        if "ddp" in {s for s, *_ in todo}:
+            todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS
+                     if not (opts.dry_run and compiled)]
+        for strategy, optim, compiled, variant, extra in todo:
+            label = f"{strategy} x {optim}{' compiled' if compiled else ''}{f' ({variant})' if variant else ''}"
             if not clock.left():
-                report["skipped"].append(f"run {strategy}-{optim}")
+                report["skipped"].append(f"run {label}")
                 continue
-            clock.say(f"run {strategy} x {optim}{' compiled' if compiled else ''}")
-            report["runs"].append(launch_run(strategy, optim, opts, opts.runs_dir or opts.out / "runs", gpus, compiled))
+            clock.say(f"run {label}")
+            report["runs"].append(launch_run(strategy, optim, opts, opts.runs_dir or opts.out / "runs", gpus, compiled,
+                                             variant, extra))
     if "reference" in sections:
         for compiled in (False, True) if not opts.dry_run else (False,):
             clock.say(f"reference step{' (compiled)' if compiled else ''}")
             ref = reference_step(opts, compiled, device)
-            hf = next((r for r in report["runs"] if r["status"] == "ok" and r["strategy"] == "ddp"
-                       and r["optim"] == "adamw" and r["compiled"] == compiled), None)
-            if hf:
-                ref["hfscale_ratio"] = round(hf["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+            for r in report["runs"]:  # every ddp run against the hand-written step of its own compile mode
+                if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and r["compiled"] == compiled
+                        and not r["host_syncs"]):  # the counting run is slowed by its counter: not a speed figure
+                    r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+                    if not r["variant"]:
+                        ref["hfscale_ratio"] = r["hand_written_ratio"]
             report["references"].append(ref)
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else GRID_SHAPES

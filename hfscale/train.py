@@ -36,6 +36,7 @@ from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
 from hfscale.run.checkpoints import LATEST, identity, resolve_resume, set_aside_incomplete  # noqa: E402
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
+from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
@@ -170,6 +171,9 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
                                           record=record, resume_from=state.resume_from, construction=construction))
     trainer.add_callback(GarbageCollectionCallback(args.gc_freq, record))  # after the start-up checks, before the clock starts
     trainer.collectives = CollectiveCounter(args.count_collectives) if args.count_collectives else None
+    trainer.host_syncs = HostSyncCallback(args.device.type) if args.count_host_syncs else None
+    if trainer.host_syncs:
+        trainer.add_callback(trainer.host_syncs)
     trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory, trainer.collectives))
     return trainer, meter
 
@@ -205,6 +209,8 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
             counted = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(counted, trainer.collectives.collectives)
         record.update(communication={"step": args.count_collectives, "per_rank": counted})
+    if trainer.host_syncs:
+        record.update(host_syncs=trainer.host_syncs.summary())
     if args.record_batches:
         digests = [trainer.batch_digests]
         if torch.distributed.is_initialized():
@@ -298,6 +304,9 @@ def run(argv: list[str] | None) -> None:
         record.update(status="fail", error=f"{type(err).__name__}: {err}")
         record.flush()
         raise
+    finally:
+        if trainer.host_syncs:
+            trainer.host_syncs.stop()  # its TorchFunctionMode leaves the stack however training ended
     finish(trainer, meter, record, args, output.metrics)
     record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()

@@ -322,7 +322,8 @@ def restore_process_state():
     """Every test leaves the process as it found it: the environment (which every later launch inherits, so a variable
     left behind - say ACCELERATE_USE_FSDP, or FSDP_CPU_RAM_EFFICIENT_LOADING that transformers exports while building
     FSDP TrainingArguments - would silently change every run after it), the working directory, Python's garbage
-    collector (enabled, nothing frozen: a training run started in-process sets both), and no process group.
+    collector (enabled, nothing frozen: a training run started in-process sets both), no process group, and no
+    torch function mode left entered.
     Restored here for the libraries a test calls as well as for the test itself."""
     import gc
 
@@ -341,6 +342,13 @@ def restore_process_state():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail("the test left a torch.distributed process group initialized")
+    import torch
+
+    modes = torch._C._len_torch_function_stack()  # a TorchFunctionMode (say run/host_syncs.HostReads) left entered
+    if modes:
+        while torch._C._len_torch_function_stack():
+            torch._C._pop_torch_function_stack()
+        pytest.fail(f"the test left {modes} torch function mode(s) on the stack")
 
 
 # ---- SLURM on one machine: the script `hfscale slurm` writes, run by bash with stand-ins for srun and scontrol ------

@@ -24,7 +24,8 @@ NUMBERS = ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--voc
            "--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size", "--max_steps",
            "--powersgd_rank", "--powersgd_warmup_steps", "--logging_steps", "--save_steps", "--perf_warmup_steps",
            "--token_budget", "--peak_tflops", "--learning_rate", "--dropout", "--default_tokenizer_vocab"]
-SWITCHES = ["--bf16", "--fp16", "--activation_checkpointing", "--measure", "--record_batches", "--overwrite_output_dir"]
+SWITCHES = ["--bf16", "--fp16", "--activation_checkpointing", "--measure", "--record_batches", "--overwrite_output_dir",
+            "--count_host_syncs"]
 
 # Mostly well-formed values, so that most command lines get past the parser into the checks behind it (sizes,
 # pairs, files); some malformed ones and stray tokens for the parser itself.

@@ -26,3 +26,9 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert rows[1]["n_layer"] > rows[0]["n_layer"] and rows[1]["activations"] > rows[0]["activations"]  # it measures
     assert "[" in proc.stdout and "s] run ddp x adamw" in proc.stdout  # progress as it goes
     assert (tmp_path / "gpu_suite.md").read_text().startswith("# CPU")
+    # the host-sync run names each sync of a step; the dry run's CPU route counts the optimizer's own step reads
+    counted = next(r for r in report["runs"] if r["variant"] == "host-syncs")
+    assert counted["status"] == "ok" and "hand_written_ratio" not in counted  # slowed by its counter: no speed figure
+    assert [s["step"] for s in counted["host_syncs"]["steps"]] == list(range(1, 5))
+    assert f"host syncs of {counted['run']}, step 2: {counted['host_syncs']['steps'][1]['reads']}" in (
+        tmp_path / "gpu_suite.md").read_text()

@@ -129,6 +129,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
     count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})
+    count_host_syncs: bool = field(default=False, metadata={"help": "Record, per optimizer step, every read of a tensor's values by Python (.item(), bool(t), .tolist(), .cpu() ...: each one waits for a GPU) and where it came from, in results.json host_syncs (this rank's; a diagnostic: compiled regions are not seen)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
     gc_freq: int = field(default=DEFAULT_GC_FREQ, metadata={"help": "Python's garbage collector: automatic collection off, a young-generation collection at the end of every Nth optimizer step on every rank (no rank stalls its partners at a random moment; torchtitan's gc_freq) and a full one after each evaluation; 0: Python's automatic collection. Start-up runs without collections either way (hfscale/run/garbage.py)."})
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
@@ -190,6 +191,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     elif strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
         kw["torch_compile"] = True
+    _no_host_syncs(kw, explicit)
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
                    gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
                    processes_per_node=launcher_processes_per_node(world),
@@ -205,6 +207,20 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
             raise HfscaleError(reason)
     check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
     return kw, plan, tensorboard
+
+
+def _no_host_syncs(kw: dict, explicit: set[str]) -> None:
+    """Two Trainer defaults that stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the
+    host's per-step work shows as idle device time; the user's own flags win. The same on both routes.
+    - logging_nan_inf_filter: the Trainer reads every micro-batch's loss to replace a NaN/inf in the logged average.
+      Off: the loss is logged as it is (a NaN shows as NaN, which a run that diverged should say).
+    - accelerator_config non_blocking: accelerate copies each batch to the device with a blocking copy, which torch
+      makes with a stream synchronize. Non-blocking from pinned memory (the Trainer's dataloader_pin_memory default)
+      as accelerate's docs pair them."""
+    if "logging_nan_inf_filter" not in explicit:
+        kw["logging_nan_inf_filter"] = False
+    if "accelerator_config" not in explicit:
+        kw["accelerator_config"] = {"non_blocking": True}
 
 
 def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None) -> dict | None:

@@ -1,0 +1,68 @@
+"""Host syncs (hfscale/run/host_syncs.py, `--count_host_syncs`): what the training loop reads back from the device per
+optimizer step. A GPU waits at each one, and the host's per-step work then shows as idle device time (issue 21:
+hfscale's step against a hand-written loop), so the loop hfscale runs must read nothing between logging steps."""
+
+import json
+import os
+import sys
+
+import torch
+
+from conftest import REPO, TINY, run
+from hfscale.run.host_syncs import HostReads, is_host_sync
+
+# code of the training loop itself: the Trainer's loop, accelerate, hfscale (the model and torch's optimizers are
+# the same in a hand-written loop)
+LOOP = ("transformers/trainer.py", "accelerate/", "hfscale/")
+
+
+def test_value_reads_and_blocking_copies_are_host_syncs_and_device_work_is_not():
+    host, device = torch.ones(3), torch.ones(3, device="meta")  # meta stands in for a GPU's tensors
+    item, to, bool_ = torch.Tensor.item, torch.Tensor.to, torch.Tensor.__bool__
+    assert is_host_sync(item, (device,), {}, "cuda")
+    assert not is_host_sync(item, (host,), {}, "cuda")  # a host tensor on the GPU route: no wait
+    assert is_host_sync(item, (host,), {}, "cpu")  # the CPU route: every tensor could be a device tensor
+    assert is_host_sync(bool_, (device,), {}, "cuda")
+    assert is_host_sync(to, (device, "cpu"), {}, "cuda")  # device to host
+    assert is_host_sync(to, (host, torch.device("meta")), {}, "cuda")  # a blocking copy to the device
+    assert not is_host_sync(to, (host, torch.device("meta")), {"non_blocking": True}, "cuda")
+    assert not is_host_sync(to, (host, "cpu"), {}, "cuda")  # no copy at all
+    assert not is_host_sync(to, (device, torch.bfloat16), {}, "cuda")  # a cast on the device
+    assert not is_host_sync(torch.Tensor.add, (device, device), {}, "cuda")
+
+
+def test_host_reads_name_the_line_that_made_them():
+    x = torch.tensor([1.0, float("nan")])
+    with HostReads("cpu") as reads:
+        line = sys._getframe().f_lineno + 1
+        if torch.isnan(x).any() or x.sum().item() > 0:
+            y = x * 2  # device work: not counted
+    assert y.shape == x.shape
+    here = os.path.relpath(__file__)
+    assert dict(reads.sites) == {f"{here}:{line} (test_host_reads_name_the_line_that_made_them)": 1}
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def _loop_reads(out, nan_filter: str | None):
+    cmd = [sys.executable, str(REPO / "hfscale" / "train.py"), *TINY, "--max_steps", "6", "--logging_steps", "3",
+           "--gradient_accumulation_steps", "2", "--count_host_syncs", "--output_dir", str(out)]
+    proc = run(cmd + (["--logging_nan_inf_filter", nan_filter] if nan_filter else []), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((out / "results.json").read_text())["host_syncs"]["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    return {s["step"]: {site: n for site, n in s["sites"].items() if site.startswith(LOOP)} for s in steps}
+
+
+def test_the_training_loop_reads_nothing_back_between_logging_steps(tmp_path):
+    """hfscale's run: the loop's only reads are the Trainer's logging (loss, grad norm, flos at steps 3 and 6) and
+    hfscale's first-batch digest (step 1). With the Trainer's own default NaN filter, which hfscale turns off, every
+    micro-batch's loss is read twice (`isnan(loss) or isinf(loss)`): 4 per step of 2 micro-batches here - the counter
+    sees the syncs hfscale removed."""
+    loop = _loop_reads(tmp_path / "hfscale", None)
+    assert {step: sites for step, sites in loop.items() if step in (2, 4, 5)} == {2: {}, 4: {}, 5: {}}
+    assert all(site.startswith("transformers/trainer.py") for step in (3, 6) for site in loop[step])
+    assert loop[1] and all(site.startswith("hfscale/run/trainer.py") for site in loop[1])
+    filtered = _loop_reads(tmp_path / "filter", "true")
+    for step in (2, 4, 5):
+        [(site, reads)] = filtered[step].items()
+        assert site.startswith("transformers/trainer.py") and reads == 4, filtered[step]
