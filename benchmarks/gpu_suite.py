@@ -9,8 +9,9 @@ install the packages on a machine without a registry.
     python benchmarks/gpu_suite.py --dry_run --out /tmp/suite                       # CPU: the same code, tiny sizes
 
 Sections (--only): `runs` (hfscale launch of each pair, eager, then ddp's variants - DDP_VARIANTS: compiled, compiled
-with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, and an eager run naming each host sync
-of a step: s/it, tokens/s, TFLOPs, MFU, the allocator's peak beside the estimate, ddp's ratio to the hand-written
+with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, an eager run naming each host sync of a
+step, and a compiled run with one step profiled (the hand-written step is profiled too: the device's idle share of
+each): s/it, tokens/s, TFLOPs, MFU, the allocator's peak beside the estimate, ddp's ratio to the hand-written
 step), `reference` (the same model stepped by hand: bf16 autocast over fp32
 weights, SDPA, fused AdamW, clipping 1.0, random tokens on the device, the steps after warm-up timed as one window with
 no per-step sync; eager and torch.compile), `grid`
@@ -80,7 +81,9 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 DDP_VARIANTS = [("", True, []),
                 ("trainer-syncs", True, ["--logging_nan_inf_filter", "true", "--accelerator_config", '{"non_blocking": false}']),
                 ("gc0", True, ["--gc_freq", "0"]),
-                ("host-syncs", False, ["--count_host_syncs"])]
+                ("host-syncs", False, ["--count_host_syncs"]),
+                ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
+NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
 
 
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
@@ -91,7 +94,8 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
             "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
             str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps), "--logging_steps", "5",
             "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
-            *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(), *extra,
+            *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(),
+            *[str(max(opts.steps - 2, 2)) if a == "PROFILED" else a for a in extra],
             *(["--use_cpu"] if opts.dry_run else [])]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     path = out / name / "results.json"
@@ -101,7 +105,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     perf, est, mem = res["perf"], res["estimate"], res["memory"]
     steps = [r for r in mem.get("step_per_rank") or [] if r]
     return {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
-            "variant": variant, "flags": list(extra), "host_syncs": res.get("host_syncs"),
+            "variant": variant, "flags": list(extra), "host_syncs": res.get("host_syncs"), "profile": res.get("profile"),
             "s_per_iter": perf.get("s_per_iter"), "tokens_per_s": perf.get("tokens_per_s"),
             "tflops_per_gpu": perf.get("tflops_per_gpu_model"), "mfu": perf.get("mfu"),
             "device_allocated_gb": mem.get("peak_allocated_gb"), "estimate_allocated_gb": est["allocated"] / 1e9,
@@ -148,8 +152,26 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
     sync()
     per_step = (time.perf_counter() - start) / max(opts.steps - warmup, 1)
     tokens = opts.per_device_train_batch_size * opts.seq_len
+    profile = profile_reference(step, sync, device.startswith("cuda"))
     return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
-            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step}
+            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step,
+            "profile": profile}
+
+
+def profile_reference(step, sync, on_cuda: bool) -> dict:
+    """One more step of the hand-written loop under torch's profiler: the summary hfscale's --profile_step writes
+    (run/profile.summarize), so the device's idle share reads the same way for both."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hfscale.run.profile import summarize
+
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as prof:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        wall = time.perf_counter() - start
+    return summarize(prof.events(), wall, on_cuda)
 
 
 # ---- the activation grid ----------------------------------------------------------------------------------------------
@@ -254,6 +276,15 @@ def markdown(report: dict) -> str:
         if len(steps) > 1:  # step 2: after the first step's one-off checks, no logging (--logging_steps 5)
             sites = ", ".join(f"{site} x{n}" for site, n in sorted(steps[1]["sites"].items(), key=lambda kv: -kv[1]))
             lines += ["", f"host syncs of {r['run']}, step 2: {steps[1]['reads']} ({sites or 'none'})"]
+    profiled = [(r["run"], r["profile"]) for r in report["runs"] if r.get("profile")]
+    profiled += [(r["reference"], r["profile"]) for r in report["references"] if r.get("profile")]
+    if profiled:
+        lines += ["", "| profiled step | wall s | device idle share | busiest device op | busiest host op |", "|---|---|---|---|---|"]
+        for name, p in profiled:
+            idle = p.get("device_idle_share")
+            first = lambda rows: f"{rows[0]['name'][:50]} ({rows[0]['self_s']:.4f} s)" if rows else ""  # noqa: E731
+            lines.append(f"| {name} | {p['wall_s']:.4f} | {'' if idle is None else f'{idle:.1%}'} | "
+                         f"{first(p.get('device_top') or [])} | {first(p['host_top'])} |")
     lines += ["", f"activation grid: {len(report['grid'])} rows (JSON: grid), skipped: {len(report['skipped'])}"]
     return "\n".join(lines) + "\n"
 
@@ -290,8 +321,11 @@ def main() -> None:
     if "runs" in sections:
         todo = [(s, o, False, "", []) for s, o in pairs(gpus, opts.strategy, opts.optim)]
         if "ddp" in {s for s, *_ in todo}:
-            todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS
-                     if not (opts.dry_run and compiled)]
+            if opts.dry_run:  # eager, and only the variants that record something: their code on this CPU
+                todo += [("ddp", "adamw", False, variant, extra) for variant, _, extra in DDP_VARIANTS
+                         if variant in NOT_SPEED]
+            else:
+                todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS]
         for strategy, optim, compiled, variant, extra in todo:
             label = f"{strategy} x {optim}{' compiled' if compiled else ''}{f' ({variant})' if variant else ''}"
             if not clock.left():
@@ -306,7 +340,7 @@ def main() -> None:
             ref = reference_step(opts, compiled, device)
             for r in report["runs"]:  # every ddp run against the hand-written step of its own compile mode
                 if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and r["compiled"] == compiled
-                        and not r["host_syncs"]):  # the counting run is slowed by its counter: not a speed figure
+                        and r["variant"] not in NOT_SPEED):
                     r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
                     if not r["variant"]:
                         ref["hfscale_ratio"] = r["hand_written_ratio"]

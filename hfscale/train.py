@@ -37,6 +37,7 @@ from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E
 from hfscale.run.checkpoints import LATEST, identity, resolve_resume, set_aside_incomplete  # noqa: E402
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402
+from hfscale.run.profile import StepProfiler  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
@@ -174,7 +175,10 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
     trainer.host_syncs = HostSyncCallback(args.device.type) if args.count_host_syncs else None
     if trainer.host_syncs:
         trainer.add_callback(trainer.host_syncs)
-    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory, trainer.collectives))
+    trainer.step_profiler = StepProfiler(args.profile_step, on_cuda, os.path.join(args.output_dir, "profile"),
+                                         args.process_index) if args.profile_step else None
+    trainer.add_callback(MeasureCallback(meter, record, tensorboard, is_main, step_memory, trainer.collectives,
+                                         trainer.step_profiler))
     return trainer, meter
 
 
@@ -211,6 +215,8 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
         record.update(communication={"step": args.count_collectives, "per_rank": counted})
     if trainer.host_syncs:
         record.update(host_syncs=trainer.host_syncs.summary())
+    if trainer.step_profiler:
+        record.update(profile=trainer.step_profiler.summary)
     if args.record_batches:
         digests = [trainer.batch_digests]
         if torch.distributed.is_initialized():
@@ -307,6 +313,8 @@ def run(argv: list[str] | None) -> None:
     finally:
         if trainer.host_syncs:
             trainer.host_syncs.stop()  # its TorchFunctionMode leaves the stack however training ended
+        if trainer.step_profiler:
+            trainer.step_profiler.stop()
     finish(trainer, meter, record, args, output.metrics)
     record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()

@@ -58,6 +58,8 @@ CASES = {
                            "not a positive multiple of --per_device_train_batch_size x processes = 4 x 1"),
     "zero batch": (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
     "collectives of step 1": (["--count_collectives", "1"], "--count_collectives takes an optimizer step from 2 to"),
+    "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
+    "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
     "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
     "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),

@@ -129,6 +129,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
     count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})
+    profile_step: int = field(default=0, metadata={"help": "Profile optimizer step N (>= 2; one whole loop period) with torch's profiler: a Chrome/Perfetto trace per rank in output_dir/profile/ and, in results.json profile, the host's and the device's busiest ops and the device's idle share (0: off)."})
     count_host_syncs: bool = field(default=False, metadata={"help": "Record, per optimizer step, every read of a tensor's values by Python (.item(), bool(t), .tolist(), .cpu() ...: each one waits for a GPU) and where it came from, in results.json host_syncs (this rank's; a diagnostic: compiled regions are not seen)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
     gc_freq: int = field(default=DEFAULT_GC_FREQ, metadata={"help": "Python's garbage collector: automatic collection off, a young-generation collection at the end of every Nth optimizer step on every rank (no rank stalls its partners at a random moment; torchtitan's gc_freq) and a full one after each evaluation; 0: Python's automatic collection. Start-up runs without collections either way (hfscale/run/garbage.py)."})
@@ -324,10 +325,14 @@ def check_hyperparameters(kw: dict) -> None:
     min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
-    counted, last = kw.get("count_collectives") or 0, kw.get("max_steps", -1)
-    if counted and (counted < 2 or (last is not None and last > 0 and counted > last)):
-        raise HfscaleError(f"--count_collectives takes an optimizer step from 2 to --max_steps ({last}) (0: off), "
-                           f"got {counted}")
+    if kw.get("count_collectives") and kw.get("profile_step"):
+        raise HfscaleError("--count_collectives and --profile_step each run torch's profiler, and only one can run at a "
+                           "time: pass one of them")
+    last = kw.get("max_steps", -1)
+    for flag in ("count_collectives", "profile_step"):
+        step = kw.get(flag) or 0
+        if step and (step < 2 or (last is not None and last > 0 and step > last)):
+            raise HfscaleError(f"--{flag} takes an optimizer step from 2 to --max_steps ({last}) (0: off), got {step}")
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:

@@ -265,9 +265,10 @@ class MeasureCallback(TrainerCallback):
     """Feeds the Meter from the Trainer's events and sends figures to TensorBoard and the run record."""
 
     def __init__(self, meter: Meter | None, record, tensorboard: TensorBoardWriter | None, is_main: bool,
-                 step_memory: StepMemory | None = None, collectives=None):
+                 step_memory: StepMemory | None = None, collectives=None, profiler=None):
         self.meter, self.record, self.tb, self.is_main = meter, record, tensorboard, is_main
         self.step_memory, self.collectives = step_memory, collectives  # collectives: a run.collectives.CollectiveCounter
+        self.profiler = profiler  # a run.profile.StepProfiler
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.meter:
@@ -289,6 +290,8 @@ class MeasureCallback(TrainerCallback):
             self.step_memory.end(state.global_step)
         if self.collectives:
             self.collectives.step_end(state.global_step)
+        if self.profiler:
+            self.profiler.step_end(state.global_step)
         if self.meter:  # the Trainer's flow callback has already decided whether a save or an evaluation follows
             self.meter.step_end(state.global_step, last=state.global_step >= state.max_steps,
                                 pause_follows=bool(control.should_save or control.should_evaluate))

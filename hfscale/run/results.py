@@ -174,6 +174,7 @@ class Results(_Section):
     final_weights: dict | None = None
     probe_logits: list | None = None
     batch_digests: list | None = None
+    profile: dict | None = None  # --profile_step: {"step", "trace", "wall_s", "host_top", [device_busy_s, device_idle_share, device_top]} (rank 0's)
     host_syncs: dict | None = None  # --count_host_syncs: {"steps": [{"step", "reads", "sites": {site: reads}}]} (rank 0's)
     communication: dict | None = None  # --count_collectives: {"step", "per_rank": [[{kind, dtype, elements, bytes, count}]]}
     source: str | None = None  # "megatron-log" for an imported log

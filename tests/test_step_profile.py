@@ -1,15 +1,21 @@
-"""Host syncs (hfscale/run/host_syncs.py, `--count_host_syncs`): what the training loop reads back from the device per
-optimizer step. A GPU waits at each one, and the host's per-step work then shows as idle device time (issue 21:
-hfscale's step against a hand-written loop), so the loop hfscale runs must read nothing between logging steps."""
+"""Where a step's time goes (issue 21: hfscale's step against a hand-written loop).
+
+Host syncs (hfscale/run/host_syncs.py, `--count_host_syncs`): what the training loop reads back from the device per
+optimizer step. A GPU waits at each one, and the host's per-step work then shows as idle device time, so the loop
+hfscale runs must read nothing between logging steps. The profiler (hfscale/run/profile.py, `--profile_step`): one
+loop period's trace and summary."""
 
 import json
 import os
 import sys
 
+import pytest
+
 import torch
 
 from conftest import REPO, TINY, run
 from hfscale.run.host_syncs import HostReads, is_host_sync
+from hfscale.run.profile import busy_time
 
 # code of the training loop itself: the Trainer's loop, accelerate, hfscale (the model and torch's optimizers are
 # the same in a hand-written loop)
@@ -43,26 +49,56 @@ def test_host_reads_name_the_line_that_made_them():
     assert torch._C._len_torch_function_stack() == 0
 
 
-def _loop_reads(out, nan_filter: str | None):
+def _run(out, *extra):
     cmd = [sys.executable, str(REPO / "hfscale" / "train.py"), *TINY, "--max_steps", "6", "--logging_steps", "3",
-           "--gradient_accumulation_steps", "2", "--count_host_syncs", "--output_dir", str(out)]
-    proc = run(cmd + (["--logging_nan_inf_filter", nan_filter] if nan_filter else []), timeout=300)
+           "--gradient_accumulation_steps", "2", "--count_host_syncs", "--output_dir", str(out), *extra]
+    proc = run(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = json.loads((out / "results.json").read_text())["host_syncs"]["steps"]
+    return json.loads((out / "results.json").read_text())
+
+
+def _loop_reads(results: dict) -> dict:
+    steps = results["host_syncs"]["steps"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
     return {s["step"]: {site: n for site, n in s["sites"].items() if site.startswith(LOOP)} for s in steps}
 
 
-def test_the_training_loop_reads_nothing_back_between_logging_steps(tmp_path):
+@pytest.fixture(scope="module")
+def hfscale_run(tmp_path_factory):
+    """One run of hfscale's defaults, its host syncs counted and step 5 profiled (a step without logging)."""
+    return _run(tmp_path_factory.mktemp("hfscale"), "--profile_step", "5")
+
+
+def test_the_training_loop_reads_nothing_back_between_logging_steps(hfscale_run, tmp_path):
     """hfscale's run: the loop's only reads are the Trainer's logging (loss, grad norm, flos at steps 3 and 6) and
     hfscale's first-batch digest (step 1). With the Trainer's own default NaN filter, which hfscale turns off, every
     micro-batch's loss is read twice (`isnan(loss) or isinf(loss)`): 4 per step of 2 micro-batches here - the counter
     sees the syncs hfscale removed."""
-    loop = _loop_reads(tmp_path / "hfscale", None)
+    loop = _loop_reads(hfscale_run)
     assert {step: sites for step, sites in loop.items() if step in (2, 4, 5)} == {2: {}, 4: {}, 5: {}}
     assert all(site.startswith("transformers/trainer.py") for step in (3, 6) for site in loop[step])
     assert loop[1] and all(site.startswith("hfscale/run/trainer.py") for site in loop[1])
-    filtered = _loop_reads(tmp_path / "filter", "true")
+    filtered = _loop_reads(_run(tmp_path / "filter", "--logging_nan_inf_filter", "true"))
     for step in (2, 4, 5):
         [(site, reads)] = filtered[step].items()
         assert site.startswith("transformers/trainer.py") and reads == 4, filtered[step]
+
+
+def test_busy_time_counts_overlapping_device_work_once():
+    assert busy_time([]) == 0
+    assert busy_time([(0, 10), (20, 25)]) == 15
+    assert busy_time([(20, 25), (0, 10), (5, 12), (6, 7)]) == 17  # unsorted, overlapping, nested
+
+
+def test_a_profiled_step_leaves_a_trace_and_says_where_its_host_time_went(hfscale_run):
+    profile = hfscale_run["profile"]
+    assert profile["step"] == 5 and profile["wall_s"] > 0
+    trace = json.loads(open(profile["trace"]).read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"aten::addmm", "aten::mm"} & names  # the step's matmuls are in the trace
+    assert not os.path.exists(profile["trace"] + ".partial")
+    top = profile["host_top"]
+    assert top and [r["self_s"] for r in top] == sorted((r["self_s"] for r in top), reverse=True)
+    assert sum(r["self_s"] for r in top) <= profile["wall_s"]  # self times of one period, within it
+    assert {r["name"] for r in top} & {"aten::addmm", "aten::mm"} and all(r["calls"] > 0 for r in top)
+    assert "device_busy_s" not in profile  # CPU: no device activity to profile
