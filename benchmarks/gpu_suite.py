@@ -6,17 +6,22 @@ install the packages on a machine without a registry.
 
     python benchmarks/gpu_suite.py --out benchmarks/results/h100_$(date +%F)      # gpt2-350m, bf16, seq 1024, MBS 8
     python benchmarks/gpu_suite.py --model gpt2-1.3b --only reference,runs --strategy ddp,zero1
+    python benchmarks/gpu_suite.py --only runs --strategy zero1,zero2,zero3,fsdp --optim adamw --profile
     python benchmarks/gpu_suite.py --dry_run --out /tmp/suite                       # CPU: the same code, tiny sizes
 
-Sections (--only): `runs` (hfscale launch of each pair, eager, then ddp's variants - DDP_VARIANTS: compiled, compiled
-with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, an eager run naming each host sync of a
-step, and a compiled run with one step profiled (the hand-written step is profiled too: the device's idle share of
-each): s/it, tokens/s, TFLOPs, MFU, the allocator's peak beside the estimate, ddp's ratio to the hand-written
-step), `reference` (the same model stepped by hand: bf16 autocast over fp32
-weights, SDPA, fused AdamW, clipping 1.0, random tokens on the device, the steps after warm-up timed as one window with
-no per-step sync; eager and torch.compile), `grid`
-(what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x checkpointing
-off/on x compiled or not, over shapes varied one at a time: the rows benchmarks/calibrate_activations.py --fit takes).
+Sections (--only):
+- `runs`: `hfscale launch` of each pair, eager; then ddp's variants (DDP_VARIANTS): compiled (hfscale's GPU default),
+  compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, eager naming every host sync
+  of a step (--count_host_syncs), compiled with one step profiled (--profile_step); then zero2 and zero3 with
+  DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs, MFU, the
+  allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles one step
+  of every run (the busiest device ops and the device's idle share of each strategy).
+- `reference`: the same model stepped by hand (bf16 autocast over fp32 weights, SDPA, fused AdamW, clipping 1.0,
+  random tokens on the device, the steps after warm-up timed as one window with no per-step sync; eager and
+  torch.compile), and one of its steps profiled the same way.
+- `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
+  checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
+  benchmarks/calibrate_activations.py --fit takes).
 `--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped.
 """
 
@@ -84,6 +89,27 @@ DDP_VARIANTS = [("", True, []),
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
+# The shipped ZeRO JSONs leave their buckets "auto", which transformers fills from the model (reduce_bucket_size
+# hidden^2, stage3_prefetch_bucket_size 0.9 hidden^2, stage3_param_persistence_threshold 10 hidden: 1M, 0.9M and 10k
+# elements at 350M); DeepSpeed's own defaults are 5e8, 5e7 and 1e5. zero2 ran at 0.67 and zero3 at 0.31 of zero1's
+# speed on one H100: each variant runs the strategy with DeepSpeed's values beside the shipped JSON (before/after).
+ZERO_VARIANTS = [("zero2", "deepspeed-buckets", {"reduce_bucket_size": 500_000_000}),
+                 ("zero3", "deepspeed-buckets", {"reduce_bucket_size": 500_000_000,
+                                                 "stage3_prefetch_bucket_size": 50_000_000,
+                                                 "stage3_param_persistence_threshold": 100_000})]
+
+
+def deepspeed_variant(strategy: str, overrides: dict, out: Path) -> Path:
+    """The strategy's shipped DeepSpeed JSON with `overrides` in its zero_optimization, written to out/ds_configs/."""
+    from hfscale.files import atomic_write_text
+    from hfscale.parallel.strategies import get_strategy
+
+    config = json.loads(Path(get_strategy(strategy).deepspeed_config_path).read_text())
+    config["zero_optimization"].update(overrides)
+    path = out / "ds_configs" / f"{strategy}-{'-'.join(sorted(overrides))}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(config, indent=2) + "\n")
+    return path
 
 
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
@@ -304,6 +330,9 @@ def main() -> None:
     parser.add_argument("--runs_dir", type=Path, help="the runs' own directories (default OUT/runs; on the device "
                         "machine put them outside $OUT, which brings back only a few files)")
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
+    parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
+                        "busiest device ops and the device's idle share of each strategy; speed figures then include "
+                        "that step's profiler overhead")
     opts = parser.parse_args()
     import torch
 
@@ -326,6 +355,12 @@ def main() -> None:
                          if variant in NOT_SPEED]
             else:
                 todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS]
+        if not opts.dry_run:
+            todo += [(strategy, "adamw", False, variant, ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])
+                     for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, *_ in todo}]
+        if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
+            todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])
+                    for s, o, c, v, extra in todo if "--count_host_syncs" not in extra]
         for strategy, optim, compiled, variant, extra in todo:
             label = f"{strategy} x {optim}{' compiled' if compiled else ''}{f' ({variant})' if variant else ''}"
             if not clock.left():

@@ -2,6 +2,7 @@
 code, tiny sizes), so it works when a GPU is lent; and its output has the shape the committed GPU fixtures have (the
 files tests/test_memory.py checks the estimate against)."""
 
+import importlib.util
 import json
 import sys
 
@@ -37,3 +38,24 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert profiled["profile"]["step"] == 2 and "hand_written_ratio" not in profiled  # 4 dry steps: the last but 2
     assert ref["profile"]["wall_s"] > 0 and ref["profile"]["host_top"]
     assert f"| {profiled['run']} | " in table and f"| {ref['reference']} | {ref['profile']['wall_s']:.4f}" in table
+
+
+def test_the_zero_variants_carry_deepspeeds_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
+    """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with DeepSpeed's own bucket
+    sizes, accepted by hfscale for its strategy, and the run's plan (its memory estimate) reads those sizes."""
+    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    from hfscale.train import check_args
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for strategy, _, values in suite.ZERO_VARIANTS:
+        path = suite.deepspeed_variant(strategy, values, tmp_path)
+        zero = json.loads(path.read_text())["zero_optimization"]
+        assert {k: zero[k] for k in values} == values and zero["stage"] == int(strategy[-1])
+        shipped = check_args(["--strategy", strategy])[3].plan.memory_layout
+        layout = check_args(["--strategy", strategy, "--deepspeed", str(path)])[3].plan.memory_layout
+        assert layout.reduce_bucket == values["reduce_bucket_size"] != shipped.reduce_bucket
+        if "stage3_prefetch_bucket_size" in values:
+            assert layout.prefetch_bucket == values["stage3_prefetch_bucket_size"] != shipped.prefetch_bucket
+            assert layout.persistence_threshold == values["stage3_param_persistence_threshold"]
