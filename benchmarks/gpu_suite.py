@@ -84,7 +84,8 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 # stop the host at every micro-batch put back (before/after of run/args._no_host_syncs), with Python's automatic
 # garbage collector (--gc_freq 0 against the default 50), and a short eager run naming every host sync of a step
 DDP_VARIANTS = [("", True, []),
-                ("trainer-syncs", True, ["--logging_nan_inf_filter", "true", "--accelerator_config", '{"non_blocking": false}']),
+                ("trainer-syncs", True, ["--logging_nan_inf_filter", "true",
+                                         "--accelerator_config", '{"non_blocking": false}']),
                 ("gc0", True, ["--gc_freq", "0"]),
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
@@ -305,7 +306,8 @@ def markdown(report: dict) -> str:
     profiled = [(r["run"], r["profile"]) for r in report["runs"] if r.get("profile")]
     profiled += [(r["reference"], r["profile"]) for r in report["references"] if r.get("profile")]
     if profiled:
-        lines += ["", "| profiled step | wall s | device idle share | busiest device op | busiest host op |", "|---|---|---|---|---|"]
+        lines += ["", "| profiled step | wall s | device idle share | busiest device op | busiest host op |",
+                  "|---|---|---|---|---|"]
         for name, p in profiled:
             idle = p.get("device_idle_share")
             first = lambda rows: f"{rows[0]['name'][:50]} ({rows[0]['self_s']:.4f} s)" if rows else ""  # noqa: E731
@@ -356,7 +358,8 @@ def main() -> None:
             else:
                 todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS]
         if not opts.dry_run:
-            todo += [(strategy, "adamw", False, variant, ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])
+            todo += [(strategy, "adamw", False, variant,
+                      ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])
                      for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, *_ in todo}]
         if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
             todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])

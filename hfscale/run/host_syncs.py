@@ -14,8 +14,9 @@ seen: reads made inside C++ (DDP's reducer) or inside a compiled graph; on CUDA,
 ("warn")` names those.
 
 A period is one whole loop iteration, from one optimizer step's `on_step_begin` to the next one's: the step's
-micro-batches, its logging, and the fetch of the next step's batch. results.json `host_syncs` (this rank's):
-{"steps": [{"step", "reads", "sites": {site: reads}}]}. docs/metrics.md#host-syncs says what a clean step reads.
+micro-batches, its logging, and the fetch of the next step's batch. results.json `host_syncs` (rank 0's):
+{"steps": [{"step", "reads", "sites": {site: reads}}]}. docs/metrics.md ("Where a step's time goes") says what a
+step still reads.
 """
 
 import os
@@ -63,7 +64,8 @@ def call_site(skip: int = 2) -> str:
     """`path:line (function)` of the code that made the call (torch's own Python wrappers and this module skipped),
     the path from its package down: `transformers/trainer.py:1922 (_inner_training_loop)`."""
     frame = sys._getframe(skip)
-    while frame is not None and (frame.f_code.co_filename in _WRAPPERS or os.path.abspath(frame.f_code.co_filename) == _HERE):
+    while frame is not None and (frame.f_code.co_filename in _WRAPPERS
+                                 or os.path.abspath(frame.f_code.co_filename) == _HERE):
         frame = frame.f_back
     if frame is None:
         return "?"
