@@ -90,6 +90,14 @@ DDP_VARIANTS = [("", True, []),
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
+
+
+def variant_names(asked: str) -> set[str]:
+    """--ddp_variants: a comma list of DDP_VARIANTS' names ("compiled" for the first), "all" or "none"."""
+    from hfscale.flags import comma_list
+
+    names = [variant or "compiled" for variant, _, _ in DDP_VARIANTS]
+    return set() if asked == "none" else set(comma_list(asked, "--ddp_variants", valid=names, what="ddp variant"))
 # The shipped ZeRO JSONs leave their buckets "auto", which transformers fills from the model (reduce_bucket_size
 # hidden^2, stage3_prefetch_bucket_size 0.9 hidden^2, stage3_param_persistence_threshold 10 hidden: 1M, 0.9M and 10k
 # elements at 350M); DeepSpeed's own defaults are 5e8, 5e7 and 1e5. zero2 ran at 0.67 and zero3 at 0.31 of zero1's
@@ -332,10 +340,19 @@ def main() -> None:
     parser.add_argument("--runs_dir", type=Path, help="the runs' own directories (default OUT/runs; on the device "
                         "machine put them outside $OUT, which brings back only a few files)")
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
+    parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
+                        "list of compiled, trainer-syncs, gc0, host-syncs, profile; all (default) or none")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
     opts = parser.parse_args()
+    from hfscale.errors import HfscaleError
+
+    try:  # names checked before anything runs: one line, not a traceback minutes in
+        variant_names(opts.ddp_variants)
+        pairs(1, opts.strategy, opts.optim)
+    except HfscaleError as err:
+        parser.error(str(err))
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"
@@ -356,7 +373,9 @@ def main() -> None:
                 todo += [("ddp", "adamw", False, variant, extra) for variant, _, extra in DDP_VARIANTS
                          if variant in NOT_SPEED]
             else:
-                todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS]
+                chosen = variant_names(opts.ddp_variants)
+                todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS
+                         if (variant or "compiled") in chosen]
         if not opts.dry_run:
             todo += [(strategy, "adamw", False, variant,
                       ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])

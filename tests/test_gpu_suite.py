@@ -6,7 +6,10 @@ import importlib.util
 import json
 import sys
 
+import pytest
+
 from conftest import REPO, run
+from hfscale.errors import HfscaleError
 
 
 def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_path):
@@ -40,12 +43,25 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert f"| {profiled['run']} | " in table and f"| {ref['reference']} | {ref['profile']['wall_s']:.4f}" in table
 
 
-def test_the_zero_variants_carry_deepspeeds_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
-    """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with DeepSpeed's own bucket
-    sizes, accepted by hfscale for its strategy, and the run's plan (its memory estimate) reads those sizes."""
+def _suite():
     spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu_suite.py")
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
+    return suite
+
+
+def test_ddp_variants_are_chosen_by_name():
+    suite = _suite()
+    assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "host-syncs", "profile"}
+    assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
+    with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
+        suite.variant_names("compiled,gc1")
+
+
+def test_the_zero_variants_carry_deepspeeds_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
+    """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with DeepSpeed's own bucket
+    sizes, accepted by hfscale for its strategy, and the run's plan (its memory estimate) reads those sizes."""
+    suite = _suite()
     from hfscale.train import check_args
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
