@@ -9,20 +9,21 @@ install the packages on a machine without a registry.
     python benchmarks/gpu_suite.py --only runs --strategy zero1,zero2,zero3,fsdp --optim adamw --profile
     python benchmarks/gpu_suite.py --dry_run --out /tmp/suite                       # CPU: the same code, tiny sizes
 
-Sections (--only):
+Sections (--only), run in this order:
+- `reference` (first, so that a call cut short still has it): the same model stepped by hand (bf16 autocast over fp32
+  weights, SDPA, fused AdamW, clipping 1.0, random tokens on the device, the steps after warm-up timed as one window
+  with no per-step sync; eager and torch.compile), and one of its steps profiled.
 - `runs`: `hfscale launch` of each pair, eager; then ddp's variants (DDP_VARIANTS): compiled (hfscale's GPU default),
-  compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, eager naming every host sync
-  of a step (--count_host_syncs), compiled with one step profiled (--profile_step); then zero2 and zero3 with
-  DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs, MFU, the
-  allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles one step
-  of every run (the busiest device ops and the device's idle share of each strategy).
-- `reference`: the same model stepped by hand (bf16 autocast over fp32 weights, SDPA, fused AdamW, clipping 1.0,
-  random tokens on the device, the steps after warm-up timed as one window with no per-step sync; eager and
-  torch.compile), and one of its steps profiled the same way.
+  compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, with CUDA graphs, eager
+  naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step); then zero2
+  and zero3 with DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
+  MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
+  one step of every run (the busiest device ops and the device's idle share of each strategy).
 - `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
   checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
   benchmarks/calibrate_activations.py --fit takes).
-`--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped.
+`--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped; the
+JSON and the table are rewritten (atomically) after every item, so a call stopped from outside keeps what it measured.
 """
 
 import argparse
@@ -82,11 +83,13 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 
 # ddp variants, run after the pairs: hfscale's GPU default (compiled), the same with the Trainer's own defaults that
 # stop the host at every micro-batch put back (before/after of run/args._no_host_syncs), with Python's automatic
-# garbage collector (--gc_freq 0 against the default 50), and a short eager run naming every host sync of a step
+# garbage collector (--gc_freq 0 against the default 50), with CUDA graphs (torch.compile's reduce-overhead mode),
+# an eager run naming every host sync of a step, and a compiled run with one step profiled
 DDP_VARIANTS = [("", True, []),
                 ("trainer-syncs", True, ["--logging_nan_inf_filter", "true",
                                          "--accelerator_config", '{"non_blocking": false}']),
                 ("gc0", True, ["--gc_freq", "0"]),
+                ("cudagraphs", True, ["--torch_compile_mode", "reduce-overhead"]),  # CUDA graphs: no launch overhead
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
@@ -290,6 +293,18 @@ def machine(device: str) -> dict:
             "command": " ".join(["python", *sys.argv])}
 
 
+def hand_written_ratios(report: dict, gpus: int) -> None:
+    """Every ddp x adamw run that is a speed figure against the hand-written step of its own compile mode."""
+    for ref in report["references"]:
+        for r in report["runs"]:
+            same_mode = r["compiled"] == ref["compiled"]
+            if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and same_mode
+                    and not set(r["variant"].split("+")) & set(NOT_SPEED)):
+                r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+                if not r["variant"]:
+                    ref["hfscale_ratio"] = r["hand_written_ratio"]
+
+
 def markdown(report: dict) -> str:
     lines = [f"# {report['machine']} ({report['date']})", "", f"`{report['command']}`", "",
              "| run | s/it | tokens/s | TFLOPs/GPU | MFU | allocated GB (est / measured) | / hand-written |",
@@ -326,6 +341,8 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
+    from hfscale.files import atomic_write_text
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gpt2-350m")
     parser.add_argument("--seq_len", type=int, default=1024)
@@ -341,7 +358,7 @@ def main() -> None:
                         "machine put them outside $OUT, which brings back only a few files)")
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
     parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
-                        "list of compiled, trainer-syncs, gc0, host-syncs, profile; all (default) or none")
+                        "list of compiled, trainer-syncs, gc0, cudagraphs, host-syncs, profile; all (default) or none")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
@@ -366,6 +383,23 @@ def main() -> None:
     report = {**machine(device), "date": time.strftime("%Y-%m-%d"), "runs": [], "references": [], "grid": [],
               "skipped": []}
     opts.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every item, atomically: a call stopped from outside still returns what it measured
+        hand_written_ratios(report, gpus)
+        atomic_write_text(opts.out / "gpu_suite.json", json.dumps(report, indent=1) + "\n")
+        atomic_write_text(opts.out / ("cuda_activations.jsonl" if device != "cpu" else "activations.jsonl"),
+                          "".join(json.dumps(r) + "\n" for r in report["grid"]))
+        atomic_write_text(opts.out / "gpu_suite.md", markdown(report))
+
+    if "reference" in sections:  # first: a call cut short still has what every ddp run is compared with
+        for compiled in (False, True) if not opts.dry_run else (False,):
+            label = f"reference step{' (compiled)' if compiled else ''}"
+            if not clock.left():
+                report["skipped"].append(label)
+                continue
+            clock.say(label)
+            report["references"].append(reference_step(opts, compiled, device))
+            save()
     if "runs" in sections:
         todo = [(s, o, False, "", []) for s, o in pairs(gpus, opts.strategy, opts.optim)]
         if "ddp" in {s for s, *_ in todo}:
@@ -391,17 +425,7 @@ def main() -> None:
             clock.say(f"run {label}")
             report["runs"].append(launch_run(strategy, optim, opts, opts.runs_dir or opts.out / "runs", gpus, compiled,
                                              variant, extra))
-    if "reference" in sections:
-        for compiled in (False, True) if not opts.dry_run else (False,):
-            clock.say(f"reference step{' (compiled)' if compiled else ''}")
-            ref = reference_step(opts, compiled, device)
-            for r in report["runs"]:  # every ddp run against the hand-written step of its own compile mode
-                if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and r["compiled"] == compiled
-                        and not set(r["variant"].split("+")) & set(NOT_SPEED)):
-                    r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
-                    if not r["variant"]:
-                        ref["hfscale_ratio"] = r["hand_written_ratio"]
-            report["references"].append(ref)
+            save()
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else GRID_SHAPES
         points = [(m, shape, False) for m in GRID_MODES for shape in shapes]
@@ -413,10 +437,8 @@ def main() -> None:
                 continue
             clock.say(f"grid {mode}{' compiled' if compiled else ''} {shape}")
             report["grid"].append(grid_point(mode, shape, compiled, device))
-    (opts.out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")
-    (opts.out / "cuda_activations.jsonl" if device != "cpu" else opts.out / "activations.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in report["grid"]))
-    (opts.out / "gpu_suite.md").write_text(markdown(report))
+            save()
+    save()
     clock.say(f"wrote {opts.out}/gpu_suite.json, gpu_suite.md; {len(report['skipped'])} item(s) skipped by the budget")
     print(markdown(report))
 

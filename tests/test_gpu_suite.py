@@ -52,7 +52,7 @@ def _suite():
 
 def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
-    assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "host-syncs", "profile"}
+    assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "host-syncs", "profile"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
@@ -75,3 +75,13 @@ def test_the_zero_variants_carry_deepspeeds_bucket_sizes_into_the_run_and_its_es
         if "stage3_prefetch_bucket_size" in values:
             assert layout.prefetch_bucket == values["stage3_prefetch_bucket_size"] != shipped.prefetch_bucket
             assert layout.persistence_threshold == values["stage3_param_persistence_threshold"]
+
+
+def test_past_its_budget_the_suite_starts_nothing_and_says_what_it_skipped(tmp_path):
+    proc = run([sys.executable, "benchmarks/gpu_suite.py", "--dry_run", "--budget_s", "0", "--out", str(tmp_path)],
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_suite.json").read_text())
+    assert report["references"] == report["runs"] == report["grid"] == []
+    assert report["skipped"][0] == "reference step" and "run ddp x adamw" in report["skipped"]
+    assert any(s.startswith("grid ") for s in report["skipped"])
