@@ -129,6 +129,8 @@ class HfscaleTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
     count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})
+    logging_nan_inf_filter: bool = field(default=False, metadata={"help": "Replace a NaN/inf micro-batch loss by the window's average when logging (the Trainer's default: true). hfscale's default false logs the loss as it is - a run that diverged says so - and spares a host sync per micro-batch (docs/metrics.md)."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "accelerate's settings as JSON (a dict or a file); hfscale's default: {\"non_blocking\": true} - each batch copied to the GPU from pinned memory without a stream synchronize (docs/metrics.md). Yours is taken as it is."})
     profile_step: int = field(default=0, metadata={"help": "Profile optimizer step N (>= 2; one whole loop period) with torch's profiler: a Chrome/Perfetto trace per rank in output_dir/profile/ and, in results.json profile, the host's and the device's busiest ops and the device's idle share (0: off)."})
     count_host_syncs: bool = field(default=False, metadata={"help": "Record, per optimizer step, every read of a tensor's values by Python (.item(), bool(t), .tolist(), .cpu() ...: each one waits for a GPU) and where it came from, in results.json host_syncs (rank 0's; a diagnostic: reads inside compiled regions are not seen)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory, or `latest`: the newest complete checkpoint in --output_dir (a fresh start when there is none)."})
@@ -211,15 +213,13 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
 
 
 def _no_host_syncs(kw: dict, explicit: set[str]) -> None:
-    """Two Trainer defaults that stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the
-    host's per-step work shows as idle device time; the user's own flags win. The same on both routes.
-    - logging_nan_inf_filter: the Trainer reads every micro-batch's loss to replace a NaN/inf in the logged average.
-      Off: the loss is logged as it is (a NaN shows as NaN, which a run that diverged should say).
-    - accelerator_config non_blocking: accelerate copies each batch to the device with a blocking copy, which torch
-      makes with a stream synchronize. Non-blocking from pinned memory (the Trainer's dataloader_pin_memory default)
-      as accelerate's docs pair them."""
-    if "logging_nan_inf_filter" not in explicit:
-        kw["logging_nan_inf_filter"] = False
+    """Two Trainer defaults stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the host's
+    per-step work shows as idle device time; hfscale changes both, the same on both routes, and the user's flags win.
+    - logging_nan_inf_filter reads every micro-batch's loss to keep a NaN/inf out of the logged average: its default
+      is false in HfscaleTrainingArguments (the loss is logged as it is; a NaN shows as NaN).
+    - accelerator_config: accelerate copies each batch to the device with a blocking copy, which torch makes with a
+      stream synchronize; here non-blocking, from pinned memory (the Trainer's dataloader_pin_memory default), as
+      accelerate's docs pair them."""
     if "accelerator_config" not in explicit:
         kw["accelerator_config"] = {"non_blocking": True}
 
