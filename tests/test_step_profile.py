@@ -102,3 +102,19 @@ def test_a_profiled_step_leaves_a_trace_and_says_where_its_host_time_went(hfscal
     assert sum(r["self_s"] for r in top) <= profile["wall_s"]  # self times of one period, within it
     assert {r["name"] for r in top} & {"aten::addmm", "aten::mm"} and all(r["calls"] > 0 for r in top)
     assert "device_busy_s" not in profile  # CPU: no device activity to profile
+
+
+def test_the_run_summary_says_what_the_profile_and_the_counter_found(hfscale_run):
+    from hfscale.run.measure import format_summary
+    from hfscale.run.results import Results
+
+    profile = hfscale_run["profile"]
+    text = format_summary(Results.from_dict(hfscale_run))
+    top = profile["host_top"][0]
+    assert (f"step 5 profiled: {profile['wall_s'] * 1e3:.1f} ms · busiest on the host {top['name']} "
+            f"({top['self_s'] * 1e3:.1f} ms) · trace {profile['trace']}") in text
+    reads = sorted(s["reads"] for s in hfscale_run["host_syncs"]["steps"])
+    assert f"host syncs per step: {reads[0]} to {reads[-1]}, median {reads[3]} over 6 steps" in text
+    on_gpu = {**hfscale_run, "profile": {**profile, "device_idle_share": 0.25,
+                                         "device_top": [{"name": "sm90_gemm", "self_s": 0.01, "calls": 3}]}}
+    assert "device idle 25.0% · busiest on the device sm90_gemm (10.0 ms)" in format_summary(Results.from_dict(on_gpu))

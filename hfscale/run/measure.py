@@ -364,6 +364,7 @@ def format_summary(results) -> str:
         f"{cfg.world_size} {unit}{'(es)' if unit == 'process' else '(s)'} = {f('gpu_days_to_budget', '{:,.1f}')} "
         f"{unit}-days",
         *checkpoint_line(results),
+        *step_time_lines(results),
         f"  results: {results.output_dir}/results.json",
     ]
     return "\n".join(lines)
@@ -379,6 +380,25 @@ def checkpoint_line(results) -> list[str]:
     size = f"{last['size_gb']:.3g} GB" if isinstance(last.get("size_gb"), (int, float)) else "size unknown"
     return [f"  checkpoints: {len(saved)} saved; the last {results.output_dir}/checkpoint-{last['step']} ({size}; "
             "--save_strategy no keeps none, --save_total_limit N the newest N)"]
+
+
+def step_time_lines(results) -> list[str]:
+    """--profile_step and --count_host_syncs in a line each (rank 0's; the whole records are in results.json)."""
+    lines = []
+    profile = results.profile
+    if profile:
+        first = lambda rows: f"{rows[0]['name']} ({rows[0]['self_s'] * 1e3:.1f} ms)" if rows else "n/a"  # noqa: E731
+        idle = profile.get("device_idle_share")
+        device = (f" · device idle {idle:.1%} · busiest on the device {first(profile.get('device_top') or [])}"
+                  if idle is not None else "")
+        lines.append(f"  step {profile['step']} profiled: {profile['wall_s'] * 1e3:.1f} ms{device} · busiest on the "
+                     f"host {first(profile['host_top'])} · trace {profile['trace']}")
+    steps = (results.host_syncs or {}).get("steps") or []
+    if steps:
+        reads = sorted(s["reads"] for s in steps)
+        lines.append(f"  host syncs per step: {reads[0]} to {reads[-1]}, median {reads[len(reads) // 2]} over "
+                     f"{len(steps)} steps (results.json host_syncs names each line)")
+    return lines
 
 
 def loss_line(results) -> str:
