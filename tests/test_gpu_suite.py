@@ -85,3 +85,24 @@ def test_past_its_budget_the_suite_starts_nothing_and_says_what_it_skipped(tmp_p
     assert report["references"] == report["runs"] == report["grid"] == []
     assert report["skipped"][0] == "reference step" and "run ddp x adamw" in report["skipped"]
     assert any(s.startswith("grid ") for s in report["skipped"])
+
+
+def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatch):
+    """A GPU session's minutes are not spent on a variant refused at start-up: each one's flags pass hfscale's checks on
+    a faked one-GPU machine, and the Trainer-defaults variant really puts both defaults back."""
+    import torch
+
+    from hfscale.train import check_args
+
+    suite = _suite()
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for variant, compiled, extra in suite.DDP_VARIANTS:
+        flags = ["10" if flag == "PROFILED" else flag for flag in extra]
+        kw = check_args(["--strategy", "ddp", "--max_steps", "12", "--torch_compile", str(compiled).lower(), *flags])[2]
+        assert kw["torch_compile"] is compiled, variant
+        if variant == "trainer-syncs":
+            assert kw["logging_nan_inf_filter"] is True and '"non_blocking": false' in kw["accelerator_config"]
+        else:
+            assert kw["logging_nan_inf_filter"] is False and kw["accelerator_config"] == {"non_blocking": True}
