@@ -310,11 +310,10 @@ def run(argv: list[str] | None) -> None:
         record.update(status="fail", error=f"{type(err).__name__}: {err}")
         record.flush()
         raise
-    finally:
-        if trainer.host_syncs:
-            trainer.host_syncs.stop()  # its TorchFunctionMode leaves the stack however training ended
-        if trainer.step_profiler:
-            trainer.step_profiler.stop()
+    finally:  # a recorder's torch function mode or profiler leaves the stack however training ended
+        for recorder in (trainer.host_syncs, trainer.step_profiler, trainer.collectives):
+            if recorder:
+                recorder.stop()
     finish(trainer, meter, record, args, output.metrics)
     record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()

@@ -13,6 +13,8 @@ is checked against these records (tests/test_communication.py, docs/project.md).
 
 from collections import defaultdict
 
+from .profile import PeriodProfiler
+
 # c10d op -> (kind, index of the per-rank input among its arguments, index of its output)
 OPS = {"allreduce_": ("all_reduce", 0, 0), "allreduce_coalesced_": ("all_reduce", 0, 0),
        "_allgather_base_": ("all_gather", 1, 0), "allgather_": ("all_gather", 1, 0),
@@ -107,29 +109,19 @@ def bytes_by_kind(counted: list[dict], world_size: int, by_dtype: bool = False) 
     return out
 
 
-class CollectiveCounter:
-    """Profiles one whole period of the training loop - from the end of optimizer step `step - 1` to the end of step
-    `step` (the Trainer's global_step after it; step >= 2): the previous step's logging, the batch fetch with its
-    token-count gather, every micro-batch and the optimizer step - and keeps its collectives. Called at every step's
-    end."""
+class CollectiveCounter(PeriodProfiler):
+    """--count_collectives: the collectives of one whole loop period (run/profile.PeriodProfiler: the previous step's
+    logging, the batch fetch with its token-count gather, every micro-batch and the optimizer step), host-side c10d ops
+    with their shapes."""
+
+    what = "counted"
 
     def __init__(self, step: int):
-        if step < 2:
-            raise ValueError("the counted step must be 2 or later (its period starts at the end of the one before)")
-        self.step = step
-        self.profiler = None
+        super().__init__(step, record_shapes=True)
         self.collectives: list[dict] | None = None
 
-    def step_end(self, completed_steps: int) -> None:
-        if completed_steps == self.step - 1 and self.collectives is None:
-            from torch.profiler import ProfilerActivity, profile
+    def finish(self, profiler, wall_s: float) -> None:
+        import torch.distributed as dist
 
-            self.profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
-            self.profiler.__enter__()
-        elif completed_steps == self.step and self.profiler is not None:
-            self.profiler.__exit__(None, None, None)
-            import torch.distributed as dist
-
-            world = dist.get_world_size() if dist.is_initialized() else 1
-            self.collectives = tally(collectives_of(self.profiler.events(), world))
-            self.profiler = None
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.collectives = tally(collectives_of(profiler.events(), world))

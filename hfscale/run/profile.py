@@ -54,23 +54,28 @@ def summarize(events, wall_s: float, on_device: bool) -> dict:
     return out
 
 
-class StepProfiler:
-    """Profiles optimizer step `step` (>= 2) as one loop period; called at every step's end (MeasureCallback)."""
+class PeriodProfiler:
+    """torch's profiler over one whole period of the training loop: from the end of optimizer step `step - 1` to the
+    end of step `step` (step >= 2; the Trainer's global_step after it) - the previous step's logging, the batch fetch,
+    every micro-batch and the optimizer step. `step_end` is called at every step's end (MeasureCallback); what the
+    period recorded goes to `finish(profiler, wall_s)`, which the recorders built on this define."""
 
-    def __init__(self, step: int, on_cuda: bool, trace_dir: str, rank: int):
+    what = "profiled"
+
+    def __init__(self, step: int, on_cuda: bool = False, record_shapes: bool = False):
         if step < 2:
-            raise ValueError("the profiled step must be 2 or later (its period starts at the end of the one before)")
-        self.step, self.on_cuda, self.rank = step, on_cuda, rank
-        self.trace_path = os.path.join(trace_dir, f"rank{rank}_step{step}.json")
-        self.profiler, self.start, self.summary = None, None, None
+            raise ValueError(f"the {self.what} step must be 2 or later (its period starts at the end of the one "
+                             "before)")
+        self.step, self.on_cuda, self.record_shapes = step, on_cuda, record_shapes
+        self.profiler, self.start, self.done = None, None, False
 
     def step_end(self, completed_steps: int) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        if completed_steps == self.step - 1 and self.summary is None:
+        if completed_steps == self.step - 1 and not self.done:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
-            self.profiler = profile(activities=activities)
+            self.profiler = profile(activities=activities, record_shapes=self.record_shapes)
             self.profiler.__enter__()
             self.start = time.perf_counter()
         elif completed_steps == self.step and self.profiler is not None:
@@ -78,16 +83,31 @@ class StepProfiler:
                 torch.cuda.synchronize()  # the period's device work is in the trace, and in its wall time
             wall = time.perf_counter() - self.start
             self.profiler.__exit__(None, None, None)
-            os.makedirs(os.path.dirname(self.trace_path), exist_ok=True)
-            partial = f"{self.trace_path}.partial"  # a reader never sees half a trace
-            self.profiler.export_chrome_trace(partial)
-            os.replace(partial, self.trace_path)
-            self.summary = {"step": self.step, "trace": self.trace_path,
-                            **summarize(self.profiler.events(), wall, self.on_cuda)}
-            self.profiler = None
+            self.finish(self.profiler, wall)
+            self.profiler, self.done = None, True
+
+    def finish(self, profiler, wall_s: float) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         """Leave the profiler however training ended (a run that stopped inside the period)."""
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)
             self.profiler = None
+
+
+class StepProfiler(PeriodProfiler):
+    """--profile_step: the period's trace (one file per rank) and its summary (`summary`)."""
+
+    def __init__(self, step: int, on_cuda: bool, trace_dir: str, rank: int):
+        super().__init__(step, on_cuda)
+        self.trace_path = os.path.join(trace_dir, f"rank{rank}_step{step}.json")
+        self.summary = None
+
+    def finish(self, profiler, wall_s: float) -> None:
+        os.makedirs(os.path.dirname(self.trace_path), exist_ok=True)
+        partial = f"{self.trace_path}.partial"  # a reader never sees half a trace
+        profiler.export_chrome_trace(partial)
+        os.replace(partial, self.trace_path)
+        self.summary = {"step": self.step, "trace": self.trace_path,
+                        **summarize(profiler.events(), wall_s, self.on_cuda)}
