@@ -10,6 +10,7 @@ host, which is what separates a Trainer step from a hand-written loop (benchmark
 
 import os
 import time
+from abc import ABC, abstractmethod
 
 TOP = 12  # ops listed per side
 
@@ -54,7 +55,7 @@ def summarize(events, wall_s: float, on_device: bool) -> dict:
     return out
 
 
-class PeriodProfiler:
+class PeriodProfiler(ABC):
     """torch's profiler over one whole period of the training loop: from the end of optimizer step `step - 1` to the
     end of step `step` (step >= 2; the Trainer's global_step after it) - the previous step's logging, the batch fetch,
     every micro-batch and the optimizer step. `step_end` is called at every step's end (MeasureCallback); what the
@@ -70,24 +71,26 @@ class PeriodProfiler:
         self.profiler, self.start, self.done = None, None, False
 
     def step_end(self, completed_steps: int) -> None:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
         if completed_steps == self.step - 1 and not self.done:
+            from torch.profiler import ProfilerActivity, profile
+
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
             self.profiler = profile(activities=activities, record_shapes=self.record_shapes)
             self.profiler.__enter__()
             self.start = time.perf_counter()
         elif completed_steps == self.step and self.profiler is not None:
             if self.on_cuda:
+                import torch
+
                 torch.cuda.synchronize()  # the period's device work is in the trace, and in its wall time
             wall = time.perf_counter() - self.start
             self.profiler.__exit__(None, None, None)
             self.finish(self.profiler, wall)
             self.profiler, self.done = None, True
 
+    @abstractmethod
     def finish(self, profiler, wall_s: float) -> None:
-        raise NotImplementedError
+        """Read what the finished period recorded (the profiler has stopped; `wall_s`: the period's wall time)."""
 
     def stop(self) -> None:
         """Leave the profiler however training ended (a run that stopped inside the period)."""
