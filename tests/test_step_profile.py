@@ -118,3 +118,13 @@ def test_the_run_summary_says_what_the_profile_and_the_counter_found(hfscale_run
     on_gpu = {**hfscale_run, "profile": {**profile, "device_idle_share": 0.25,
                                          "device_top": [{"name": "sm90_gemm", "self_s": 0.01, "calls": 3}]}}
     assert "device idle 25.0% · busiest on the device sm90_gemm (10.0 ms)" in format_summary(Results.from_dict(on_gpu))
+
+
+def test_total_flos_is_the_trainers_formula_on_the_models_own_parameter_count(hfscale_run):
+    """HfscaleTrainer.floating_point_ops counts the parameters once instead of every micro-batch: the Trainer's
+    total_flos must still be 6 x tokens x the model's non-embedding parameters (transformers' own count)."""
+    from hfscale.models import PRESETS, build_model
+
+    non_embedding = build_model(PRESETS["tiny"], seed=0).num_parameters(exclude_embeddings=True)
+    tokens = 6 * 2 * 4 * 64  # steps x micro-batches x MBS x seq (TINY)
+    assert hfscale_run["trainer_metrics"]["total_flos"] == 6 * tokens * non_embedding
