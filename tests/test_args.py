@@ -26,3 +26,27 @@ def test_parse_changes_no_environment_and_creates_no_state():
                    environ={k: v for k, v in env().items() if k != "DS_ACCELERATOR"})
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.split("\n")[-2] == expected
+
+
+def test_help_gives_the_recipe_hfscale_applies_not_the_trainers_default(capsys):
+    """`hfscale train --help` must not say 5e-05 is the learning rate when hfscale's run would use 3e-4."""
+    import re
+
+    import pytest
+
+    from hfscale.run.args import _read_values
+    from hfscale.run.recipes import apply_defaults
+
+    with pytest.raises(SystemExit):
+        _read_values(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for params, optim in ((350e6, "adamw"), (1.3e9, "adamw"), (124e6, "adafactor")):
+        (_, _, training), _ = _read_values([])
+        training["max_steps"] = 100
+        _, recipe = apply_defaults(training, set(), params, optim)
+        for name, (value, source) in recipe.items():
+            assert source == "default"
+            help_ = re.search(rf"--{name} \S+, --{name.replace('_', '-')} \S+ (.*?)(?= --\w+ [A-Z\[{{])", text).group(1)
+            assert "hfscale's pretraining recipe" in help_, (name, help_)
+            shown = {"lr_scheduler_kwargs": str(value).replace("'", '"'), "logging_steps": "max_steps / 50"}
+            assert shown.get(name, f"{value:g}" if isinstance(value, float) else str(value)) in help_, (name, value, help_)

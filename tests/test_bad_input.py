@@ -60,6 +60,7 @@ CASES = {
     "collectives of step 1": (["--count_collectives", "1"], "--count_collectives takes an optimizer step from 2 to"),
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
+    "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
     "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
     "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),
@@ -145,7 +146,7 @@ def _check_refused(proc, expected: str, out_dir):
 def test_bad_input_is_one_line(case, tmp_path, hfscale_cli):
     flags, expected = CASES[case]
     out = tmp_path / "out"
-    _check_refused(hfscale_cli(["train", *flags, "--max_steps", "1", "--output_dir", str(out)]), expected, out)
+    _check_refused(hfscale_cli(["train", "--max_steps", "1", *flags, "--output_dir", str(out)]), expected, out)
 
 
 @pytest.mark.parametrize("case", ["unknown strategy", "incompatible pair", "missing data file", "resume from nothing"])

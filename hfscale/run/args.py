@@ -28,6 +28,7 @@ from ..parallel.strategies import Strategy, all_strategies, check_pair, get_stra
 from ..runplan import RunPlan, accumulation_steps, compute_precision
 from .data import EMBEDDED, check_file_content, check_local_files
 from .garbage import DEFAULT_GC_FREQ
+from .recipes import document_recipe
 
 DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
@@ -329,6 +330,8 @@ def check_hyperparameters(kw: dict) -> None:
         raise HfscaleError("--count_collectives and --profile_step each run torch's profiler, and only one can run at a "
                            "time: pass one of them")
     last = kw.get("max_steps", -1)
+    if last == 0:  # the Trainer would run one step of its own making
+        raise HfscaleError("--max_steps must be positive (or -1: train --num_train_epochs epochs), got 0")
     for flag in ("count_collectives", "profile_step"):
         step = kw.get(flag) or 0
         if step and (step < 2 or (last is not None and last > 0 and step > last)):
@@ -367,6 +370,7 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     """(one {field: value} per dataclass, the fields the user set): explicit values win over hfscale's recipes."""
     parser = HfscaleArgumentParser(DATACLASSES)
     parser.prog = "hfscale train"
+    document_recipe(parser)
     if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv[0])
         if not path.is_file():

@@ -54,6 +54,33 @@ def pretraining_defaults(params: float, optim: str, max_steps: int) -> dict:
     }
 
 
+def _size(params: float) -> str:
+    return f"{params / 1e9:g}B" if params >= 1e9 else f"{params / 1e6:g}M"
+
+
+# What `--help` says of each recipe flag: the Trainer's own default would be a lie in an hfscale run.
+RECIPE_HELP = {
+    "learning_rate": "by model size, log-linear between " + ", ".join(f"{_size(n)} {lr:g}" for n, lr in PEAK_LR)
+                     + f"; adafactor {ADAFACTOR_LR:g}",
+    "lr_scheduler_type": "cosine_with_min_lr",
+    "lr_scheduler_kwargs": f'{{"min_lr_rate": {MIN_LR_RATE}}} (cosine decay to {MIN_LR_RATE:.0%} of the peak)',
+    "warmup_steps": f"{WARMUP_FRACTION} ({WARMUP_FRACTION:.0%} of the steps)",
+    "adam_beta2": f"{ADAM_BETA2}",
+    "weight_decay": f"{WEIGHT_DECAY}; adafactor 0",
+    "max_grad_norm": f"{MAX_GRAD_NORM}",
+    "logging_steps": f"max_steps / {LOG_POINTS}, from 1 to {MAX_LOGGING_STEPS}",
+}
+
+
+def document_recipe(parser) -> None:
+    """Say in an argparse parser's help what hfscale fills for each recipe flag the user leaves out."""
+    for action in parser._actions:
+        name = action.dest
+        if name in RECIPE_HELP and action.help:
+            ours = f"default: {RECIPE_HELP[name]}, hfscale's pretraining recipe (docs/compare.md)".replace("%", "%%")
+            action.help = f"{action.help.rstrip()} ({ours}; the Trainer's own: %(default)s)"
+
+
 def apply_defaults(training: dict, explicit: set[str], params: float, optim: str) -> tuple[dict, dict]:
     """(training keywords with the recipe filled where the user set nothing, {name: [value, "flag" | "default"]})."""
     out = dict(training)
