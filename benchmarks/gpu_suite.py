@@ -15,7 +15,8 @@ Sections (--only), run in this order:
   with no per-step sync; eager and torch.compile), and one of its steps profiled.
 - `runs`: `hfscale launch` of each pair, eager; then ddp's variants (DDP_VARIANTS): compiled (hfscale's GPU default),
   compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, with CUDA graphs, eager
-  naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step); then zero2
+  naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step), compiled
+  with twice the micro-batch (mbs2x) and with the vocabulary padded to a multiple of 128 (vocab128); then zero2
   and zero3 with DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
   MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
   one step of every run (the busiest device ops and the device's idle share of each strategy).
@@ -84,15 +85,34 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 # ddp variants, run after the pairs: hfscale's GPU default (compiled), the same with the Trainer's own defaults that
 # stop the host at every micro-batch put back (before/after of run/args._no_host_syncs), with Python's automatic
 # garbage collector (--gc_freq 0 against the default 50), with CUDA graphs (torch.compile's reduce-overhead mode),
-# an eager run naming every host sync of a step, and a compiled run with one step profiled
+# an eager run naming every host sync of a step, a compiled run with one step profiled, and two levers of MFU
+# (issue 21's 50% at 1.3B): twice the micro-batch, and the vocabulary padded to a multiple of 128 (Megatron's
+# --make-vocab-size-divisible-by default; nanoGPT's 50304): GPT-2's 50257 rows make the head's matmul ragged
 DDP_VARIANTS = [("", True, []),
                 ("trainer-syncs", True, ["--logging_nan_inf_filter", "true",
                                          "--accelerator_config", '{"non_blocking": false}']),
                 ("gc0", True, ["--gc_freq", "0"]),
                 ("cudagraphs", True, ["--torch_compile_mode", "reduce-overhead"]),  # CUDA graphs: no launch overhead
                 ("host-syncs", False, ["--count_host_syncs"]),
-                ("profile", True, ["--profile_step", "PROFILED"])]  # PROFILED: the steps' last but 2 (after compiling)
+                ("profile", True, ["--profile_step", "PROFILED"]),  # PROFILED: the steps' last but 2 (after compiling)
+                ("mbs2x", True, ["--per_device_train_batch_size", "MBS2X"]),
+                ("vocab128", True, ["--vocab_size", "VOCAB128"])]
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
+
+
+def fill_placeholders(extra, opts) -> list[str]:
+    """A variant's flags with PROFILED, MBS2X and VOCAB128 replaced by their values for this suite's run."""
+    from hfscale.models import PRESETS
+
+    values = {"PROFILED": max(opts.steps - 2, 2), "MBS2X": 2 * opts.per_device_train_batch_size,
+              "VOCAB128": -(-PRESETS[opts.model].vocab // 128) * 128}
+    return [str(values.get(a, a)) for a in extra]
+
+
+def flag_value(args: list[str], flag: str, default):
+    """The value of the last `flag` in `args` (the one argparse keeps), else `default`."""
+    spots = [i for i, a in enumerate(args[:-1]) if a == flag]
+    return type(default)(args[spots[-1] + 1]) if spots else default
 
 
 def variant_names(asked: str) -> set[str]:
@@ -127,13 +147,16 @@ def deepspeed_variant(strategy: str, overrides: dict, out: Path) -> Path:
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
                extra: list[str] | tuple = ()) -> dict:
     """One `hfscale launch` of the pair, eager unless `compiled` (said explicitly: ddp compiles by default on GPUs)."""
+    from hfscale.models import PRESETS
+
     name = f"{strategy}-{optim}" + ("-compiled" if compiled else "") + (f"-{variant}" if variant else "")
+    extra = fill_placeholders(extra, opts)
     args = [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(gpus), "--strategy", strategy,
             "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
             str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps), "--logging_steps", "5",
             "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
             *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(),
-            *[str(max(opts.steps - 2, 2)) if a == "PROFILED" else a for a in extra],
+            *extra,
             *(["--use_cpu"] if opts.dry_run else [])]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     path = out / name / "results.json"
@@ -150,7 +173,9 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
             "step_peak_above_states_gb": max((r["step_delta_gb"] for r in steps), default=None),
             "estimate_activation_peak_gb": est["activation_peak"] / 1e9, "plan": {
                 "strategy": strategy, "optim": optim, "model": opts.model, "seq_len": opts.seq_len,
-                "per_device_train_batch_size": opts.per_device_train_batch_size, "world_size": gpus,
+                "per_device_train_batch_size": flag_value(extra, "--per_device_train_batch_size",
+                                                          opts.per_device_train_batch_size),
+                "vocab": flag_value(extra, "--vocab_size", PRESETS[opts.model].vocab), "world_size": gpus,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
                 "attention": est.get("attention") or "sdpa"}}
 
@@ -358,7 +383,7 @@ def main() -> None:
                         "machine put them outside $OUT, which brings back only a few files)")
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
     parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
-                        "list of compiled, trainer-syncs, gc0, cudagraphs, host-syncs, profile; all (default) or none")
+                        f"list of {', '.join(v or 'compiled' for v, _, _ in DDP_VARIANTS)}; all (default) or none")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
@@ -366,6 +391,9 @@ def main() -> None:
     from hfscale.errors import HfscaleError
 
     try:  # names checked before anything runs: one line, not a traceback minutes in
+        from hfscale.models import resolve_shape
+
+        resolve_shape(opts.model)
         variant_names(opts.ddp_variants)
         pairs(1, opts.strategy, opts.optim)
     except HfscaleError as err:

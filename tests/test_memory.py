@@ -4,6 +4,7 @@ optimizers' state tensors, measured process memory of real training steps, and t
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -261,7 +262,8 @@ def test_the_estimate_holds_for_every_h100_run(run):
     from hfscale.runplan import RunPlan
 
     p = run["plan"]
-    plan = RunPlan(get_strategy(p["strategy"]), get_optimizer(p["optim"]), PRESETS[p["model"]], p["seq_len"],
+    shape = replace(PRESETS[p["model"]], vocab=p.get("vocab", PRESETS[p["model"]].vocab))  # a padded vocabulary
+    plan = RunPlan(get_strategy(p["strategy"]), get_optimizer(p["optim"]), shape, p["seq_len"],
                    per_device_train_batch_size=p["per_device_train_batch_size"], world_size=p["world_size"],
                    precision=p["precision"], activation_checkpointing=p["activation_checkpointing"],
                    attention=p["attention"], torch_compile=p["torch_compile"], device_type="cuda")
