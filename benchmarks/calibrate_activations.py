@@ -12,6 +12,8 @@ checkpointing) mode.
     python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
     python benchmarks/calibrate_activations.py --fit benchmarks/results/h100_2026-11-23/cuda_activations.jsonl
+    python benchmarks/calibrate_activations.py --forward fused --modes gpt2/sdpa/autocast_bf16/0   # the fused loss
+                                                                      # against its estimate (no fit)
 """
 
 import argparse
@@ -41,6 +43,9 @@ def status(key):
 fam, attn, prec, ck = sys.argv[2].split("/")
 l, h, a, v, s, b = map(int, sys.argv[3:9])
 model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn)
+if sys.argv[9] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
+    from hfscale.run.forward import use_training_forward
+    use_training_forward(model, sys.argv[9] == "fused")
 if ck == "1":
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 if prec == "bf16":
@@ -63,13 +68,37 @@ print(json.dumps({"activations": activations, "peak": peak}))
 """
 
 
-def measure(mode: str, shape: tuple) -> dict:
+FORWARDS = ("training", "fused", "model")  # hfscale's training forward, with the fused loss, the model's own (KV cache)
+
+
+def measure(mode: str, shape: tuple, forward: str = "training") -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *map(str, shape)], env=env,
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *map(str, shape), forward], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode:
         sys.exit(f"{mode} {shape} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
+    """Compiled rows and fused-loss rows are not fitted: the estimate scales the eager fit for compilation
+    (COMPILED_ACTIVATION_FACTOR) and replaces the logits' terms for the fused loss (fused_loss_bytes). Print how each
+    row compares with the estimate as it stands: the figures to set COMPILED_ACTIVATION_FACTOR from, and the check of
+    fused_loss_bytes."""
+    sys.path.insert(0, str(REPO))
+    from hfscale.formulas.memory import activation_bytes
+    from hfscale.formulas.metrics import ModelShape
+
+    for r in rows:
+        family, _, _, checkpointing, *compiled = r["mode"].split("/")
+        mode = "/".join(r["mode"].split("/")[:4])
+        if "error" in r or checkpointing == "1":
+            continue
+        shape = ModelShape(family, r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
+        kept, peak, _ = activation_bytes(shape, r["seq"], r["mbs"], mode, device, fused_loss=bool(r.get("fused_loss")))
+        what = "fused loss" if r.get("fused_loss") else "compiled / eager estimate"
+        print(f"{r['mode']:30s} {what}: measured / estimated kept {r['activations'] / kept:.2f}, "
+              f"peak {r['peak'] / peak:.2f}")
 
 
 def fit_rows(rows: list[dict]) -> dict:
@@ -85,6 +114,9 @@ def fit_rows(rows: list[dict]) -> dict:
     def features(r):
         return activation_features(r["n_layer"], r["hidden"], r["heads"], r["vocab"], r["seq"], r["mbs"])
 
+    others = [r for r in rows if r.get("fused_loss") or r["mode"].split("/")[4:] == ["1"]]
+    report_other_rows(others)
+    rows = [r for r in rows if r not in others]  # the coefficients are the eager, unfused step's
     table, recompute = {}, []
     modes = sorted({"/".join(r["mode"].split("/")[:4]) for r in rows})
     for mode in modes:
@@ -116,6 +148,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", type=Path, help="also write the measurements and the fit here")
+    parser.add_argument("--forward", default="training", choices=FORWARDS,
+                        help="training: hfscale's (fitted); fused: with --fused_linear_cross_entropy, measured against "
+                             "the estimate, not fitted; model: the model's own forward (its KV cache included)")
     parser.add_argument("--fit", type=Path, help="only fit: the rows of a JSON-lines file measured elsewhere (a GPU: "
                         "benchmarks/gpu_suite.py writes them), no measuring")
     opts = parser.parse_args()
@@ -134,21 +169,28 @@ def main() -> None:
         rows, ys = [], []
         for shape in SHAPES:
             l, h, a, v, s, b = shape
-            m = measure(mode, shape)
-            measured.append({"mode": mode, "shape": shape, **m})
+            m = measure(mode, shape, opts.forward)
+            measured.append({"mode": mode, "shape": shape, "forward": opts.forward, **m})
+            if opts.forward == "fused":
+                report_other_rows([{"mode": mode, "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
+                                    "fused_loss": True, **m}], device="cpu")
+                continue
             rows.append(activation_features(l, h, a, v, s, b))
             ys.append(m["activations"])
             print(f"{mode:28s} {shape}  activations {m['activations'] / 1e6:8.1f} MB  peak {m['peak'] / 1e6:8.1f} MB",
                   flush=True)
+        if opts.forward == "fused":
+            continue
         coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
         fit = np.array(rows, dtype=float) @ coef
         worst = max(abs(f - y) / y for f, y in zip(fit, ys))
         table[mode] = [round(float(c), 3) for c in coef]
         print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)
-    print("\nACTIVATION_COEFFICIENTS = {")
-    for mode, coef in table.items():
-        print(f"    {mode!r}: {tuple(coef)},")
-    print("}")
+    if opts.forward != "fused":
+        print("\nACTIVATION_COEFFICIENTS = {")
+        for mode, coef in table.items():
+            print(f"    {mode!r}: {tuple(coef)},")
+        print("}")
     if opts.json:
         opts.json.write_text(json.dumps({"measured": measured, "coefficients": table}, indent=2))
 

@@ -16,7 +16,8 @@ Sections (--only), run in this order:
 - `runs`: `hfscale launch` of each pair, eager; then ddp's variants (DDP_VARIANTS): compiled (hfscale's GPU default),
   compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, with CUDA graphs, eager
   naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step), compiled
-  with twice the micro-batch (mbs2x) and with the vocabulary padded to a multiple of 128 (vocab128); then zero2
+  with twice the micro-batch (mbs2x), with the vocabulary padded to a multiple of 128 (vocab128) and with the fused
+  linear cross-entropy (flce); then zero2
   and zero3 with DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
   MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
   one step of every run (the busiest device ops and the device's idle share of each strategy).
@@ -47,6 +48,8 @@ DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activa
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
+# --fused_linear_cross_entropy's modes (the estimate's fused_loss_bytes, structural until measured): the first shapes
+FUSED_MODES = ("gpt2/sdpa/autocast_bf16/0", "gpt2/sdpa/bf16/0", "bloom/eager/autocast_bf16/0")
 
 
 class Clock:
@@ -87,7 +90,8 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 # garbage collector (--gc_freq 0 against the default 50), with CUDA graphs (torch.compile's reduce-overhead mode),
 # an eager run naming every host sync of a step, a compiled run with one step profiled, and two levers of MFU
 # (issue 21's 50% at 1.3B): twice the micro-batch, and the vocabulary padded to a multiple of 128 (Megatron's
-# --make-vocab-size-divisible-by default; nanoGPT's 50304): GPT-2's 50257 rows make the head's matmul ragged
+# --make-vocab-size-divisible-by default; nanoGPT's 50304): GPT-2's 50257 rows make the head's matmul ragged; and a
+# third, the fused linear cross-entropy (no b x s x V logits: its speed, and the memory it frees for a larger batch)
 DDP_VARIANTS = [("", True, []),
                 ("trainer-syncs", True, ["--logging_nan_inf_filter", "true",
                                          "--accelerator_config", '{"non_blocking": false}']),
@@ -96,7 +100,8 @@ DDP_VARIANTS = [("", True, []),
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"]),  # PROFILED: the steps' last but 2 (after compiling)
                 ("mbs2x", True, ["--per_device_train_batch_size", "MBS2X"]),
-                ("vocab128", True, ["--vocab_size", "VOCAB128"])]
+                ("vocab128", True, ["--vocab_size", "VOCAB128"]),
+                ("flce", True, ["--fused_linear_cross_entropy"])]
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
 
 
@@ -176,6 +181,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
                 "per_device_train_batch_size": flag_value(extra, "--per_device_train_batch_size",
                                                           opts.per_device_train_batch_size),
                 "vocab": flag_value(extra, "--vocab_size", PRESETS[opts.model].vocab), "world_size": gpus,
+                "kv_cache": False, "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
                 "attention": est.get("attention") or "sdpa"}}
 
@@ -199,7 +205,7 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
 
     def step():
         with autocast:
-            loss = step_fn(input_ids=ids, labels=ids).loss
+            loss = step_fn(input_ids=ids, labels=ids, use_cache=False).loss  # training: no KV cache
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -239,19 +245,22 @@ def profile_reference(step, sync, on_cuda: bool) -> dict:
 
 # ---- the activation grid ----------------------------------------------------------------------------------------------
 
-def grid_point(mode: str, shape: tuple, compiled: bool, device: str) -> dict:
+def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss: bool = False) -> dict:
     """What autograd keeps after the forward and the step's peak above the level before it, third step, in this
     process (the allocator's statistics on CUDA; on CPU the resident set and its high-water mark, with freed tensors
-    handed back to the kernel - see cpu_memory_follows_tensors - as calibrate_activations.py measures)."""
+    handed back to the kernel - see cpu_memory_follows_tensors - as calibrate_activations.py measures). The model
+    runs hfscale's training forward (run/forward.py: no KV cache; the fused loss if asked)."""
     import torch
 
     from hfscale.formulas.metrics import ModelShape
     from hfscale.models import build_model
+    from hfscale.run.forward import use_training_forward
     from hfscale.run.measure import StepMemory
 
     fam, attn, prec, ck = mode.split("/")
     l, h, a, v, s, b = shape
-    row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b}
+    row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
+           "fused_loss": fused_loss, "kv_cache": False}
     try:
         model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn).to(device)
     except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it
@@ -261,6 +270,7 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str) -> dict:
     if prec == "bf16":
         model.to(torch.bfloat16)
     model.train()
+    use_training_forward(model, fused_loss)
     forward = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), fused=device.startswith("cuda"))
     ids = torch.randint(0, v, (b, s), device=device)
@@ -456,15 +466,18 @@ def main() -> None:
             save()
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else GRID_SHAPES
-        points = [(m, shape, False) for m in GRID_MODES for shape in shapes]
+        points = [(m, shape, False, False) for m in GRID_MODES for shape in shapes]
+        fused = [(m, shape, False, True) for m in FUSED_MODES for shape in shapes[:COMPILED_SHAPES]]
         if not opts.dry_run:
-            points += [(m, shape, True) for m in GRID_MODES if not m.endswith("/1") for shape in shapes[:COMPILED_SHAPES]]
-        for mode, shape, compiled in points if not opts.dry_run else points[:2]:
+            points += [(m, shape, True, False) for m in GRID_MODES if not m.endswith("/1")
+                       for shape in shapes[:COMPILED_SHAPES]] + fused
+        for mode, shape, compiled, fused_loss in points if not opts.dry_run else points[:2] + fused[:1]:
+            label = f"{mode}{' compiled' if compiled else ''}{' fused loss' if fused_loss else ''}"
             if not clock.left():
-                report["skipped"].append(f"grid {mode} {shape}{' compiled' if compiled else ''}")
+                report["skipped"].append(f"grid {label} {shape}")
                 continue
-            clock.say(f"grid {mode}{' compiled' if compiled else ''} {shape}")
-            report["grid"].append(grid_point(mode, shape, compiled, device))
+            clock.say(f"grid {label} {shape}")
+            report["grid"].append(grid_point(mode, shape, compiled, device, fused_loss))
             save()
     save()
     clock.say(f"wrote {opts.out}/gpu_suite.json, gpu_suite.md; {len(report['skipped'])} item(s) skipped by the budget")

@@ -55,6 +55,10 @@ def hsdp_mesh(nodes: int, per_node: int) -> tuple[int, int]:
     return nodes, per_node
 
 
+FUSED_LOSS_UNDER_TP = ("--fused_linear_cross_entropy is not built for a tensor-parallel head (tp, fsdp_tp split the "
+                       "vocabulary, and hfscale gathers their logits for the loss); use it with ddp, fsdp* or zero*")
+
+
 @dataclass(frozen=True)
 class RunPlan:
     strategy: Strategy
@@ -72,6 +76,8 @@ class RunPlan:
     torch_compile: bool = False
     device_type: str = "cuda"  # the route: CUDA keeps tensors a CPU does not (formulas/memory.py)
     max_grad_norm: float = 1.0  # gradient clipping (the Trainer's default; 0: off) - FSDP2 all-reduces the norms
+    fused_linear_cross_entropy: bool = False  # the head and its loss a chunk of tokens at a time (run/forward.py)
+    kv_cache: bool = False  # the forward keeps transformers' KV cache: never in hfscale's runs since run/forward.py
 
     def __post_init__(self):
         for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
@@ -156,7 +162,8 @@ class RunPlan:
         whole nodes), or None."""
         return (incompatibility(self.strategy.name, self.optimizer.name)
                 or layout_refusal(self.strategy, self.world_size, self.processes_per_node)
-                or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None))
+                or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None)
+                or (FUSED_LOSS_UNDER_TP if self.fused_linear_cross_entropy and self.strategy.tensor_parallel else None))
 
     def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
         """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""

@@ -43,6 +43,7 @@ from hfscale.run.data import validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
 from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, StepMemory,  # noqa: E402
                                  TensorBoardWriter, memory_now, print_summary)
+from hfscale.run.forward import use_training_forward  # noqa: E402
 from hfscale.run.recipes import apply_defaults  # noqa: E402
 from hfscale.run.record import base_results, environment, peak_tflops  # noqa: E402
 from hfscale.run.results import RESULTS_FILE, RunRecord, read_results  # noqa: E402
@@ -103,9 +104,10 @@ def setup_logging(args) -> None:
 def run_name(model_args, plan) -> str:
     ckpt = "-ac" if plan.activation_checkpointing else ""
     tp = f"-tp{plan.tp}" if plan.tp > 1 else ""
+    fused = "-flce" if plan.fused_linear_cross_entropy else ""
     return (f"{plan.strategy.name}-{plan.optimizer.name}-{model_args.name}-dp{plan.data_parallel_size}{tp}-"
             f"mbs{plan.per_device_train_batch_size}-gas{plan.gradient_accumulation_steps}-seq{plan.seq_len}{ckpt}-"
-            f"{plan.precision}")
+            f"{plan.precision}{fused}")
 
 
 def prepare_output_dir(args, state, name: str) -> None:
@@ -261,7 +263,8 @@ def check_args(argv: list[str] | None):
     training, recipe = apply_defaults(training, explicit, param_count(shape), training["optim"])
     check_hyperparameters(training)
     training, plan, tensorboard = plan_training(training, shape, resolve_seq_len(shape, data_args.seq_len),
-                                                model_args.attn_implementation, explicit)
+                                                model_args.attn_implementation, explicit,
+                                                model_args.fused_linear_cross_entropy)
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,
                      validation=validation_plan(data_args, evaluating(training["eval_strategy"])))
@@ -289,6 +292,7 @@ def run(argv: list[str] | None) -> None:
     construction = ConstructionMemory()
     construction.start()
     model = build(model_args, args, state.plan.shape, tokenizer, state.plan.strategy)
+    use_training_forward(model, state.plan.fused_linear_cross_entropy)  # no KV cache; the fused loss if asked
     parallelism = tensor_parallel_config(state.plan)  # tp, fsdp_tp: the mesh, and the model split on its tp dimension
     if parallelism is not None:
         apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.family)

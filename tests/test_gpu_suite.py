@@ -26,9 +26,11 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert ref["tokens_per_s"] > 0 and ref["hfscale_ratio"] > 0
     rows = [json.loads(line) for line in (tmp_path / "activations.jsonl").read_text().splitlines()]
     h100 = json.loads((REPO / "benchmarks/results/h100_2026-11-23/cuda_activations.jsonl").read_text().splitlines()[0])
-    assert len(rows) == 2 and all(set(r) == set(h100) and r["activations"] > 0 and r["peak"] >= r["activations"]
+    assert len(rows) == 3 and all(set(h100) <= set(r) and r["activations"] > 0 and r["peak"] >= r["activations"]
                                   for r in rows)
     assert rows[1]["n_layer"] > rows[0]["n_layer"] and rows[1]["activations"] > rows[0]["activations"]  # it measures
+    # the rows say how the step ran: hfscale's training forward (no KV cache), the last with the fused loss
+    assert [(r["fused_loss"], r["kv_cache"]) for r in rows] == [(False, False), (False, False), (True, False)]
     assert "[" in proc.stdout and "s] run ddp x adamw" in proc.stdout  # progress as it goes
     assert (tmp_path / "gpu_suite.md").read_text().startswith("# CPU")
     # the host-sync run names each sync of a step; the dry run's CPU route counts the optimizer's own step reads
@@ -54,7 +56,7 @@ def _suite():
 def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
     assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "host-syncs", "profile",
-                                          "mbs2x", "vocab128"}
+                                          "mbs2x", "vocab128", "flce"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
@@ -110,6 +112,7 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
         # the MFU levers: twice the micro-batch; GPT-2's 50257 rows padded as Megatron and nanoGPT do
         assert kw["per_device_train_batch_size"] == (16 if variant == "mbs2x" else 8)
         assert state.plan.shape.vocab == (50304 if variant == "vocab128" else 50257)
+        assert state.plan.fused_linear_cross_entropy is (variant == "flce")
         if variant == "trainer-syncs":
             assert kw["logging_nan_inf_filter"] is True and '"non_blocking": false' in kw["accelerator_config"]
         else:

@@ -9,7 +9,7 @@ out of memory first. Bytes, not GiB; GB = 1e9.
 """
 
 from dataclasses import asdict, dataclass, field
-from math import ceil
+from math import ceil, log2
 
 from .metrics import GB, ModelShape
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -45,32 +45,34 @@ FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator
 # forward in HF's GPT-2/BLOOM (transformers 5.23) by benchmarks/calibrate_activations.py; mode =
 # family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel keeps
 # no s x s matrix and autocast keeps other copies), so each device has its own table:
-# - cpu: 7 shapes per mode measured on the 2-core CI machine (torch 2.13, benchmarks/results/activations_2026-11-22.json);
-# - cuda: 8 shapes per mode measured on one H100 (torch 2.11, benchmarks/results/h100_2026-11-23/cuda_activations.jsonl;
+# - cpu: 7 shapes per mode measured on the 2-core CI machine with hfscale's training forward (no KV cache; torch 2.13,
+#   benchmarks/results/activations_2026-11-25.json);
+# - cuda: 8 shapes per mode measured on one H100, with the KV cache (FITTED_WITH_KV_CACHE; torch 2.11,
+#   benchmarks/results/h100_2026-11-23/cuda_activations.jsonl;
 #   worst fit 0.1%, leave-one-out 0.7%, except checkpointing: 2.4% / 16%). A mode with no CUDA measurement yet falls
 #   back to the CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
                        "weight matrices (autocast saves their bf16 copies)")
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     "cpu": {
-    'gpt2/eager/fp32/0': (112.295, 3.991, 4, 7.744, 0.509, -0.035),
-    'gpt2/eager/fp32/1': (4.092, -0.004, 4, 7.995, 4.208, -0.018),
-    'gpt2/eager/autocast_bf16/0': (60.353, 5.99, 3.999, 5.702, 0.581, 1.965),
-    'gpt2/eager/autocast_bf16/1': (3.301, -0.009, 4.178, 6.151, 4.518, 0.498),
-    'gpt2/eager/bf16/0': (56.391, 1.981, 3.992, 3.702, 0.484, -0.026),
-    'gpt2/eager/bf16/1': (2.065, -0.006, 3.997, 3.39, 2.386, 0.025),
-    'gpt2/sdpa/fp32/0': (120.206, 0.001, 3.999, 8.035, 0.255, -0.024),
-    'gpt2/sdpa/fp32/1': (4.106, -0.005, 4.001, 8.398, 0.034, -0.036),
-    'gpt2/sdpa/autocast_bf16/0': (64.243, -0, 3.996, 5.644, 0.531, 1.99),
-    'gpt2/sdpa/autocast_bf16/1': (3.311, -0.008, 4.182, 7.053, 0.432, 0.438),
-    'gpt2/sdpa/bf16/0': (60.027, 0.006, 4.009, 5.022, -0.248, -0.032),
-    'gpt2/sdpa/bf16/1': (2.139, -0.006, 3.995, 4.526, 0.088, -0.042),
-    'bloom/eager/fp32/0': (64.272, 3.99, 4, 11.844, 0.452, -0.035),
-    'bloom/eager/fp32/1': (4.057, -0.002, 4.001, 12.231, 4.137, -0.022),
-    'bloom/eager/autocast_bf16/0': (36.294, 5.991, 3.999, 9.2, 0.677, 1.998),
-    'bloom/eager/autocast_bf16/1': (3.347, -0.015, 4.175, 10.481, 4.658, 0.476),
-    'bloom/eager/bf16/0': (32.22, 5.995, 3.999, 5.681, 0.394, -0.011),
-    'bloom/eager/bf16/1': (2.111, 0, 4.001, 5.663, 1.998, 0.009),
+    'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
+    'gpt2/eager/fp32/1': (4.046, -0.001, 4.0, 7.887, 4.054, -0.001),
+    'gpt2/eager/autocast_bf16/0': (60.389, 5.979, 3.982, 4.867, 1.018, 2.016),
+    'gpt2/eager/autocast_bf16/1': (3.332, -0.008, 4.18, 6.297, 4.49, 0.48),
+    'gpt2/eager/bf16/0': (56.295, 1.991, 3.992, 4.149, 0.491, -0.048),
+    'gpt2/eager/bf16/1': (2.13, -0.011, 4.0, 3.886, 2.25, -0.003),
+    'gpt2/sdpa/fp32/0': (112.256, -0.007, 3.996, 7.195, 0.382, 0.001),
+    'gpt2/sdpa/fp32/1': (4.034, -0.001, 4.0, 7.977, 0.051, -0.004),
+    'gpt2/sdpa/autocast_bf16/0': (60.167, -0.003, 3.99, 5.245, 0.465, 2.04),
+    'gpt2/sdpa/autocast_bf16/1': (3.356, -0.016, 4.184, 6.351, 0.43, 0.485),
+    'gpt2/sdpa/bf16/0': (56.217, -0.005, 3.993, 3.932, 0.535, -0.032),
+    'gpt2/sdpa/bf16/1': (2.157, -0.007, 3.995, 4.307, 0.166, -0.037),
+    'bloom/eager/fp32/0': (64.137, 3.995, 3.998, 11.805, 0.285, -0.008),
+    'bloom/eager/fp32/1': (4.038, -0.001, 4.0, 11.967, 4.042, -0.003),
+    'bloom/eager/autocast_bf16/0': (36.151, 5.994, 3.991, 9.198, 0.596, 2.041),
+    'bloom/eager/autocast_bf16/1': (3.423, -0.022, 4.171, 10.446, 4.92, 0.463),
+    'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
+    'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
 },
     "cuda": {
         'gpt2/sdpa/fp32/0': (119.987, 0.005, 4.002, 8.264, -0.334, 0.002),
@@ -91,6 +93,15 @@ RECOMPUTE_GRADIENT_BYTES = {"cpu": 0.0, "cuda": 34.1}
 # benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
 COMPILED_ACTIVATION_FACTOR = {"cuda": 0.51}
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
+# transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
+# With SDPA its copies of every layer's keys and values are kept beside the ones SDPA saves for the backward: 2 x the
+# compute dtype's bytes per layer b·s·h (measured on CPU, the fits with and without it: gpt2/sdpa fp32 7.95,
+# autocast_bf16 4.08); eager attention's matmuls copy the keys and values anyway (no difference, 0.04), and under
+# checkpointing transformers turns the cache off. hfscale trains without it (run/forward.py) since 2026-11-25. The
+# devices whose table was fitted on steps that kept it - the H100 rows, measured before - have it taken off (and a
+# step that keeps it, kv_cache=True, has it added where the fit lacks it). A refit on rows measured without the cache
+# (gpu_suite.py's grid now runs hfscale's training forward) takes its device out of this set.
+FITTED_WITH_KV_CACHE = ("cuda",)
 
 
 @dataclass(frozen=True)
@@ -439,6 +450,31 @@ def activation_features(n_layer: int, hidden: int, heads: int, vocab: int, seq: 
             n_layer * (4 * h * h + 2 * h * f) + vocab * h]
 
 
+def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+    """The fused linear cross-entropy's tokens per chunk (run/forward.py): a chunk's logits about the size of the whole
+    micro-batch's hidden states (vocab/hidden chunks, as Liger-Kernel sizes them), a power of two."""
+    chunks = max(1, ceil(vocab / hidden))
+    return 1 << max(0, ceil(log2(max(1, ceil(tokens / chunks)))))
+
+
+def fused_loss_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> tuple[int, int]:
+    """(kept from the forward to the backward, the most above that while it runs) of the fused linear cross-entropy
+    (run/forward.py) in an activation mode. Kept: the hidden states' gradient (b·s·h, compute dtype) and the head's
+    (V·h, fp32). In its forward: one chunk's logits in fp32; computing in bf16, also their bf16 matmul output, the
+    gradient's bf16 copy and the head's chunk gradient with its fp32 promotion before the sum (V·h x (2 + 4); in fp32
+    it is summed in place); under autocast the head's bf16 copy (V·h). In its backward: the two gradients scaled, the
+    head's in fp32 then in the weights' dtype."""
+    v, h, bsh = shape.vocab, shape.hidden, micro_batch * seq * shape.hidden
+    compute = mode.split("/")[2]
+    compute_bytes, weight_bytes = (4, 4) if compute == "fp32" else (2, 2) if compute == "bf16" else (2, 4)
+    chunk = min(chunk_tokens(micro_batch * seq, v, h), micro_batch * seq)
+    kept = compute_bytes * bsh + 4 * v * h
+    forward = chunk * v * 4 + (2 * compute_bytes * chunk * v + (compute_bytes + 4) * v * h if compute != "fp32" else 0)
+    forward += 2 * v * h if compute.startswith("autocast") else 0
+    backward = compute_bytes * bsh + (4 + (weight_bytes if weight_bytes < 4 else 0)) * v * h
+    return kept, max(forward, backward)
+
+
 def activation_mode(family: str, attention: str, compute: str, checkpointing: bool) -> str:
     """`compute`: fp32 | autocast_bf16 (DDP's autocast over fp32 weights) | bf16 (DeepSpeed's and FSDP2's bf16 module).
     flash_attention_2 keeps no s x s matrix, like SDPA; BLOOM has only eager attention in transformers."""
@@ -447,22 +483,44 @@ def activation_mode(family: str, attention: str, compute: str, checkpointing: bo
     return f"{family}/{attn}/{compute}/{int(checkpointing)}"
 
 
+def kv_cache_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> int:
+    """What transformers' KV cache adds to a training step's kept tensors in `mode` (FITTED_WITH_KV_CACHE)."""
+    _, attention, compute, checkpointing = mode.split("/")
+    if attention != "sdpa" or checkpointing == "1":
+        return 0
+    return 2 * (4 if compute == "fp32" else 2) * shape.n_layer * micro_batch * seq * shape.hidden
+
+
 def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu",
-                     compiled: bool = False, tp: int = 1) -> tuple[int, int, str]:
+                     compiled: bool = False, tp: int = 1, fused_loss: bool = False,
+                     kv_cache: bool = False) -> tuple[int, int, str]:
     """(kept after the forward, the step's peak, which calibration gave them) for one micro-batch on `device`, on one
-    rank of a TP group of `tp` (tp_activation_scales)."""
+    rank of a TP group of `tp` (tp_activation_scales). `fused_loss`: the fused linear cross-entropy replaces the
+    logits' terms (fused_loss_bytes). `kv_cache`: the step keeps transformers' KV cache (hfscale's runs never do since
+    run/forward.py; runs measured before did)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
     if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
     if mode not in table:
         raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
+    cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE
     feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
     linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
     feats[0], feats[1] = feats[0] * linear, feats[1] * attention
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
+    cache = kv_cache_bytes(shape, seq, micro_batch, mode) / tp  # the keys and values split over a TP group's ranks
+    if kv_cache != cache_in_fit and cache:
+        kept += cache if kv_cache else -cache
+        calibration += ", with the KV cache" if kv_cache else ", the KV cache of the fit's steps taken off"
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
+    if fused_loss:
+        loss_kept, loss_running = fused_loss_bytes(shape, seq, micro_batch, mode)
+        # the logits' terms out, and the head's share of the weight copies autocast keeps (the loss casts its own)
+        kept += loss_kept - table[mode][2] * feats[2] - table[mode][5] * shape.vocab * shape.hidden
+        peak_extra = loss_running
+        calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
         full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
         bsh = micro_batch * seq * shape.hidden
@@ -488,7 +546,7 @@ def rank_memory(plan) -> RankMemory:
     mem.activations, mem.activation_peak, mem.activation_calibration = activation_bytes(
         plan.shape, plan.seq_len, plan.per_device_train_batch_size,
         activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
-        plan.device_type, plan.torch_compile, plan.tp)
+        plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache)
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the

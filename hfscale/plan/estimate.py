@@ -165,7 +165,9 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"model {opts.model_name_or_path or opts.model}: {size_label(param_count(shape))} parameters "
         f"({param_count(shape):,}), {shape.n_layer} layers, hidden {shape.hidden}, vocab {shape.vocab}",
         f"{opts.gpus} GPUs ({min(opts.gpus, opts.gpus_per_node)} per node) of {device_bytes / GB:g} GB, seq {seq}, "
-        f"{precision}{', compiled' if opts.torch_compile else ''}, {opts.attn_implementation} attention, activation "
+        f"{precision}{', compiled' if opts.torch_compile else ''}"
+        f"{', fused linear cross-entropy' if opts.fused_linear_cross_entropy else ''}, {opts.attn_implementation} "
+        f"attention, activation "
         f"checkpointing {'on' if opts.activation_checkpointing else 'off'}",
         f"total/GPU = (model states + activation peak + comm buffers) x {1 + FRAGMENTATION:g} (allocator "
         f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",

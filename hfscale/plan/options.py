@@ -29,6 +29,8 @@ def add_precision_flags(p: ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast under ddp)")
     p.add_argument("--fp16", action="store_true", help="fp16 mixed precision (GPUs only)")
     p.add_argument("--torch_compile", action="store_true", help="the run is compiled (torch.compile)")
+    p.add_argument("--fused_linear_cross_entropy", action="store_true",
+                   help="the run computes its loss with the fused linear cross-entropy (no b x s x vocab logits)")
 
 
 def model_flags(opts) -> list[str]:
@@ -150,7 +152,8 @@ def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node:
                    activation_checkpointing=(opts.activation_checkpointing if activation_checkpointing is None
                                              else activation_checkpointing),
                    attention=getattr(opts, "attn_implementation", "sdpa"),
-                   torch_compile=getattr(opts, "torch_compile", False), device_type=device_type)
+                   torch_compile=getattr(opts, "torch_compile", False), device_type=device_type,
+                   fused_linear_cross_entropy=getattr(opts, "fused_linear_cross_entropy", False))
 
 
 @dataclass

@@ -344,6 +344,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                        world_size=world, processes_per_node=max(1, world // nodes), precision=cfg.precision or "fp32",
                        activation_checkpointing=bool(cfg.checkpointing),
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
+                       fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy),
                        device_type=env.device_type or "cuda")
     except (TypeError, ValueError) as err:
         raise HfscaleError(f"{path}: not an hfscale results file with measured throughput ({err})") from None

@@ -45,7 +45,7 @@ from .options import (ATTENTION, add_model_flags, base_plan, check_attention, de
 TUNE_FILE = "tune.json"
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
                     "--activation_checkpointing", "--output_dir", "--model", "--model_name_or_path", "--seq_len",
-                    "--bf16", "--fp16")
+                    "--bf16", "--fp16", "--fused_linear_cross_entropy")
 
 
 @dataclass
@@ -75,6 +75,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--global_batch_size", type=int, help="target samples per optimizer step (default: GAS 1)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true", help="GPUs only")
+    p.add_argument("--fused_linear_cross_entropy", action="store_true",
+                   help="every trial computes its loss with the fused linear cross-entropy (and is estimated so)")
     p.add_argument("--attn_implementation", default="sdpa", help=f"for the memory estimate: {', '.join(ATTENTION)}")
     p.add_argument("--device", default="A100-80GB")
     p.add_argument("--device_memory_gb", type=float)
@@ -219,7 +221,8 @@ def main(argv: list[str]) -> int:
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
     cands, shape, seq = candidates(opts, fixed)
     flags = [*model_flags(opts), "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else []),
-             *(["--fp16"] if opts.fp16 else [])]
+             *(["--fp16"] if opts.fp16 else []),
+             *(["--fused_linear_cross_entropy"] if opts.fused_linear_cross_entropy else [])]
     trials_dir = opts.out / "trials"
     planned = [c for c in cands if c.status == "planned"]
     start = time.monotonic()

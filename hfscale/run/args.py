@@ -53,6 +53,10 @@ class ModelArguments:
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
     dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
+    fused_linear_cross_entropy: bool = field(default=False, metadata={"help": (
+        "Compute the LM head and its loss a chunk of tokens at a time, gradients included, never holding the b x s x "
+        "vocab logits (Liger-Kernel's method in torch ops): the same loss, less activation memory (docs/estimate.md). "
+        "Not with tp/fsdp_tp.")})
 
     def __post_init__(self):
         require_finite(vars(self))
@@ -171,7 +175,8 @@ COMPILE_BY_DEFAULT_ON_GPUS = ("ddp",)
 
 
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
-                  explicit: set[str] = frozenset()) -> tuple[dict, RunPlan, bool]:
+                  explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
+                  ) -> tuple[dict, RunPlan, bool]:
     """The hfscale checks and strategy defaults on the TrainingArguments keywords, and the run's plan, without building
     the arguments. Returns (the keywords to build the TrainingArguments with, the RunPlan, whether hfscale writes
     TensorBoard). Pure: reads the launcher's environment and the strategy/DeepSpeed files, changes nothing."""
@@ -204,7 +209,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                                                kw["tf32"]),
                    activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
-                   device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0))
+                   device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
+                   fused_linear_cross_entropy=fused_linear_cross_entropy)
     if strategy.tensor_parallel:  # a node of 2+ processes (one node for tp, 2+ for fsdp_tp), TP dividing the heads
         reason = plan.refusal()
         if reason:

@@ -85,6 +85,7 @@ class ConfigRecord(_Section):
     powersgd_rank: int | None = None
     powersgd_warmup_steps: int | None = None
     torch_compile: bool | None = None
+    fused_linear_cross_entropy: bool | None = None
     dp: int | None = None  # Megatron logs and hfscale's TP runs: data-, tensor- and pipeline-parallel degrees
     tp: int | None = None
     pp: int | None = None
