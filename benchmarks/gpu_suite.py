@@ -176,7 +176,8 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
             "tflops_per_gpu": perf.get("tflops_per_gpu_model"), "mfu": perf.get("mfu"),
             "device_allocated_gb": mem.get("peak_allocated_gb"), "estimate_allocated_gb": est["allocated"] / 1e9,
             "step_peak_above_states_gb": max((r["step_delta_gb"] for r in steps), default=None),
-            "estimate_activation_peak_gb": est["activation_peak"] / 1e9, "plan": {
+            "estimate_activation_peak_gb": est["activation_peak"] / 1e9,
+            "estimate_step_peak_gb": est.get("step_peak", est["activation_peak"]) / 1e9, "plan": {
                 "strategy": strategy, "optim": optim, "model": opts.model, "seq_len": opts.seq_len,
                 "per_device_train_batch_size": flag_value(extra, "--per_device_train_batch_size",
                                                           opts.per_device_train_batch_size),

@@ -336,6 +336,8 @@ class RankMemory:
     # bytes (of the gradients and comm buffers above) that exist only after the activation peak: created in the
     # backward as the activations are freed, and freed again by the step (see rank_memory)
     after_peak: int = 0
+    # under checkpointing, the activations alive at the end of the backward beside those gradients (Activations)
+    backward_end: int = 0
     # what the allocator does not count, on CUDA only (a CPU run has neither: rank_memory sets them by the route)
     fragmentation: float = FRAGMENTATION
     runtime_allowance: int = int(RUNTIME_ALLOWANCE_BYTES)
@@ -353,10 +355,16 @@ class RankMemory:
         return self.parameters + self.gradients + self.master_weights + self.optimizer_states
 
     @property
+    def step_peak(self) -> int:
+        """What a step adds above the states and buffers that outlive it: the larger of the activation peak (the start
+        of the backward) and the gradients that only exist after it, with - under checkpointing - the last recomputed
+        block and the checkpoints beside them."""
+        return max(self.activation_peak, self.after_peak + self.backward_end)
+
+    @property
     def allocated(self) -> int:
-        """What torch's allocator would report as the step's peak: the model states and buffers, and the larger of the
-        activation peak (the start of the backward) and the gradients that only exist after it."""
-        return self.model_states + self.comm_buffers - self.after_peak + max(self.activation_peak, self.after_peak)
+        """What torch's allocator would report as the step's peak: the model states and buffers, and the step's own."""
+        return self.model_states + self.comm_buffers - self.after_peak + self.step_peak
 
     @property
     def device_total(self) -> int:
@@ -364,7 +372,7 @@ class RankMemory:
         return int(self.allocated * (1 + self.fragmentation) + self.runtime_allowance)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "model_states": self.model_states, "allocated": self.allocated,
+        return {**asdict(self), "model_states": self.model_states, "step_peak": self.step_peak, "allocated": self.allocated,
                 "device_total": self.device_total, "host_offload": self.host_offload}
 
 
@@ -498,6 +506,24 @@ def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, d
     rank of a TP group of `tp` (tp_activation_scales). `fused_loss`: the fused linear cross-entropy replaces the
     logits' terms (fused_loss_bytes). `kv_cache`: the step keeps transformers' KV cache (hfscale's runs never do since
     run/forward.py; runs measured before did)."""
+    a = activations(shape, seq, micro_batch, mode, device, compiled, tp, fused_loss, kv_cache)
+    return a.kept, a.peak, a.calibration
+
+
+@dataclass(frozen=True)
+class Activations:
+    kept: int  # after the forward
+    peak: int  # at the start of the backward
+    backward_end: int  # under checkpointing: alive beside every gradient when the last block is recomputed (else 0)
+    calibration: str
+
+
+def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
+                tp: int = 1, fused_loss: bool = False, kv_cache: bool = False) -> Activations:
+    """activation_bytes, and what a checkpointed backward holds at its end: the last block recomputed, with its
+    backward's gradients, and what the forward kept but the loss's share (the logits, or the fused loss's buffers -
+    its head gradient is by then a parameter's gradient), while all the parameters' gradients exist. Measured on CPU
+    with the fused loss, where no logits hide it: 0.98-1.00 of the step's peak."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
     if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
@@ -515,22 +541,25 @@ def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, d
         kept += cache if kv_cache else -cache
         calibration += ", with the KV cache" if kv_cache else ", the KV cache of the fit's steps taken off"
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
+    loss_share = table[mode][2] * feats[2]  # the fp32 logits
     if fused_loss:
         loss_kept, loss_running = fused_loss_bytes(shape, seq, micro_batch, mode)
         # the logits' terms out, and the head's share of the weight copies autocast keeps (the loss casts its own)
-        kept += loss_kept - table[mode][2] * feats[2] - table[mode][5] * shape.vocab * shape.hidden
-        peak_extra = loss_running
+        kept += loss_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
+        peak_extra, loss_share = loss_running, loss_kept
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
+    backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
         full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
         bsh = micro_batch * seq * shape.hidden
         one_block = (full[0] + RECOMPUTE_GRADIENT_BYTES.get(device, 0.0)) * bsh + full[1] * micro_batch * shape.n_head * seq * seq
         peak_extra = max(peak_extra, one_block)
+        backward_end = kept - loss_share + one_block
     factor = 1.0
     if compiled and device in COMPILED_ACTIVATION_FACTOR:
         factor = COMPILED_ACTIVATION_FACTOR[device]
         calibration += f", x {factor:g} compiled"
-    return int(kept * factor), int((kept + peak_extra) * factor), calibration
+    return Activations(int(kept * factor), int((kept + peak_extra) * factor), int(backward_end * factor), calibration)
 
 
 # ---- one rank, all together ----------------------------------------------------------------------------------------
@@ -543,10 +572,11 @@ def rank_memory(plan) -> RankMemory:
     mem = model_state_bytes(plan.shape, layout, plan.optimizer_memory_rule, precision, plan.shard_ranks,
                             plan.gradient_accumulation_steps, plan.tp)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
-    mem.activations, mem.activation_peak, mem.activation_calibration = activation_bytes(
-        plan.shape, plan.seq_len, plan.per_device_train_batch_size,
-        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
-        plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache)
+    acts = activations(plan.shape, plan.seq_len, plan.per_device_train_batch_size,
+                       activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
+                       plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache)
+    mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
+    mem.backward_end = acts.backward_end
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the

@@ -430,7 +430,7 @@ def memory_line(results) -> str:
         return f"{x / scale:.3f}" if isinstance(x, (int, float)) else "n/a"
 
     return (f"  memory per rank, estimated / measured: model states {gb(est_states)} / {gb(measured_states)} GB · "
-            f"step peak above the states {gb(est.get('activation_peak'))} / {gb(step, 1)} GB")
+            f"step peak above the states {gb(est.get('step_peak', est.get('activation_peak')))} / {gb(step, 1)} GB")
 
 
 def print_summary(results) -> None:
