@@ -523,7 +523,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     """activation_bytes, and what a checkpointed backward holds at its end: the last block recomputed, with its
     backward's gradients, and what the forward kept but the loss's share (the logits, or the fused loss's buffers -
     its head gradient is by then a parameter's gradient), while all the parameters' gradients exist. Measured on CPU
-    with the fused loss, where no logits hide it: 0.98-1.00 of the step's peak."""
+    with the fused loss, where no logits hide it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
     if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
