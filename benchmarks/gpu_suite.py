@@ -114,12 +114,6 @@ def fill_placeholders(extra, opts) -> list[str]:
     return [str(values.get(a, a)) for a in extra]
 
 
-def flag_value(args: list[str], flag: str, default):
-    """The value of the last `flag` in `args` (the one argparse keeps), else `default`."""
-    spots = [i for i, a in enumerate(args[:-1]) if a == flag]
-    return type(default)(args[spots[-1] + 1]) if spots else default
-
-
 def variant_names(asked: str) -> set[str]:
     """--ddp_variants: a comma list of DDP_VARIANTS' names ("compiled" for the first), "all" or "none"."""
     from hfscale.flags import comma_list
@@ -152,6 +146,7 @@ def deepspeed_variant(strategy: str, overrides: dict, out: Path) -> Path:
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
                extra: list[str] | tuple = ()) -> dict:
     """One `hfscale launch` of the pair, eager unless `compiled` (said explicitly: ddp compiles by default on GPUs)."""
+    from hfscale.launch import flag_value
     from hfscale.models import PRESETS
 
     name = f"{strategy}-{optim}" + ("-compiled" if compiled else "") + (f"-{variant}" if variant else "")
@@ -179,9 +174,10 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
             "estimate_activation_peak_gb": est["activation_peak"] / 1e9,
             "estimate_step_peak_gb": est.get("step_peak", est["activation_peak"]) / 1e9, "plan": {
                 "strategy": strategy, "optim": optim, "model": opts.model, "seq_len": opts.seq_len,
-                "per_device_train_batch_size": flag_value(extra, "--per_device_train_batch_size",
-                                                          opts.per_device_train_batch_size),
-                "vocab": flag_value(extra, "--vocab_size", PRESETS[opts.model].vocab), "world_size": gpus,
+                # a variant's own micro-batch or vocabulary (its flags come after the suite's, and win)
+                "per_device_train_batch_size": int(flag_value(extra, "--per_device_train_batch_size")
+                                                   or opts.per_device_train_batch_size),
+                "vocab": int(flag_value(extra, "--vocab_size") or PRESETS[opts.model].vocab), "world_size": gpus,
                 "kv_cache": False, "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
                 "attention": est.get("attention") or "sdpa"}}
