@@ -91,10 +91,10 @@ def causal_lm_loss(hidden, weight, labels, num_items_in_batch=None):
 
 
 def _head_forward(head, hidden, labels=None, num_items_in_batch=None):
-    """The head's forward: its logits, as nn.Linear, or with `labels` the fused loss. The loss runs inside the head's
-    own call so that every engine's hooks on it run as for the logits (ZeRO-3 gathers the tied weight for it)."""
+    """The head's forward: its logits (its class's own forward), or with `labels` the fused loss. The loss runs inside
+    the head's own call so that every engine's hooks on it run as for the logits (ZeRO-3 gathers the tied weight)."""
     if labels is None:
-        return torch.nn.functional.linear(hidden, head.weight, head.bias)
+        return type(head).forward(head, hidden)
     return causal_lm_loss(hidden, head.weight, labels, num_items_in_batch)
 
 
