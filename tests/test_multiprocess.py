@@ -3,6 +3,7 @@
 Runs are real `accelerate launch` subprocesses; each is started once per session and reused by the checks below.
 """
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -158,6 +159,29 @@ def test_offload_strategies(strategy):
         assert check["parameters"]["dtensor"]
         assert check["fsdp_offload_policy"] == ["CPUOffloadPolicy"] and plain["fsdp_offload_policy"] == ["OffloadPolicy"]
     assert math.isclose(check["optimizer_states"]["elements_local"] / check["optimizer_states"]["elements_unsharded"], 0.5, abs_tol=0.02)
+
+
+@functools.cache
+def _tiny_one_dimensional_elements() -> int:
+    """Elements of the tiny model's 1-D parameters (biases and LayerNorm gains): the tensors the recipe does not
+    decay (nanoGPT's rule by dimension, independent of the Trainer's rule by name)."""
+    from hfscale.models import build_model, model_shape
+    return sum(p.numel() for p in build_model(model_shape("tiny"), seed=0).parameters() if p.dim() == 1)
+
+
+@pytest.mark.parametrize("strategy", list(BF16_RUNS))
+def test_weight_decay_spares_biases_and_norms_under_every_strategy(strategy):
+    """Every engine steps the Trainer's two groups: --weight_decay on the matrices, none on biases and norms. DeepSpeed
+    builds the offload strategies' CPU Adam from its config's optimizer block, which transformers hands every
+    parameter in one group (weight decay on everything) unless hfscale gives it the groups."""
+    res = bf16_result(strategy)
+    assert res["config"]["recipe"]["weight_decay"][0] == 0.1
+    states = res["strategy_check"]["optimizer_states"]
+    groups = dict(states["weight_decay"])
+    assert set(groups) == {0.0, 0.1}, groups
+    share = states["elements_local"] / states["elements_unsharded"]  # this rank's part of the states (ZeRO/FSDP: ~1/2)
+    assert groups[0.0] == pytest.approx(share * _tiny_one_dimensional_elements(), rel=0.02), (groups, share)
+    assert groups[0.0] + groups[0.1] == pytest.approx(states["elements_local"] / 2, rel=1e-6)  # AdamW: 2 states each
 
 
 def test_powersgd_hook_compresses_after_warmup():

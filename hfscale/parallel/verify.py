@@ -55,6 +55,26 @@ def inspect_parameters(model) -> dict:
     }
 
 
+def inspect_weight_decay(optimizer) -> list[list]:
+    """[[weight_decay, elements this rank steps with it], ...] over the optimizer's parameter groups, by weight decay.
+    ZeRO-3 hands each fp32 partition to the optimizer only while it steps it (DeepSpeed's stage3.py): its partitions
+    are counted from the ZeRO optimizer, by the group each belongs to."""
+    base = base_optimizer(optimizer)
+    groups = [[g["params"]] for g in base.param_groups]
+    zero3 = optimizer
+    while zero3 is not None and not hasattr(zero3, "sub_group_to_group_id"):
+        zero3 = getattr(zero3, "optimizer", None)
+    if zero3 is not None:
+        groups = [[] for _ in base.param_groups]
+        for sub_group, flat in enumerate(zero3.fp32_partitioned_groups_flat):
+            groups[zero3.sub_group_to_group_id[sub_group]].append([flat])
+    elements: dict[float, int] = {}
+    for group, tensor_lists in zip(base.param_groups, groups):
+        decay = float(group.get("weight_decay", 0.0))
+        elements[decay] = elements.get(decay, 0) + sum(_local(p).numel() for ts in tensor_lists for p in ts)
+    return [[decay, n] for decay, n in sorted(elements.items())]
+
+
 def inspect_optimizer_states(optimizer) -> dict:
     """Elements, bytes, dtypes and devices of every state tensor this rank keeps (scalar step counters aside)."""
     base = base_optimizer(optimizer)

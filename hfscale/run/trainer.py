@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, DummyOptim
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -85,10 +85,22 @@ class HfscaleTrainer(Trainer):
             if self.pop_callback(library) is not None:
                 self.add_callback(ours)
 
-    def create_optimizer(self, *args, **kwargs):
-        optimizer = super().create_optimizer(*args, **kwargs)
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if isinstance(optimizer, DummyOptim):
+            # The DeepSpeed config's optimizer block (the offload strategies: DeepSpeed's CPU Adam) is built by
+            # DeepSpeed from the DummyOptim's params, which transformers' deepspeed_init fills with every parameter in
+            # one group: weight decay on the biases and LayerNorms too. The Trainer's own two groups instead.
+            optimizer.params = self.weight_decay_groups(self.model if model is None else model)
         eager_optimizer_step(optimizer, self.plan.on_cuda, self.args.torch_compile)
         return optimizer
+
+    def weight_decay_groups(self, model) -> list[dict]:
+        """The Trainer's parameter groups: --weight_decay on the weights, none on biases and norms."""
+        decay = set(self.get_decay_parameter_names(model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        return [{"params": [p for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self._clock_start is None:
@@ -411,6 +423,12 @@ class StrategyCallback(TrainerCallback):
                                  self.plan.shard_ranks, strategy)
         verify.check_placement("optimizer_states", states["devices"], strategy, self.plan.on_cuda)
         verify.check_optimizer_engine(states["optimizer"], strategy)
+        # the recipe decays weights only: a library that builds the optimizer from one group decays biases and norms
+        states["weight_decay"] = verify.inspect_weight_decay(self.trainer.optimizer)
+        if self.trainer.args.weight_decay > 0:
+            verify.require(dict(states["weight_decay"]).get(0.0, 0) > 0, "its optimizer decays every parameter, "
+                           "biases and norms included (groups [[weight decay, elements]]: "
+                           f"{states['weight_decay']})", strategy)
         if optimizer.eight_bit:
             verify.require("uint8" in states["dtypes"], f"8-bit Adam states are {states['dtypes']}", strategy)
         if optimizer.factored and strategy.engine != "deepspeed":  # DeepSpeed steps flat 1-D partitions
