@@ -209,6 +209,9 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
     (["sweep", "--mbs", "2,4"], "--mbs is now --per_device_train_batch_size (the Trainer's name"),
     (["parity", "--strategy", "zero7"], "unknown strategy 'zero7'"),
     (["parity", "--nproc", "2"], "--nproc is now --num_processes"),
+    (["parity", "--strategy", "zero1,fsdp", "--", "--optim", "adafactor"],
+     "strategy 'fsdp' cannot use optimizer 'adafactor'"),  # refused before ddp is launched
+    (["parity", "--", "--optim", "adam9"], "unknown optimizer 'adam9'"),
     (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),

@@ -161,6 +161,10 @@ def test_parity_judges_exact_and_lossy_strategies():
     lossy = compare(ref, _run([7.0, 6.6, 6.2]), "ddp_powersgd", "adamw", 1e-4, None)
     assert lossy.verdict == "info" and lossy.lossy and "PowerSGD" in lossy.explanation
     assert compare(ref, _run([7.0, 6.6, 6.2]), "ddp_powersgd", "adamw", 1e-4, 0.1).verdict == "pass"
+    # Adafactor scales each tensor's update by its own RMS: under DeepSpeed's flat partitions, another update
+    flat = compare(ref, _run([7.0, 6.6, 6.2]), "zero2", "adafactor", 1e-4, None)
+    assert flat.verdict == "info" and flat.lossy and "flat 1-D partitions" in flat.explanation
+    assert compare(ref, _run([7.0, 6.6, 6.2]), "ddp", "adafactor", 1e-4, None).verdict == "FAIL"  # whole tensors: exact
     assert compare(ref, _run([7.0]), "zero1", "adamw", 1e-4, None).verdict == "error"  # curves must line up
     assert compare(ref, _run([], status="OOM"), "zero3", "adamw", 1e-4, None).verdict == "error"
     assert weights_deviation({"a": [0, 1, 1]}, {"b": [0, 1, 1]}) == float("inf")

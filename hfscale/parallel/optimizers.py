@@ -24,6 +24,7 @@ class Optimizer:
     eight_bit: bool = False  # uint8 states (the start-up proof looks for them)
     factored: bool = False  # factored second moments (rows + columns, not a full copy)
     lossy: str | None = None  # why its curve differs between shard layouts; None: exact up to summation order
+    lossy_by_engine: dict = field(default_factory=dict)  # engine -> why, where only that engine makes it differ
 
     def hf_name(self, on_gpu: bool, engine: str | None = None) -> str:
         """The Trainer's `optim` for this optimizer on this route and engine."""
@@ -34,6 +35,10 @@ class Optimizer:
     def memory_rule_for(self, engine: str) -> str:
         return self.memory_rule_by_engine.get(engine, self.memory_rule)
 
+    def lossy_for(self, engine: str) -> str | None:
+        """Why this optimizer's curve differs from the same optimizer under ddp on this engine; None: it does not."""
+        return self.lossy_by_engine.get(engine, self.lossy)
+
 
 OPTIMIZERS: dict[str, Optimizer] = {
     # Fused AdamW needs its parameters on an accelerator; on CPU the foreach implementation is the fast one.
@@ -41,7 +46,10 @@ OPTIMIZERS: dict[str, Optimizer] = {
                        "adamw_torch_fused", "adamw_torch", memory_rule="adamw", state_elements_per_param=2),
     # transformers' Adafactor; the Trainer passes no beta1, so there is no first moment.
     "adafactor": Optimizer("adafactor", "Adafactor (transformers); factored second moment, ~4 bytes/row+col",
-                           "adafactor", "adafactor", memory_rule="adafactor", factored=True),
+                           "adafactor", "adafactor", memory_rule="adafactor", factored=True,
+                           lossy_by_engine={"deepspeed": "DeepSpeed steps flat 1-D partitions, so Adafactor neither "
+                                            "factors its second moment nor clips its update by each tensor's RMS "
+                                            "there: another update than ddp's, by design"}),
     # bitsandbytes' AdamW8bit; under FSDP2 torchao's AdamW8bit, whose 8-bit states are DTensors of its own subclass
     # (bitsandbytes' kernels have no DTensor rule).
     "adamw_8bit": Optimizer("adamw_8bit", "8-bit AdamW: bitsandbytes, or torchao's AdamW8bit under fsdp* (DTensor "
