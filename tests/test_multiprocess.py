@@ -108,7 +108,7 @@ def test_one_and_two_processes_step_the_same_tokens():
                                               ("zero3", "DeepSpeedEngine")])
 def test_sharding_is_real(strategy, wrapper):
     check = parity_run(strategy)["strategy_check"]
-    assert check["wrapper"] == wrapper
+    assert check["wrapper"] == wrapper and check["compiled"] is False
     # accelerate's own view too (it once drifted back to MULTI_CPU after `prepare` under FSDP on CPU)
     assert check["distributed_type"] == {"ddp": "MULTI_CPU", "fsdp": "FSDP"}.get(strategy, "DEEPSPEED")
     params, states = check["parameters"], check["optimizer_states"]
@@ -120,6 +120,19 @@ def test_sharding_is_real(strategy, wrapper):
     assert math.isclose(state_share, 0.5, abs_tol=0.02) if sharded_states else state_share == 1.0
     if strategy.startswith("zero"):
         assert check["zero_stage"] == int(strategy[-1])
+
+
+def test_compiled_ddp_is_proved_and_trains_the_same_model():
+    """ddp compiles by default on GPUs (args.COMPILE_BY_DEFAULT_ON_GPUS), and accelerate compiles after wrapping:
+    OptimizedModule(DDP(model)). The start-up proof sees DDP through it, and the compiled model trains ddp's curve."""
+    ref = parity_run("ddp")
+    res = result("ddp-compiled", "ddp", "--torch_compile", "true", "--fingerprint_weights",
+                 "--include_num_input_tokens_seen", "true", steps=PARITY_STEPS)
+    check = res["strategy_check"]
+    assert check["wrapper"] == "DistributedDataParallel" and check["compiled"] is True
+    assert res["config"]["torch_compile"] is True and "compiled" in res["_stdout"]
+    assert max_rel(losses(res), losses(ref)) <= 1e-4
+    assert res["memory"]["model_states_per_rank"] == ref["memory"]["model_states_per_rank"]  # measured through it
 
 
 # bf16 for every strategy: conftest.BF16_RUNS (also the uninterrupted references of the fault tests).

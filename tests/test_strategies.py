@@ -108,7 +108,25 @@ def test_powersgd_on_gloo_registers_the_ordered_hook():
     """hfscale's PowerSGD wrapper is the hook DDP calls, with hfscale's state, and compresses past the warm-up
     (tests/probes/powersgd_hooks.py, its own gloo process)."""
     seen = probe("powersgd_hooks", "ordered")
-    assert seen == {"hook": "hook_in_order", "state_registered": True, "iter": 4, "compressed": True}
+    assert seen == {"hook": "hook_in_order", "state_registered": True, "iter": 4, "compressed": True,
+                    "wrapper": "DistributedDataParallel", "compiled": False}
+
+
+def test_compiled_ddp_is_seen_through_and_powersgd_registers_on_it():
+    """ddp compiles by default on GPUs, and accelerate compiles after wrapping: OptimizedModule(DDP(model)). The
+    start-up proof sees DDP through it and that the model is compiled; PowerSGD registers on the DDP inside."""
+    from hfscale.parallel.verify import StrategyMismatch, check_compiled, check_wrapper
+
+    seen = probe("powersgd_hooks", "compiled")
+    assert seen == {"hook": "hook_in_order", "state_registered": True, "iter": 4, "compressed": True,
+                    "wrapper": "DistributedDataParallel", "compiled": True}
+    facts = {"wrapper": seen["wrapper"], "distributed_type": "MULTI_GPU", "compiled": True}
+    check_wrapper(facts, get_strategy("ddp"), 8)
+    check_compiled(facts, get_strategy("ddp"), torch_compile=True)
+    with pytest.raises(StrategyMismatch, match="torch_compile is False but the model is compiled"):
+        check_compiled(facts, get_strategy("ddp"), torch_compile=False)
+    with pytest.raises(StrategyMismatch, match="torch_compile is True but the model is not compiled"):
+        check_compiled({**facts, "compiled": False}, get_strategy("zero1"), torch_compile=True)
 
 
 def test_offload_proofs_refuse_an_engine_that_does_not_offload():

@@ -183,8 +183,21 @@ def measure_model_states(model_wrapped, optimizer) -> dict:
     return out
 
 
+def uncompiled(model_wrapped):
+    """The module under torch.compile's wrapper where that wrapper is the outermost layer: accelerate compiles a DDP
+    model after wrapping it (OptimizedModule(DDP(model))). FSDP2 shards the compiled module itself (its class becomes
+    FSDPOptimizedModule), and DeepSpeed compiles inside its engine: both are returned as they are."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    return model_wrapped._orig_mod if type(model_wrapped) is OptimizedModule else model_wrapped
+
+
 def inspect_wrapper(model_wrapped) -> dict:
-    facts = {"wrapper": type(model_wrapped).__name__}
+    """The data-parallel wrapper, its engine settings, and whether the model is compiled: by torch.compile (accelerate;
+    under FSDP2, inside the sharded module) or by the engine (DeepSpeed's engine.compile())."""
+    from accelerate.utils import is_compiled_module
+    compiled = is_compiled_module(model_wrapped) or bool(getattr(model_wrapped, "is_compiled", False))
+    model_wrapped = uncompiled(model_wrapped)
+    facts = {"wrapper": type(model_wrapped).__name__, "compiled": compiled}
     if hasattr(model_wrapped, "zero_optimization_stage"):  # DeepSpeedEngine
         facts["zero_stage"] = model_wrapped.zero_optimization_stage()
         facts["offload_optimizer"] = bool(model_wrapped.zero_offload_optimizer())
@@ -289,6 +302,12 @@ def check_wrapper(facts: dict, strategy: Strategy, world_size: int) -> None:
         mismatches = facts["tensor_parallel"]["mismatches"]
         require(not mismatches, f"{len(mismatches)} parameter(s) are not laid out as the TP plan says, e.g. "
                 f"{mismatches[0] if mismatches else ''}", strategy)
+
+
+def check_compiled(facts: dict, strategy: Strategy, torch_compile: bool) -> None:
+    """--torch_compile (on by default for ddp on GPUs) must reach the model, and only then."""
+    require(facts["compiled"] == torch_compile, f"torch_compile is {torch_compile} but the model is "
+            f"{'compiled' if facts['compiled'] else 'not compiled'}", strategy)
 
 
 def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> None:

@@ -322,6 +322,7 @@ class StrategyCallback(TrainerCallback):
                 "tp": self.plan.tp, "elements_tp_slices": self.engine_params}
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)
+        verify.check_compiled(self.facts, strategy, bool(args.torch_compile))
         running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
         verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
@@ -333,7 +334,7 @@ class StrategyCallback(TrainerCallback):
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:
-            trainer.powersgd_state = apply_powersgd(trainer.model_wrapped, self.powersgd)
+            trainer.powersgd_state = apply_powersgd(verify.uncompiled(trainer.model_wrapped), self.powersgd)
             if self.resume_from:
                 self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
         self._publish()

@@ -7,6 +7,8 @@ os._exit, so nothing is torn down.
 
   counts: elements the hook all-reduces per step (total_numel_after_compression) on the tiny model, rank 2.
   ordered: hfscale's apply_powersgd registers hook_in_order with its state and steps past the warm-up.
+  compiled: the same under torch.compile, as accelerate wraps it (OptimizedModule(DDP(model))), with what the
+    start-up proof reads of that wrapper.
 """
 
 import json
@@ -37,18 +39,22 @@ def counts() -> dict:
     return {"counts": out}
 
 
-def ordered() -> dict:
+def ordered(compile_backend: str | None = None) -> dict:
+    from hfscale.parallel import verify
     from hfscale.parallel.hooks import PowerSGDConfig, apply_powersgd
 
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-    state = apply_powersgd(model, PowerSGDConfig(rank=1, warmup_steps=2))
-    hook, registered_state = model._comm_hooks[0]
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    # the backend that only traces: the wrappers are the real ones, without generating code
+    model = torch.compile(ddp, backend=compile_backend) if compile_backend else ddp
+    state = apply_powersgd(verify.uncompiled(model), PowerSGDConfig(rank=1, warmup_steps=2))
+    hook, registered_state = ddp._comm_hooks[0]
     for _ in range(4):  # past the warm-up: compressing, through the wrapper
         model(torch.randn(4, 8)).sum().backward()
     return {"hook": hook.__name__, "state_registered": registered_state is state, "iter": state.iter,
-            "compressed": bool(state.p_memory_dict)}
+            "compressed": bool(state.p_memory_dict), **verify.inspect_wrapper(model)}
 
 
 dist.init_process_group("gloo")
-print(json.dumps({"counts": counts, "ordered": ordered}[sys.argv[1]]()), flush=True)
+modes = {"counts": counts, "ordered": ordered, "compiled": lambda: ordered(compile_backend="eager")}
+print(json.dumps(modes[sys.argv[1]]()), flush=True)
 os._exit(0)
