@@ -129,6 +129,28 @@ def test_compiled_ddp_is_seen_through_and_powersgd_registers_on_it():
         check_compiled({**facts, "compiled": False}, get_strategy("zero1"), torch_compile=True)
 
 
+def test_every_form_of_compilation_counts_as_compiled():
+    """Around the model, around its blocks (accelerate's regional compilation) and in place (nn.Module.compile(), as
+    DeepSpeed's engine and regional compilation under DeepSpeed do); compiling is lazy, so nothing is generated."""
+    import torch
+
+    from hfscale.parallel.verify import is_compiled, uncompiled
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+
+    plain = model()
+    assert not is_compiled(plain) and uncompiled(plain) is plain
+    wrapped = torch.compile(plain)
+    assert is_compiled(wrapped) and uncompiled(wrapped) is plain
+    regional = model()
+    regional[0] = torch.compile(regional[0])
+    assert is_compiled(regional) and uncompiled(regional) is regional
+    in_place = model()
+    in_place[1].compile()
+    assert is_compiled(in_place)
+
+
 def test_offload_proofs_refuse_an_engine_that_does_not_offload():
     """The checks behind fsdp_offload/zero*_offload read the engines' own settings, not tensor devices."""
     from hfscale.parallel.verify import StrategyMismatch, check_optimizer_engine, check_wrapper

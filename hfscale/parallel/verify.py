@@ -60,18 +60,18 @@ def inspect_weight_decay(optimizer) -> list[list]:
     ZeRO-3 hands each fp32 partition to the optimizer only while it steps it (DeepSpeed's stage3.py): its partitions
     are counted from the ZeRO optimizer, by the group each belongs to."""
     base = base_optimizer(optimizer)
-    groups = [[g["params"]] for g in base.param_groups]
+    tensors = [list(group["params"]) for group in base.param_groups]
     zero3 = optimizer
     while zero3 is not None and not hasattr(zero3, "sub_group_to_group_id"):
         zero3 = getattr(zero3, "optimizer", None)
     if zero3 is not None:
-        groups = [[] for _ in base.param_groups]
+        tensors = [[] for _ in base.param_groups]
         for sub_group, flat in enumerate(zero3.fp32_partitioned_groups_flat):
-            groups[zero3.sub_group_to_group_id[sub_group]].append([flat])
+            tensors[zero3.sub_group_to_group_id[sub_group]].append(flat)
     elements: dict[float, int] = {}
-    for group, tensor_lists in zip(base.param_groups, groups):
+    for group, group_tensors in zip(base.param_groups, tensors):
         decay = float(group.get("weight_decay", 0.0))
-        elements[decay] = elements.get(decay, 0) + sum(_local(p).numel() for ts in tensor_lists for p in ts)
+        elements[decay] = elements.get(decay, 0) + sum(_local(t).numel() for t in group_tensors)
     return [[decay, n] for decay, n in sorted(elements.items())]
 
 
@@ -191,13 +191,20 @@ def uncompiled(model_wrapped):
     return model_wrapped._orig_mod if type(model_wrapped) is OptimizedModule else model_wrapped
 
 
+def is_compiled(model_wrapped) -> bool:
+    """torch.compile anywhere in the model: around it (accelerate; under FSDP2 inside the sharded module), around its
+    blocks (accelerate's regional compilation) or in place (nn.Module.compile(): DeepSpeed's engine.compile(), and
+    regional compilation under DeepSpeed)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    return getattr(model_wrapped, "is_compiled", None) is True or any(
+        isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+        for m in model_wrapped.modules())
+
+
 def inspect_wrapper(model_wrapped) -> dict:
-    """The data-parallel wrapper, its engine settings, and whether the model is compiled: by torch.compile (accelerate;
-    under FSDP2, inside the sharded module) or by the engine (DeepSpeed's engine.compile())."""
-    from accelerate.utils import is_compiled_module
-    compiled = is_compiled_module(model_wrapped) or bool(getattr(model_wrapped, "is_compiled", False))
+    """The data-parallel wrapper, its engine settings, and whether the model is compiled."""
+    facts = {"wrapper": type(uncompiled(model_wrapped)).__name__, "compiled": is_compiled(model_wrapped)}
     model_wrapped = uncompiled(model_wrapped)
-    facts = {"wrapper": type(model_wrapped).__name__, "compiled": compiled}
     if hasattr(model_wrapped, "zero_optimization_stage"):  # DeepSpeedEngine
         facts["zero_stage"] = model_wrapped.zero_optimization_stage()
         facts["offload_optimizer"] = bool(model_wrapped.zero_offload_optimizer())
