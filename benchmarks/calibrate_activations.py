@@ -86,7 +86,7 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
     row compares with the estimate as it stands: the figures to set COMPILED_ACTIVATION_FACTOR from, and the check of
     fused_loss_bytes."""
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import activation_bytes
+    from hfscale.formulas.memory import activations
     from hfscale.formulas.metrics import ModelShape
 
     for r in rows:
@@ -95,7 +95,8 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
         if "error" in r or checkpointing == "1":
             continue
         shape = ModelShape(family, r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
-        kept, peak, _ = activation_bytes(shape, r["seq"], r["mbs"], mode, device, fused_loss=bool(r.get("fused_loss")))
+        estimate = activations(shape, r["seq"], r["mbs"], mode, device, fused_loss=bool(r.get("fused_loss")))
+        kept, peak = estimate.kept, estimate.peak
         what = "fused loss" if r.get("fused_loss") else "compiled / eager estimate"
         print(f"{r['mode']:30s} {what}: measured / estimated kept {r['activations'] / kept:.2f}, "
               f"peak {r['peak'] / peak:.2f}")

@@ -278,10 +278,10 @@ def test_the_activation_estimate_holds_on_cuda_for_every_measured_row(row):
     shape = ModelShape(family, row["n_layer"], row["hidden"], row["heads"], row["vocab"], max(row["seq"], 256))
     mode = memory.activation_mode(family, attention, precision, checkpointing == "1")
     # the rows were measured with transformers' KV cache on (before run/forward.py): the step they measured kept it
-    kept, peak, calibration = memory.activation_bytes(shape, row["seq"], row["mbs"], mode, "cuda",
-                                                      kv_cache=row.get("kv_cache", True))
-    assert calibration == "cuda"
-    assert kept == pytest.approx(row["activations"], rel=0.10) and peak == pytest.approx(row["peak"], rel=0.10), row
+    estimate = memory.activations(shape, row["seq"], row["mbs"], mode, "cuda", kv_cache=row.get("kv_cache", True))
+    assert estimate.calibration == "cuda"
+    assert estimate.kept == pytest.approx(row["activations"], rel=0.10), row
+    assert estimate.peak == pytest.approx(row["peak"], rel=0.10), row
 
 
 def test_the_cuda_fit_predicts_rows_it_was_not_fitted_on():

@@ -332,7 +332,7 @@ class RankMemory:
     activation_peak: int = 0  # activations + what the backward's start adds (the step's transient peak)
     comm_buffers: int = 0
     host: dict = field(default_factory=dict)  # per rank, in host RAM: the offloaded part of each component
-    activation_calibration: str = ""  # which measurements the activation figures come from (activation_bytes)
+    activation_calibration: str = ""  # which measurements the activation figures come from (activations)
     # bytes (of the gradients and comm buffers above) that exist only after the activation peak: created in the
     # backward as the activations are freed, and freed again by the step (see rank_memory)
     after_peak: int = 0
@@ -499,17 +499,6 @@ def kv_cache_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> 
     return 2 * (4 if compute == "fp32" else 2) * shape.n_layer * micro_batch * seq * shape.hidden
 
 
-def activation_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu",
-                     compiled: bool = False, tp: int = 1, fused_loss: bool = False,
-                     kv_cache: bool = False) -> tuple[int, int, str]:
-    """(kept after the forward, the step's peak, which calibration gave them) for one micro-batch on `device`, on one
-    rank of a TP group of `tp` (tp_activation_scales). `fused_loss`: the fused linear cross-entropy replaces the
-    logits' terms (fused_loss_bytes). `kv_cache`: the step keeps transformers' KV cache (hfscale's runs never do since
-    run/forward.py; runs measured before did)."""
-    a = activations(shape, seq, micro_batch, mode, device, compiled, tp, fused_loss, kv_cache)
-    return a.kept, a.peak, a.calibration
-
-
 @dataclass(frozen=True)
 class Activations:
     kept: int  # after the forward
@@ -520,10 +509,15 @@ class Activations:
 
 def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
                 tp: int = 1, fused_loss: bool = False, kv_cache: bool = False) -> Activations:
-    """activation_bytes, and what a checkpointed backward holds at its end: the last block recomputed, with its
-    backward's gradients, and what the forward kept but the loss's share (the logits, or the fused loss's buffers -
-    its head gradient is by then a parameter's gradient), while all the parameters' gradients exist. Measured on CPU
-    with the fused loss, where no logits hide it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
+    """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
+    backward holds at its end, on one rank of a TP group of `tp` (tp_activation_scales), with which calibration gave
+    them. `fused_loss`: the fused linear cross-entropy replaces the logits' terms (fused_loss_bytes). `kv_cache`: the
+    step keeps transformers' KV cache (hfscale's runs never do since run/forward.py; runs measured before did).
+
+    The end of a checkpointed backward: the last block recomputed, with its backward's gradients, and what the forward
+    kept but the loss's share (the logits, or the fused loss's buffers - its head gradient is by then a parameter's
+    gradient), while all the parameters' gradients exist. Measured on CPU with the fused loss, where no logits hide
+    it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
     if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"

@@ -203,8 +203,9 @@ def is_compiled(model_wrapped) -> bool:
 
 def inspect_wrapper(model_wrapped) -> dict:
     """The data-parallel wrapper, its engine settings, and whether the model is compiled."""
-    facts = {"wrapper": type(uncompiled(model_wrapped)).__name__, "compiled": is_compiled(model_wrapped)}
+    compiled = is_compiled(model_wrapped)
     model_wrapped = uncompiled(model_wrapped)
+    facts = {"wrapper": type(model_wrapped).__name__, "compiled": compiled}
     if hasattr(model_wrapped, "zero_optimization_stage"):  # DeepSpeedEngine
         facts["zero_stage"] = model_wrapped.zero_optimization_stage()
         facts["offload_optimizer"] = bool(model_wrapped.zero_offload_optimizer())
