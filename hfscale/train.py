@@ -282,7 +282,8 @@ def run(argv: list[str] | None) -> None:
     state.plan = state.plan.but(precision=compute_precision(args.bf16, args.fp16, getattr(args, "mixed_precision", None),
                                                             args.tf32, tf32_matmuls(args.device.type == "cuda")))
     setup_logging(args)
-    logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, docs/compare.md): %s",
+    logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, trainer = the Trainer's own, "
+                "docs/compare.md): %s",
                 ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))
     prepare_output_dir(args, state, run_name(model_args, state.plan))
     resume = resume_checkpoint(args, state)

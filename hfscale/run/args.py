@@ -162,7 +162,7 @@ class RunState:
     tensorboard: bool  # hfscale writes the TensorBoard events itself
     auto_output_dir: bool  # no --output_dir: runs/<run name>
     explicit: set = field(default_factory=set)  # the training flags the user set
-    recipe: dict = field(default_factory=dict)  # {name: [value, "flag" | "default"]} of the pretraining recipe
+    recipe: dict = field(default_factory=dict)  # {name: [value, "flag" | "default" | "trainer"]}: recipes.apply_defaults
     checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
     resume_from: str | None = None  # the complete checkpoint this run resumes from
     validation: dict | None = None  # where validation text comes from (run/data.validation_plan), None: no evaluation

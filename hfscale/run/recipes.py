@@ -82,12 +82,17 @@ def document_recipe(parser) -> None:
 
 
 def apply_defaults(training: dict, explicit: set[str], params: float, optim: str) -> tuple[dict, dict]:
-    """(training keywords with the recipe filled where the user set nothing, {name: [value, "flag" | "default"]})."""
+    """(training keywords with the recipe filled where the user set nothing, {name: [value, source]}): source "flag"
+    (the user's), "default" (the recipe's) or "trainer" (the Trainer's own default: the recipe's scheduler arguments
+    are its cosine schedule's, so another --lr_scheduler_type keeps the Trainer's, which every scheduler accepts)."""
     out = dict(training)
     recipe = {}
-    for name, value in pretraining_defaults(params, optim, int(training.get("max_steps") or -1)).items():
+    defaults = pretraining_defaults(params, optim, int(training.get("max_steps") or -1))
+    for name, value in defaults.items():
         if name in explicit:
             recipe[name] = [training[name], "flag"]
+        elif name == "lr_scheduler_kwargs" and str(out.get("lr_scheduler_type")) != defaults["lr_scheduler_type"]:
+            recipe[name] = [training.get(name), "trainer"]
         else:
             out[name] = value
             recipe[name] = [value, "default"]
