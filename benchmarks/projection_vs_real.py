@@ -6,12 +6,15 @@ projection from the first 1-process run to N processes, and a real N-process run
 
     python benchmarks/projection_vs_real.py                        # ddp, 2 processes, tiny GPT-2, MBS 4, seq 64
     python benchmarks/projection_vs_real.py --strategy all --num_processes 2,4 --repeats 3
-    python benchmarks/projection_vs_real.py --json                 # the figures as JSON (tests/test_project.py)
+    python benchmarks/projection_vs_real.py --json                 # the figures as JSON
     python benchmarks/projection_vs_real.py --strategy all --num_processes 2,4 --out hfscale/plan/projection_checks.json
+    python benchmarks/projection_vs_real.py --strategy ddp,zero3 --repeats 3 --keep benchmarks/results/projection_DATE
 
 The bandwidth is measured as training meets it (`--compute_ms` = the 1-process step time between collectives).
 `--out` writes the median ratio per strategy and process count: `hfscale project` prints that strategy's measured
-model error with every projection (docs/project.md).
+model error with every projection (docs/project.md). `--keep` writes every round's measurements (the 1-process
+results, the bandwidth fit, the real run's results): tests/test_project.py projects them again with the code of the
+day, so a round measured once checks every later change to the projection without timing anything in CI.
 """
 
 import argparse
@@ -28,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 
 def measure(opts, strategy: str, n: int) -> dict:
-    """One round: the N twin 1-process runs, the bandwidth, the projection and the real N-process run."""
+    """One round: the N twin 1-process runs, the bandwidth and the real N-process run (a record `replay` projects)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"}
     args = ["--strategy", strategy, "--model", "tiny", "--seq_len", "64",
             "--per_device_train_batch_size", str(opts.per_device_train_batch_size), "--save_strategy", "no",
@@ -57,15 +60,61 @@ def measure(opts, strategy: str, n: int) -> dict:
         wait(start("bandwidth", "bandwidth", "--num_processes", str(n), "--max_bytes", str(4 << 20), "--compute_ms",
                    f"{step_ms:.2f}", "--out", str(tmp / "bw.json")))
         wait(start(f"{n}-process run", "launch", "--num_processes", str(n), *args, "--output_dir", str(tmp / "real")))
-        wait(start("projection", "project", str(tmp / "alone0" / "results.json"), "--strategy", strategy,
-                   "--gpus", f"1,{n}", "--gpus_per_node", str(n), "--bandwidth_file", str(tmp / "bw.json"),
-                   "--out", str(tmp / "proj")))
-        one = json.loads((tmp / "alone0" / "results.json").read_text())["perf"]
-        real = json.loads((tmp / "real" / "results.json").read_text())["perf"]
-        points = {p["gpus"]: p for p in json.loads((tmp / "proj" / "projection.json").read_text())["points"]}
-        fit = json.loads((tmp / "bw.json").read_text())["fit"]["all_reduce"]
-    return {"strategy": strategy, "processes": n, "one": one, "real": real, "projected": points[n],
-            "all_reduce_fit": fit, "ratio": points[n]["tokens_per_s"] / real["tokens_per_s"]}
+        record = {"strategy": strategy, "processes": n,
+                  "one": projected_fields(json.loads((tmp / "alone0" / "results.json").read_text())),
+                  "bandwidth": json.loads((tmp / "bw.json").read_text()),
+                  "real": projected_fields(json.loads((tmp / "real" / "results.json").read_text()))}
+    return {**record, **replay(record)}
+
+
+# What a projection never reads from a results file (losses, the start-up proof, memory, logs): a kept round is a few
+# KB, and replays exactly as it was measured.
+UNREAD = ("loss_history", "eval_history", "log_tail", "strategy_check", "trainer_metrics", "batch_digests",
+          "final_weights", "probe_logits", "communication", "host_syncs", "profile", "checkpoints", "memory", "sweep")
+
+
+def projected_fields(results: dict) -> dict:
+    return {k: v for k, v in results.items() if k not in UNREAD}
+
+
+def replay(record: dict) -> dict:
+    """The projection of a measured round by this checkout's code: `hfscale project` (in this process) from the round's
+    1-process results and bandwidth fit to its process count, against its real run's tokens/s. The live rounds and
+    the kept ones (tests/test_project.py) go through here alike."""
+    from dataclasses import asdict
+
+    from hfscale.plan.project import build_parser, run_projection
+
+    n = record["processes"]
+    with tempfile.TemporaryDirectory(prefix="hfscale-replay-") as tmp:
+        one, bandwidth = Path(tmp) / "results.json", Path(tmp) / "bw.json"
+        one.write_text(json.dumps(record["one"]))
+        bandwidth.write_text(json.dumps(record["bandwidth"]))
+        opts = build_parser().parse_args([str(one), "--strategy", record["strategy"], "--gpus", f"1,{n}",
+                                          "--gpus_per_node", str(n), "--bandwidth_file", str(bandwidth)])
+        points = {p.gpus: p for p in run_projection(opts)[2]}
+    return {"projected": asdict(points[n]), "all_reduce_fit": record["bandwidth"]["fit"]["all_reduce"],
+            "ratio": points[n].tokens_per_s / record["real"]["perf"]["tokens_per_s"]}
+
+
+def keep(folder: Path, rounds: list[dict]) -> None:
+    """Write each round's record (`--keep`): `<strategy>-np<N>-round<i>.json`, what `kept_rounds` reads back."""
+    from hfscale.files import atomic_write_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(rounds):
+        record = {k: r[k] for k in ("strategy", "processes", "one", "bandwidth", "real")}
+        record["ratio_when_measured"] = round(r["ratio"], 4)
+        atomic_write_text(folder / f"{r['strategy']}-np{r['processes']}-round{i}.json", json.dumps(record) + "\n")
+
+
+def kept_rounds(folder: Path) -> dict[tuple[str, int], list[dict]]:
+    """The kept rounds of a folder, by (strategy, process count)."""
+    rounds: dict[tuple[str, int], list[dict]] = {}
+    for path in sorted(Path(folder).glob("*-np*-round*.json")):
+        record = json.loads(path.read_text())
+        rounds.setdefault((record["strategy"], record["processes"]), []).append(record)
+    return rounds
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -86,6 +135,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object (one strategy and "
                         "count) or list")
     parser.add_argument("--out", type=Path, help="write the median ratios per strategy and count here (JSON)")
+    parser.add_argument("--keep", type=Path, help="write every round's measurements here, one JSON file each, as "
+                        "tests/test_project.py replays them with the code of the day (benchmarks/results/projection_*)")
     opts = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured (a full run takes a while)
     from hfscale.parallel.strategies import all_strategies
@@ -96,13 +147,19 @@ def main() -> None:
     results = []
     for strategy in strategies:
         for n in counts:
-            results.append(median_round([measure(opts, strategy, n) for _ in range(opts.repeats)]))
+            rounds = [measure(opts, strategy, n) for _ in range(opts.repeats)]
+            if opts.keep:
+                keep(opts.keep, rounds)
+            results.append(median_round(rounds))
             if not opts.json:
                 show(results[-1], opts)
     if opts.out:
         write_checks(opts, results)
     if opts.json:
-        print(json.dumps(results[0] if len(results) == 1 else results))
+        figures = [{"strategy": r["strategy"], "processes": r["processes"], "one": r["one"]["perf"],
+                    "real": r["real"]["perf"], **{k: r[k] for k in ("projected", "all_reduce_fit", "ratio", "ratios")}}
+                   for r in results]
+        print(json.dumps(figures[0] if len(figures) == 1 else figures))
 
 
 def write_checks(opts, results: list[dict]) -> None:
@@ -130,7 +187,8 @@ def write_checks(opts, results: list[dict]) -> None:
 
 
 def show(r: dict, opts) -> None:
-    one, real, projected, fit, ratio = (r[k] for k in ("one", "real", "projected", "all_reduce_fit", "ratio"))
+    projected, fit, ratio = (r[k] for k in ("projected", "all_reduce_fit", "ratio"))
+    one, real = r["one"]["perf"], r["real"]["perf"]
     n = r["processes"]
     print(f"{r['strategy']} -> {n} processes: tiny GPT-2, MBS {opts.per_device_train_batch_size}, seq 64, "
           f"{opts.steps} steps; all-reduce fit: bus bandwidth {fit['busbw'] / 1e9:.2f} GB/s, latency "

@@ -31,7 +31,8 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # One fresh folder per test session, made by the first process (pytest, or pytest-xdist's controller) and inherited
 # by its workers: the data cache, set before hfscale is imported - no test passes on tokenizers or packed blocks an
 # older checkout built (~/.cache/hfscale is left alone), and within the session the runs share it, as a user's do -
-# and the lock that lets a timing test have the machine to itself (see pytest_runtest_protocol).
+# and the runs several tests read (shared_run). No test times this machine: speed is measured by benchmarks/, whose
+# recorded measurements the tests replay.
 if "HFSCALE_TEST_SESSION_DIR" not in os.environ:
     os.environ["HFSCALE_TEST_SESSION_DIR"] = tempfile.mkdtemp(prefix="hfscale-test-session-")
     atexit.register(shutil.rmtree, os.environ["HFSCALE_TEST_SESSION_DIR"], ignore_errors=True)
@@ -87,6 +88,16 @@ def probe(name: str, *args: str) -> dict:
                environ={**env(), "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the folder is not a package): its functions, without running its main."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 accelerate_launch = launch_command  # plain `accelerate launch --multi_gpu` (no config), as the README starts a run
@@ -224,30 +235,6 @@ def parity_runs() -> dict:
 PARITY_STRATEGIES = ["zero1", "zero2", "zero3", "fsdp"]
 
 
-# ---- sharing the machine between pytest-xdist's workers ---------------------------------------------------------------
-# Every test holds a shared lock while it runs (its fixtures' set-up and tear-down included); a test marked
-# `exclusive` - one that times this machine - holds it exclusively, so nothing else runs beside it. A writer waiting
-# for the lock holds the turnstile, so no new test starts meanwhile (no starvation).
-
-@contextlib.contextmanager
-def _machine_lock(exclusive: bool):
-    import fcntl
-
-    with open(SESSION_DIR / "turnstile.lock", "a") as turnstile, open(SESSION_DIR / "machine.lock", "a") as machine:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            if not exclusive:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
-            if exclusive:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-
-
 # DeepSpeed JIT-compiles its CPU Adam (the offload strategies' optimizer) the first time a process on this machine needs
 # it (~1 min on 2 cores), holding torch's build lock - a bare lock file - meanwhile. Left to the runs, a fresh machine
 # builds it while the other worker's runs compete for the cores and every offload run waits, and a run killed mid-build
@@ -277,12 +264,6 @@ def pytest_configure(config):
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise pytest.UsageError(f"DeepSpeed's CPU Adam did not build:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    with _machine_lock(exclusive=item.get_closest_marker("exclusive") is not None):
-        yield
 
 
 # Tests that read the same runs go to one worker: the files whose tests all read one set of runs (a module fixture, or

@@ -2,14 +2,13 @@
 code, tiny sizes), so it works when a GPU is lent; and its output has the shape the committed GPU fixtures have (the
 files tests/test_memory.py checks the estimate against)."""
 
-import importlib.util
 import json
 import sys
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, load_benchmark, run
 from hfscale.errors import HfscaleError
 
 
@@ -47,10 +46,7 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu_suite.py")
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
-    return suite
+    return load_benchmark("gpu_suite")
 
 
 def test_ddp_variants_are_chosen_by_name():

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import REPO, run
+from conftest import REPO, load_benchmark, run
 from hfscale.formulas import memory
 from hfscale.formulas.metrics import ModelShape, param_count
 from hfscale.models import PRESETS, build_model, hf_config
@@ -145,11 +145,7 @@ def test_the_kv_cache_term_is_what_transformers_cache_keeps():
     model measured here, its own forward (the cache built) beside hfscale's training forward: SDPA keeps the cache's
     copies of the keys and values (under eager attention the term is 0: its matmuls copy them anyway, 0.04 bytes per
     layer b·s·h between the two CPU fits)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("calibrate", REPO / "benchmarks" / "calibrate_activations.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibrate)
+    calibrate = load_benchmark("calibrate_activations")
     l, h, a, v, s, b = shape = (4, 256, 4, 2048, 256, 4)
     mode = "gpt2/sdpa/fp32/0"
     own, training = (calibrate.measure(mode, shape, forward)["activations"] for forward in ("model", "training"))

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import probe, run
+from conftest import REPO, load_benchmark, probe, run
 from hfscale.formulas import comm
 from hfscale.formulas.memory import block_numel, parameter_tensors, zero3_gathers
 from hfscale.formulas.metrics import param_count
@@ -180,22 +180,24 @@ def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
     assert fit["latency_s"] == pytest.approx(latency, rel=1e-6) and fit["busbw"] == pytest.approx(busbw, rel=1e-6)
 
 
-@pytest.mark.multiprocess
-@pytest.mark.exclusive  # it times this machine: nothing else may run beside it
-def test_projection_from_one_process_lands_within_25_percent_of_a_real_two_process_run():
-    """Two 1-process runs side by side (the compute conditions of one rank of a 2-process run on 2 cores), the
-    loopback bandwidth measured with that step's compute between collectives, the projection from the first run to 2
-    processes, and a real 2-process run with the same per-rank work: benchmarks/projection_vs_real.py, which prints
-    the same figures for people."""
-    # three independent rounds, the median one judged: one round's phases run minutes apart on a shared machine whose
-    # load drifts (single rounds here: 0.94-1.29)
-    proc = run([sys.executable, "benchmarks/projection_vs_real.py", "--json", "--steps", "60", "--repeats", "3"],
-               timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: figures[k] for k in ("ratio", "ratios", "all_reduce_fit")}))
-    assert figures["projected"]["exposed_comm_s"] > 0 and figures["projected"]["straggler_s"] > 0
-    assert 0.75 <= figures["ratio"] <= 1.25, figures
+# Rounds measured on the 2-core machine CI runs on: benchmarks/projection_vs_real.py --keep (its README.md has the command)
+PROJECTION_ROUNDS = REPO / "benchmarks" / "results" / "projection_2026-11-25"
+
+
+def test_projection_from_one_process_lands_within_25_percent_of_real_two_process_runs():
+    """Each kept round - a 1-process run (beside a twin: one rank's compute conditions on 2 cores), the loopback
+    bandwidth measured with that step's compute between collectives, and a real 2-process run with the same per-rank
+    work - projected again by this checkout's code: per strategy, the median of its 3 rounds within 25% of the real
+    run's tokens/s. Replayed rather than timed live, so CI checks every change to the projection against real runs
+    without being red by chance (live single rounds here: 0.94-1.29, once 1.48 beside two good rounds)."""
+    bench = load_benchmark("projection_vs_real")
+    rounds = bench.kept_rounds(PROJECTION_ROUNDS)
+    assert set(rounds) == {(s, 2) for s in ("ddp", "ddp_powersgd", "fsdp", "zero3")}  # all-reduce, PowerSGD,
+    for (strategy, n), records in rounds.items():  # FSDP's and ZeRO-3's gathers and reduce-scatters
+        assert len(records) == 3 and all(r["one"]["environment"]["device_count"] >= n for r in records)  # 1 core each
+        replayed = sorted((bench.replay(r) for r in records), key=lambda x: x["ratio"])
+        assert all(x["projected"]["exposed_comm_s"] > 0 and x["projected"]["straggler_s"] > 0 for x in replayed)
+        assert 0.75 <= replayed[1]["ratio"] <= 1.25, (strategy, [x["ratio"] for x in replayed])
 
 
 def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp_path, monkeypatch):
