@@ -96,7 +96,11 @@ def load_benchmark(name: str):
 
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path  # a script puts the repository first on the path, for when it runs on its own
     return module
 
 
