@@ -202,7 +202,9 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
         setattr(results.memory, name, value)
     for name, value in (figures.__dict__ if figures else {}).items():
         setattr(results.perf, name, value)
-    results.perf.measured_steps, results.perf.warmup_steps = steps, args.perf_warmup_steps
+    # the steady state (Meter): from the first logging step after the warm-up; warmup_steps: the steps before it
+    results.perf.measured_steps = steps
+    results.perf.warmup_steps = meter.timed_from - meter.first_step if figures else args.perf_warmup_steps
     results.perf.tokens_per_step = plan.tokens_per_step
     record.update(steps=trainer.state.global_step, trainer_metrics=trainer_metrics, epoch=trainer.state.epoch,
                   samples_seen=trainer.state.global_step * plan.global_batch_size)

@@ -204,3 +204,46 @@ def test_measure_peak_times_at_least_one_round_when_descheduled_past_its_deadlin
     clock = iter(range(1000))
     monkeypatch.setattr(peaks.time, "perf_counter", lambda: float(next(clock)))
     assert peaks.measure_peak_tflops("cpu", "fp32", size=64, seconds=0.2) == pytest.approx(4 * 2 * 64**3 / 1e12)
+
+
+def test_the_whole_run_figures_are_the_steady_state_after_the_first_logging_interval(monkeypatch):
+    """A one-off cost after the warm-up (one H200 paid 0.2-0.4 s in steps 3-5 of every run, benchmarks/results/
+    h200_2026-11-25/) stays in the first logging interval and out of the whole-run figures; with no log before the
+    last step, or --perf_warmup_steps 0, the clock runs from the warm-up's end (or the first step) as before."""
+    import time
+
+    from hfscale.models import PRESETS
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.run.measure import Meter
+    from hfscale.runplan import RunPlan
+
+    plan = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), PRESETS["tiny"], 64, world_size=1, device_type="cpu")
+
+    def run(warmup: int, logging_steps: int, steps: int = 20, one_off: float = 0.4, pause_at: int = 12):
+        clock = [0.0]
+        monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+        meter, intervals = Meter(plan, token_budget=1e9, peak_tflops=None, warmup_steps=warmup), []
+        meter.begin(0)
+        for step in range(1, steps + 1):
+            meter.step_begin()
+            clock[0] += 0.1 + (one_off if step == 3 else 0.0) + (1.0 if step <= 2 else 0.0)  # compile, then a one-off
+            meter.step_end(step, last=step == steps, pause_follows=step == pause_at)
+            if step % logging_steps == 0:
+                figures = meter.interval(step)
+                intervals.append(figures and figures.s_per_iter)
+            if step == pause_at:  # a checkpoint save: excluded from training time
+                meter.mark_paused()
+                clock[0] += 5.0
+        figures, measured = meter.whole_run()
+        return figures.s_per_iter, measured, meter.timed_from, intervals
+
+    s_per_iter, measured, start, intervals = run(warmup=2, logging_steps=5)
+    assert (s_per_iter, measured, start) == (pytest.approx(0.1), 15, 5)  # from step 5's log: 15 steady steps
+    assert intervals == pytest.approx([0.1 + 0.4 / 3, 0.1, 0.1, 0.1])  # the one-off stays in the first interval
+    s_per_iter, measured, start, _ = run(warmup=2, logging_steps=1)  # a log at the warm-up's own end
+    assert (measured, start) == (18, 2) and s_per_iter == pytest.approx(0.1 + 0.4 / 18)
+    s_per_iter, measured, start, _ = run(warmup=2, logging_steps=20)  # the only log is the last step's
+    assert (measured, start) == (18, 2) and s_per_iter == pytest.approx(0.1 + 0.4 / 18)
+    s_per_iter, measured, start, _ = run(warmup=0, logging_steps=5)  # everything timed, compilation included
+    assert (measured, start) == (20, 0) and s_per_iter == pytest.approx(0.1 + 0.4 / 20 + 2.0 / 20)

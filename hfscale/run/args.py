@@ -127,7 +127,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     peak_tflops: float | None = field(default=None, metadata={"help": "Peak TFLOPs per device for MFU (default: the known-device table; on CPU a measured peak)."})
     measure_peak: bool = field(default=False, metadata={"help": "Also measure the device's matmul peak at start-up and report MFU against it."})
     measure: bool = field(default=True, metadata={"help": "Live perf/* figures (one clock read per logging step); false only to benchmark that overhead (benchmarks/measure_overhead.py)."})
-    perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing."})
+    perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing; the whole-run figures are timed from the first logging step at or after them (the steady state: docs/metrics.md). 0: every step timed."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Logging backends; tensorboard is written by hfscale into the run directory."})
     logging_steps: float = field(default=10, metadata={"help": "Log (and time) every N optimizer steps."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
