@@ -92,6 +92,14 @@ RECOMPUTE_GRADIENT_BYTES = {"cpu": 0.0, "cuda": 34.1}
 # a compiled run over the eager estimate, measured on CUDA from two whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
 # benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
 COMPILED_ACTIVATION_FACTOR = {"cuda": 0.51}
+# ... and adds, at the start of the backward, bytes per b·s·V logit element that depend on whether the vocabulary's rows
+# are a multiple of inductor's 128-byte stride alignment (64 bf16 elements), where eager adds two fp32 copies
+# (LOGITS_PEAK_COPIES). Measured on one H200 (benchmarks/results/h200_2026-11-25/): GPT-2's 50257 rows, 6.02 and 6.02 in
+# both compiled grid rows (gpt2/sdpa/autocast_bf16, 4 and 8 layers), 6.2 and 5.7 in the 350M and 1.3B runs; padded
+# to 50304, 1.1 (the 1.3B run, whose step peak fell 1.44 GB with 47 more rows). Scaling the eager peak by the factor
+# instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
+COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"ragged": 6.0, "aligned": 1.1}}
+COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
 # transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
 # With SDPA its copies of every layer's keys and values are kept beside the ones SDPA saves for the backward: 2 x the
@@ -553,7 +561,12 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if compiled and device in COMPILED_ACTIVATION_FACTOR:
         factor = COMPILED_ACTIVATION_FACTOR[device]
         calibration += f", x {factor:g} compiled"
-    return Activations(int(kept * factor), int((kept + peak_extra) * factor), int(backward_end * factor), calibration)
+        peak_extra *= factor
+        if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
+            rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
+            logits = COMPILED_LOGITS_PEAK_BYTES[device][rows] * micro_batch * seq * shape.vocab
+            peak_extra = max(logits, peak_extra if mode.endswith("/1") else 0.0)
+    return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)
 
 
 # ---- one rank, all together ----------------------------------------------------------------------------------------
