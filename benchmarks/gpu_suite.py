@@ -24,6 +24,8 @@ Sections (--only), run in this order:
 - `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
   checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
   benchmarks/calibrate_activations.py --fit takes).
+`--references eager|compiled`, `--no-pairs` (ddp's and the ZeRO variants only) and `--grid_filter REGEX` pick parts of
+a section; an item that raises is recorded with its error and the suite goes on (a lease is 15 minutes).
 `--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped; the
 JSON and the table are rewritten (atomically) after every item, so a call stopped from outside keeps what it measured.
 """
@@ -33,6 +35,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -65,6 +68,22 @@ class Clock:
         return time.monotonic() - self.start < self.budget_s
 
 
+def attempt(fn, *args):
+    """fn(*args), or None with the error kept in attempt.last_error: one item that breaks on a new machine (a kernel,
+    a library version) costs that item, not the rest of a call of scarce device time."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - recorded in the report, and the suite goes on
+        import traceback
+
+        attempt.last_error = f"{type(err).__name__}: {err}"[:300] + " | " + traceback.format_exc()[-600:]
+        print(f"  failed: {attempt.last_error}", flush=True)
+        return None
+
+
+attempt.last_error = ""
+
+
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
 def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
@@ -91,7 +110,9 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 # an eager run naming every host sync of a step, a compiled run with one step profiled, and two levers of MFU
 # (issue 21's 50% at 1.3B): twice the micro-batch, and the vocabulary padded to a multiple of 128 (Megatron's
 # --make-vocab-size-divisible-by default; nanoGPT's 50304): GPT-2's 50257 rows make the head's matmul ragged; and a
-# third, the fused linear cross-entropy (no b x s x V logits: its speed, and the memory it frees for a larger batch)
+# third, the fused linear cross-entropy (no b x s x V logits: its speed, and the memory it frees for a larger batch);
+# then the first two together (one H200, 1.3B, 2026-11-25, steady state: 49.6% MFU with MBS 16, 47.3% with the padded
+# vocabulary at MBS 8)
 DDP_VARIANTS = [("", True, []),
                 ("trainer-syncs", True, ["--logging_nan_inf_filter", "true",
                                          "--accelerator_config", '{"non_blocking": false}']),
@@ -101,7 +122,8 @@ DDP_VARIANTS = [("", True, []),
                 ("profile", True, ["--profile_step", "PROFILED"]),  # PROFILED: the steps' last but 2 (after compiling)
                 ("mbs2x", True, ["--per_device_train_batch_size", "MBS2X"]),
                 ("vocab128", True, ["--vocab_size", "VOCAB128"]),
-                ("flce", True, ["--fused_linear_cross_entropy"])]
+                ("flce", True, ["--fused_linear_cross_entropy"]),
+                ("mbs2x+vocab128", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128"])]
 NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
 
 
@@ -153,7 +175,8 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     extra = fill_placeholders(extra, opts)
     args = [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(gpus), "--strategy", strategy,
             "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
-            str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps), "--logging_steps", "5",
+            str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps),
+            "--logging_steps", "5" if opts.steps >= 10 else "2",  # the dry run's 4 steps: an interval after the first
             "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
             *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(),
             *extra,
@@ -168,6 +191,10 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     return {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
             "variant": variant, "flags": list(extra), "host_syncs": res.get("host_syncs"), "profile": res.get("profile"),
             "s_per_iter": perf.get("s_per_iter"), "tokens_per_s": perf.get("tokens_per_s"),
+            # the steady state (run/measure.Meter): timed from the step after these, over measured_steps; every
+            # logging interval, the first one's one-off costs included
+            "warmup_steps": perf.get("warmup_steps"), "measured_steps": perf.get("measured_steps"),
+            "perf_history": res.get("perf_history"),
             "tflops_per_gpu": perf.get("tflops_per_gpu_model"), "mfu": perf.get("mfu"),
             "device_allocated_gb": mem.get("peak_allocated_gb"), "estimate_allocated_gb": est["allocated"] / 1e9,
             "step_peak_above_states_gb": max((r["step_delta_gb"] for r in steps), default=None),
@@ -328,6 +355,8 @@ def machine(device: str) -> dict:
 def hand_written_ratios(report: dict, gpus: int) -> None:
     """Every ddp x adamw run that is a speed figure against the hand-written step of its own compile mode."""
     for ref in report["references"]:
+        if ref.get("status") == "fail":
+            continue
         for r in report["runs"]:
             same_mode = r["compiled"] == ref["compiled"]
             if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and same_mode
@@ -352,7 +381,8 @@ def markdown(report: dict) -> str:
                      f"{r.get('hand_written_ratio', '')} |")
     lines += ["", "| reference | tokens/s | hfscale ddp / reference |", "|---|---|---|"]
     for r in report["references"]:
-        lines.append(f"| {r['reference']} | {r['tokens_per_s']:,.0f} | {r.get('hfscale_ratio', '')} |")
+        speed = "fail" if r.get("status") == "fail" else f"{r['tokens_per_s']:,.0f}"
+        lines.append(f"| {r['reference']} | {speed} | {r.get('hfscale_ratio', '')} |")
     for r in report["runs"]:
         steps = (r.get("host_syncs") or {}).get("steps") or []
         if len(steps) > 1:  # step 2: after the first step's one-off checks, no logging (--logging_steps 5)
@@ -391,20 +421,31 @@ def main() -> None:
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
     parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
                         f"list of {', '.join(v or 'compiled' for v, _, _ in DDP_VARIANTS)}; all (default) or none")
+    parser.add_argument("--references", default="eager,compiled", help="which hand-written steps the reference "
+                        "section times: eager, compiled or both (default)")
+    parser.add_argument("--pairs", action=argparse.BooleanOptionalAction, default=True, help="run the eager strategy "
+                        "x optimizer pairs (--no-pairs: only ddp's variants and the ZeRO variants)")
+    parser.add_argument("--grid_filter", default="", help="only the grid points whose label (mode, then ' compiled' "
+                        "or ' fused loss') this regular expression finds, e.g. 'compiled' or "
+                        "'^gpt2/sdpa/[a-z0-9_]+/0$' (SDPA, eager, no checkpointing); default: every point")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
     opts = parser.parse_args()
     from hfscale.errors import HfscaleError
 
+    from hfscale.flags import comma_list
+
     try:  # names checked before anything runs: one line, not a traceback minutes in
         from hfscale.models import resolve_shape
 
         resolve_shape(opts.model)
+        comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference")
+        re.compile(opts.grid_filter)
         variant_names(opts.ddp_variants)
         pairs(1, opts.strategy, opts.optim)
-    except HfscaleError as err:
-        parser.error(str(err))
+    except (HfscaleError, re.error) as err:
+        parser.error(str(err) if isinstance(err, HfscaleError) else f"--grid_filter: {err}")
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"
@@ -427,17 +468,23 @@ def main() -> None:
         atomic_write_text(opts.out / "gpu_suite.md", markdown(report))
 
     if "reference" in sections:  # first: a call cut short still has what every ddp run is compared with
+        modes = set(comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference"))
         for compiled in (False, True) if not opts.dry_run else (False,):
             label = f"reference step{' (compiled)' if compiled else ''}"
+            if ("compiled" if compiled else "eager") not in modes:
+                continue
             if not clock.left():
                 report["skipped"].append(label)
                 continue
             clock.say(label)
-            report["references"].append(reference_step(opts, compiled, device))
+            report["references"].append(attempt(reference_step, opts, compiled, device) or
+                                        {"reference": label, "compiled": compiled, "status": "fail",
+                                         "error": attempt.last_error})
             save()
     if "runs" in sections:
-        todo = [(s, o, False, "", []) for s, o in pairs(gpus, opts.strategy, opts.optim)]
-        if "ddp" in {s for s, *_ in todo}:
+        chosen_pairs = pairs(gpus, opts.strategy, opts.optim)
+        todo = [(s, o, False, "", []) for s, o in chosen_pairs] if opts.pairs else []
+        if "ddp" in {s for s, _ in chosen_pairs}:
             if opts.dry_run:  # the variants that record something, eager and in one launch: their code on this CPU
                 todo += [("ddp", "adamw", False, "+".join(NOT_SPEED),
                           [flag for variant, _, extra in DDP_VARIANTS if variant in NOT_SPEED for flag in extra])]
@@ -448,7 +495,7 @@ def main() -> None:
         if not opts.dry_run:
             todo += [(strategy, "adamw", False, variant,
                       ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])
-                     for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, *_ in todo}]
+                     for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, _ in chosen_pairs}]
         if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
             todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])
                     for s, o, c, v, extra in todo if "--count_host_syncs" not in extra]
@@ -470,11 +517,15 @@ def main() -> None:
                        for shape in shapes[:COMPILED_SHAPES]] + fused
         for mode, shape, compiled, fused_loss in points if not opts.dry_run else points[:2] + fused[:1]:
             label = f"{mode}{' compiled' if compiled else ''}{' fused loss' if fused_loss else ''}"
+            if opts.grid_filter and not re.search(opts.grid_filter, label):
+                continue
             if not clock.left():
                 report["skipped"].append(f"grid {label} {shape}")
                 continue
             clock.say(f"grid {label} {shape}")
-            report["grid"].append(grid_point(mode, shape, compiled, device, fused_loss))
+            row = attempt(grid_point, mode, shape, compiled, device, fused_loss)
+            report["grid"].append(row or {"mode": f"{mode}/{int(compiled)}", "shape": list(shape),
+                                          "fused_loss": fused_loss, "error": attempt.last_error})
             save()
     save()
     clock.say(f"wrote {opts.out}/gpu_suite.json, gpu_suite.md; {len(report['skipped'])} item(s) skipped by the budget")

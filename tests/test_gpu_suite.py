@@ -19,6 +19,7 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert report["versions"]["torch"] and report["command"].startswith("python benchmarks/gpu_suite.py")
     ddp = report["runs"][0]
     assert ddp["status"] == "ok" and ddp["tokens_per_s"] > 0 and ddp["estimate_allocated_gb"] > 0
+    assert ddp["warmup_steps"] + ddp["measured_steps"] == 4 and ddp["perf_history"]  # the span the speed is timed over
     fixture = json.loads((REPO / "benchmarks/results/h100_2026-11-23/runs.json").read_text())["runs"][0]
     assert set(fixture["plan"]) <= set(ddp["plan"])  # a new GPU session's runs can become the next fixture as they are
     ref = report["references"][0]
@@ -52,7 +53,7 @@ def _suite():
 def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
     assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "host-syncs", "profile",
-                                          "mbs2x", "vocab128", "flce"}
+                                          "mbs2x", "vocab128", "flce", "mbs2x+vocab128"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
@@ -106,10 +107,28 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
                                                str(compiled).lower(), *flags])
         assert kw["torch_compile"] is compiled, variant
         # the MFU levers: twice the micro-batch; GPT-2's 50257 rows padded as Megatron and nanoGPT do
-        assert kw["per_device_train_batch_size"] == (16 if variant == "mbs2x" else 8)
-        assert state.plan.shape.vocab == (50304 if variant == "vocab128" else 50257)
+        assert kw["per_device_train_batch_size"] == (16 if "mbs2x" in variant else 8)
+        assert state.plan.shape.vocab == (50304 if "vocab128" in variant else 50257)
         assert state.plan.fused_linear_cross_entropy is (variant == "flce")
         if variant == "trainer-syncs":
             assert kw["logging_nan_inf_filter"] is True and '"non_blocking": false' in kw["accelerator_config"]
         else:
             assert kw["logging_nan_inf_filter"] is False and kw["accelerator_config"] == {"non_blocking": True}
+
+
+def test_an_item_that_breaks_costs_that_item_not_the_call():
+    """A lease is 15 minutes: an item that raises on a new machine is recorded with its error, and the suite goes on."""
+    suite = _suite()
+    assert suite.attempt(lambda a, b: a + b, 1, 2) == 3
+    assert suite.attempt(lambda: 1 / 0) is None and suite.attempt.last_error.startswith("ZeroDivisionError")
+    report = {"references": [{"reference": "reference step", "compiled": False, "status": "fail", "error": "x"}],
+              "runs": [], "grid": [], "skipped": [], "machine": "m", "date": "d", "command": "c"}
+    suite.hand_written_ratios(report, 1)
+    assert "| reference step | fail |" in suite.markdown(report)
+
+
+def test_sections_are_chosen_before_anything_runs():
+    for flags, message in ((["--references", "eagr"], "unknown reference 'eagr'"),
+                           (["--grid_filter", "("], "--grid_filter: missing )")):
+        proc = run([sys.executable, "benchmarks/gpu_suite.py", "--dry_run", *flags], timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
