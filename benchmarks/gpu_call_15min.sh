@@ -18,7 +18,9 @@ suite() { local name=$1; shift
     | grep -E "^\[|failed|Error|^\|"; pack; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee $R/machine.txt
 # 1. hfscale's ddp against the hand-written step at 350M, eager and compiled (the steady state since 2026-11-25)
-suite a350 --only reference,runs --strategy ddp --optim adamw --ddp_variants compiled --steps 20 --budget_s $(left 200)
+#    and every step timed on its own: where the one-off cost of steps 3-5 lies (record.md of 2026-11-25)
+suite a350 --only reference,runs --strategy ddp --optim adamw --ddp_variants compiled,per-step --steps 20 \
+  --budget_s $(left 200)
 # 2. MFU at 1.3B: hfscale's default, and the two levers measured apart on 2026-11-25 (MBS 16, vocabulary 50304) together
 suite b13 --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw --references compiled --no-pairs \
   --ddp_variants compiled,mbs2x+vocab128 --steps 20 --budget_s $(left 420)

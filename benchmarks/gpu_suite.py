@@ -123,8 +123,11 @@ DDP_VARIANTS = [("", True, []),
                 ("mbs2x", True, ["--per_device_train_batch_size", "MBS2X"]),
                 ("vocab128", True, ["--vocab_size", "VOCAB128"]),
                 ("flce", True, ["--fused_linear_cross_entropy"]),
-                ("mbs2x+vocab128", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128"])]
-NOT_SPEED = ("host-syncs", "profile")  # slowed by what they record: no speed figure
+                ("mbs2x+vocab128", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128"]),
+                # every step its own logging interval: which steps after the warm-up pay the one-off 0.2-0.4 s one H200
+                # showed in steps 3-5 of every run (results/h200_2026-11-25/record.md)
+                ("per-step", True, ["--logging_steps", "1"])]
+NOT_SPEED = ("host-syncs", "profile", "per-step")  # slowed by what they record: no speed figure
 
 
 def fill_placeholders(extra, opts) -> list[str]:
