@@ -321,6 +321,21 @@ def test_ddp_compiles_by_default_on_a_gpu_and_says_how_to_turn_it_off(gpus, monk
     assert "compiled (--torch_compile false for eager)" in format_summary(results)
 
 
+def test_a_gpu_run_leaves_more_first_steps_untimed_unless_told(gpus, monkeypatch):
+    """On a GPU steps 3-5 paid a one-off cost in every run measured (one H200): the GPU route leaves 5 steps untimed,
+    half of a run shorter than 10, at least 2; the CPU route and the user's --perf_warmup_steps are untouched."""
+    from hfscale.train import check_args
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    gpus(1)
+    warmup = lambda *flags: check_args(["--max_steps", *flags])[2]["perf_warmup_steps"]  # noqa: E731
+    assert [warmup("20"), warmup("8"), warmup("5"), warmup("3")] == [5, 4, 2, 2]
+    assert warmup("20", "--perf_warmup_steps", "3") == 3 and warmup("20", "--perf_warmup_steps", "0") == 0
+    assert warmup("20", "--use_cpu") == 2
+    gpus(0)
+    assert warmup("20") == 2
+
+
 def test_the_tp_mesh_reaches_accelerate_the_same_way_on_both_routes(gpus, monkeypatch):
     """tp / fsdp_tp: no ParallelismConfig goes to the TrainingArguments on either route (the launcher's is dropped once
     checked); after the accelerator exists, hooks.use_tensor_parallel_state gives it the mesh the model was split on -

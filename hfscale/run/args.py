@@ -127,7 +127,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     peak_tflops: float | None = field(default=None, metadata={"help": "Peak TFLOPs per device for MFU (default: the known-device table; on CPU a measured peak)."})
     measure_peak: bool = field(default=False, metadata={"help": "Also measure the device's matmul peak at start-up and report MFU against it."})
     measure: bool = field(default=True, metadata={"help": "Live perf/* figures (one clock read per logging step); false only to benchmark that overhead (benchmarks/measure_overhead.py)."})
-    perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing; the whole-run figures are timed from the first logging step at or after them (the steady state: docs/metrics.md). 0: every step timed."})
+    perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing (default 2; on a GPU 5, or half the steps of a run of under 10); the whole-run figures are timed from the first logging step at or after them (the steady state: docs/metrics.md). 0: every step timed."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Logging backends; tensorboard is written by hfscale into the run directory."})
     logging_steps: float = field(default=10, metadata={"help": "Log (and time) every N optimizer steps."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
@@ -172,6 +172,15 @@ class RunState:
 # H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
 # when asked, until a GPU session has measured them (benchmarks/gpu_suite.py).
 COMPILE_BY_DEFAULT_ON_GPUS = ("ddp",)
+# Steps left untimed on a GPU: every run on one H200 paid 0.2-0.4 s of one-off cost in steps 3-5 (eager and compiled,
+# 350M and 1.3B; flat from step 6: benchmarks/results/h200_2026-11-25/record.md) - up to a third of a 20-step average,
+# where a CPU run pays none. Halved for runs too short to spare them; --perf_warmup_steps wins.
+GPU_PERF_WARMUP_STEPS = 5
+
+
+def gpu_perf_warmup_steps(max_steps: int) -> int:
+    """The GPU route's default --perf_warmup_steps for a run of `max_steps` (<= 0: set by epochs)."""
+    return GPU_PERF_WARMUP_STEPS if max_steps <= 0 else min(GPU_PERF_WARMUP_STEPS, max(2, max_steps // 2))
 
 
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
@@ -198,8 +207,11 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
-    elif strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
-        kw["torch_compile"] = True
+    else:
+        if strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
+            kw["torch_compile"] = True
+        if "perf_warmup_steps" not in explicit:
+            kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
     _no_host_syncs(kw, explicit)
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
                    gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
