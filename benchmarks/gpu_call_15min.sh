@@ -21,9 +21,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 #    and every step timed on its own: where the one-off cost of steps 3-5 lies (record.md of 2026-11-25)
 suite a350 --only reference,runs --strategy ddp --optim adamw --ddp_variants compiled,per-step --steps 20 \
   --budget_s $(left 200)
-# 2. MFU at 1.3B: hfscale's default, and the two levers measured apart on 2026-11-25 (MBS 16, vocabulary 50304) together
-suite b13 --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw --references compiled --no-pairs \
-  --ddp_variants compiled,mbs2x+vocab128 --steps 20 --budget_s $(left 420)
+# 2. the same at 1.3B, eager and compiled; then MFU with the two levers measured apart on 2026-11-25 (MBS 16,
+#    vocabulary 50304) together
+suite b13 --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw \
+  --ddp_variants compiled,mbs2x+vocab128 --steps 20 --budget_s $(left 440)
 # 3. the CUDA grid without the KV cache, SDPA modes first (their fit still takes the cache off: FITTED_WITH_KV_CACHE)
 suite grid --only grid --grid_filter '^gpt2/sdpa/[a-z0-9_]+/0$' \
   --budget_s $(left 530)
