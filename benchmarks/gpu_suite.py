@@ -126,7 +126,7 @@ DDP_VARIANTS = [("", True, []),
                 ("mbs2x+vocab128", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128"]),
                 # every step its own logging interval: which steps after the warm-up pay the one-off 0.2-0.4 s one H200
                 # showed in steps 3-5 of every run (results/h200_2026-11-25/record.md)
-                ("per-step", True, ["--logging_steps", "1"])]
+                ("per-step", True, ["--logging_steps", "1", "--perf_warmup_steps", "1"])]  # intervals from step 2
 NOT_SPEED = ("host-syncs", "profile", "per-step")  # slowed by what they record: no speed figure
 
 

@@ -110,6 +110,8 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
         assert kw["per_device_train_batch_size"] == (16 if "mbs2x" in variant else 8)
         assert state.plan.shape.vocab == (50304 if "vocab128" in variant else 50257)
         assert state.plan.fused_linear_cross_entropy is (variant == "flce")
+        # per-step: every step its own interval from step 2; the rest: the GPU route's 5 untimed steps
+        assert kw["perf_warmup_steps"] == (1 if variant == "per-step" else 5)
         if variant == "trainer-syncs":
             assert kw["logging_nan_inf_filter"] is True and '"non_blocking": false' in kw["accelerator_config"]
         else:
