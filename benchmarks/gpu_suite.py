@@ -239,9 +239,12 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     warmup = max(2, opts.steps // 3)  # warm-up (and compilation), then the rest timed as one window: no per-step sync,
-    for _ in range(warmup):           # as a hand-written loop runs
+    warmup_steps = []                 # as a hand-written loop runs. The warm-up steps each timed alone, with the SM
+    for _ in range(warmup):           # clock after each: does a loop with no Trainer pay hfscale runs' one-off cost of
+        began = time.perf_counter()   # steps 3-5 too, and do the clocks ramp meanwhile (results/h200_2026-11-25)
         step()
-    sync()
+        sync()
+        warmup_steps.append({"s": round(time.perf_counter() - began, 6), "sm_mhz": sm_clock_mhz(device)})
     start = time.perf_counter()
     for _ in range(opts.steps - warmup):
         step()
@@ -250,8 +253,20 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
     tokens = opts.per_device_train_batch_size * opts.seq_len
     profile = profile_reference(step, sync, device.startswith("cuda"))
     return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
-            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step,
+            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step, "warmup_steps": warmup_steps,
             "profile": profile}
+
+
+def sm_clock_mhz(device: str) -> int | None:
+    """The GPU's current SM clock (torch.cuda.clock_rate, through NVML), or None (a CPU, or no NVML)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    try:
+        return int(torch.cuda.clock_rate(torch.device(device)))
+    except Exception:  # noqa: BLE001 - pynvml missing or refused: the clock is a clue, not a figure
+        return None
 
 
 def profile_reference(step, sync, on_cuda: bool) -> dict:
@@ -386,6 +401,10 @@ def markdown(report: dict) -> str:
     for r in report["references"]:
         speed = "fail" if r.get("status") == "fail" else f"{r['tokens_per_s']:,.0f}"
         lines.append(f"| {r['reference']} | {speed} | {r.get('hfscale_ratio', '')} |")
+    for r in report["references"]:
+        if r.get("warmup_steps"):  # each alone, with the SM clock after it where NVML answers
+            steps = ", ".join(f"{w['s']:.4f}" + (f" @{w['sm_mhz']} MHz" if w["sm_mhz"] else "") for w in r["warmup_steps"])
+            lines += ["", f"warm-up steps of {r['reference']} (s): {steps}"]
     for r in report["runs"]:
         steps = (r.get("host_syncs") or {}).get("steps") or []
         if len(steps) > 1:  # step 2: after the first step's one-off checks, no logging (--logging_steps 5)

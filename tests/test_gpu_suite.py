@@ -24,6 +24,7 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert set(fixture["plan"]) <= set(ddp["plan"])  # a new GPU session's runs can become the next fixture as they are
     ref = report["references"][0]
     assert ref["tokens_per_s"] > 0 and ref["hfscale_ratio"] > 0
+    assert [w["sm_mhz"] for w in ref["warmup_steps"]] == [None, None] and all(w["s"] > 0 for w in ref["warmup_steps"])
     rows = [json.loads(line) for line in (tmp_path / "activations.jsonl").read_text().splitlines()]
     h100 = json.loads((REPO / "benchmarks/results/h100_2026-11-23/cuda_activations.jsonl").read_text().splitlines()[0])
     assert len(rows) == 3 and all(set(h100) <= set(r) and r["activations"] > 0 and r["peak"] >= r["activations"]
