@@ -18,7 +18,8 @@ suite() { local name=$1; shift
     | grep -E "^\[|failed|Error|^\|"; pack; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee $R/machine.txt
 # 1. hfscale's ddp against the hand-written step at 350M, eager and compiled (the steady state since 2026-11-25)
-#    and every step timed on its own: where the one-off cost of steps 3-5 lies (record.md of 2026-11-25)
+#    and every step timed on its own (hfscale's per-step run; the hand-written loop's warm-up steps, with the SM clock):
+#    where the one-off cost of steps 3-5 lies, and whether a loop without the Trainer pays it too (record.md, 2026-11-25)
 suite a350 --only reference,runs --strategy ddp --optim adamw --ddp_variants compiled,per-step --steps 20 \
   --budget_s $(left 200)
 # 2. the same at 1.3B, eager and compiled; then MFU with the two levers measured apart on 2026-11-25 (MBS 16,
