@@ -68,20 +68,17 @@ class Clock:
         return time.monotonic() - self.start < self.budget_s
 
 
-def attempt(fn, *args):
-    """fn(*args), or None with the error kept in attempt.last_error: one item that breaks on a new machine (a kernel,
-    a library version) costs that item, not the rest of a call of scarce device time."""
+def attempt(fn, *args) -> tuple[object, str | None]:
+    """(fn(*args), None), or (None, the error) if it raised: one item that breaks on a new machine (a kernel, a library
+    version) costs that item, not the rest of a call of scarce device time."""
     try:
-        return fn(*args)
+        return fn(*args), None
     except Exception as err:  # noqa: BLE001 - recorded in the report, and the suite goes on
         import traceback
 
-        attempt.last_error = f"{type(err).__name__}: {err}"[:300] + " | " + traceback.format_exc()[-600:]
-        print(f"  failed: {attempt.last_error}", flush=True)
-        return None
-
-
-attempt.last_error = ""
+        error = f"{type(err).__name__}: {err}"[:300] + " | " + traceback.format_exc()[-600:]
+        print(f"  failed: {error}", flush=True)
+        return None, error
 
 
 # ---- runs ----------------------------------------------------------------------------------------------------------
@@ -455,14 +452,13 @@ def main() -> None:
                         "that step's profiler overhead")
     opts = parser.parse_args()
     from hfscale.errors import HfscaleError
-
     from hfscale.flags import comma_list
 
     try:  # names checked before anything runs: one line, not a traceback minutes in
         from hfscale.models import resolve_shape
 
         resolve_shape(opts.model)
-        comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference")
+        references = set(comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference"))
         re.compile(opts.grid_filter)
         variant_names(opts.ddp_variants)
         pairs(1, opts.strategy, opts.optim)
@@ -490,18 +486,17 @@ def main() -> None:
         atomic_write_text(opts.out / "gpu_suite.md", markdown(report))
 
     if "reference" in sections:  # first: a call cut short still has what every ddp run is compared with
-        modes = set(comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference"))
         for compiled in (False, True) if not opts.dry_run else (False,):
             label = f"reference step{' (compiled)' if compiled else ''}"
-            if ("compiled" if compiled else "eager") not in modes:
+            if ("compiled" if compiled else "eager") not in references:
                 continue
             if not clock.left():
                 report["skipped"].append(label)
                 continue
             clock.say(label)
-            report["references"].append(attempt(reference_step, opts, compiled, device) or
-                                        {"reference": label, "compiled": compiled, "status": "fail",
-                                         "error": attempt.last_error})
+            ref, error = attempt(reference_step, opts, compiled, device)
+            report["references"].append(ref or {"reference": label, "compiled": compiled, "status": "fail",
+                                                "error": error})
             save()
     if "runs" in sections:
         chosen_pairs = pairs(gpus, opts.strategy, opts.optim)
@@ -545,9 +540,9 @@ def main() -> None:
                 report["skipped"].append(f"grid {label} {shape}")
                 continue
             clock.say(f"grid {label} {shape}")
-            row = attempt(grid_point, mode, shape, compiled, device, fused_loss)
+            row, error = attempt(grid_point, mode, shape, compiled, device, fused_loss)
             report["grid"].append(row or {"mode": f"{mode}/{int(compiled)}", "shape": list(shape),
-                                          "fused_loss": fused_loss, "error": attempt.last_error})
+                                          "fused_loss": fused_loss, "error": error})
             save()
     save()
     clock.say(f"wrote {opts.out}/gpu_suite.json, gpu_suite.md; {len(report['skipped'])} item(s) skipped by the budget")
