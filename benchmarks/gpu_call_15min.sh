@@ -17,15 +17,16 @@ suite() { local name=$1; shift
   bash benchmarks/gpu_session.sh suite --out $R/$name --runs_dir /tmp/runs-$name "$@" 2>&1 | tee $R/$name.log \
     | grep -E "^\[|failed|Error|^\|"; pack; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee $R/machine.txt
-# 1. hfscale's ddp against the hand-written step at 350M, eager and compiled (the steady state since 2026-11-25)
+# 1. hfscale's ddp against the hand-written step at 350M, eager and compiled (the steady state since 2026-11-25),
 #    and every step timed on its own (hfscale's per-step run; the hand-written loop's warm-up steps, with the SM clock):
 #    where the one-off cost of steps 3-5 lies, and whether a loop without the Trainer pays it too (record.md, 2026-11-25)
 suite a350 --only reference,runs --strategy ddp --optim adamw --ddp_variants compiled,per-step --steps 20 \
-  --budget_s $(left 200)
-# 2. the same at 1.3B, eager and compiled; then MFU with the two levers measured apart on 2026-11-25 (MBS 16,
-#    vocabulary 50304) together
-suite b13 --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw \
-  --ddp_variants compiled,mbs2x+vocab128 --steps 20 --budget_s $(left 440)
+  --budget_s $(left 240)
+# 2. at 1.3B compiled: the ratio, then MFU with the two levers measured apart on 2026-11-25 (MBS 16, vocabulary 50304)
+#    together; then 1.3B eager if time is left
+suite b13 --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw --references compiled --no-pairs \
+  --ddp_variants compiled,mbs2x+vocab128 --steps 20 --budget_s $(left 470)
+suite b13eager --model gpt2-1.3b --only reference,runs --strategy ddp --optim adamw --references eager \
+  --ddp_variants none --steps 20 --budget_s $(left 490)
 # 3. the CUDA grid without the KV cache, SDPA modes first (their fit still takes the cache off: FITTED_WITH_KV_CACHE)
-suite grid --only grid --grid_filter '^gpt2/sdpa/[a-z0-9_]+/0$' \
-  --budget_s $(left 530)
+suite grid --only grid --grid_filter '^gpt2/sdpa/[a-z0-9_]+/0$' --budget_s $(left 545)
