@@ -212,7 +212,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
             kw["torch_compile"] = True
         if "perf_warmup_steps" not in explicit:
             kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
-    _no_host_syncs(kw, explicit)
+    _no_host_syncs(kw, explicit, gpu)
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
                    gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
                    processes_per_node=launcher_processes_per_node(world),
@@ -231,15 +231,16 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     return kw, plan, tensorboard
 
 
-def _no_host_syncs(kw: dict, explicit: set[str]) -> None:
+def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
     """Two Trainer defaults stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the host's
-    per-step work shows as idle device time; hfscale changes both, the same on both routes, and the user's flags win.
+    per-step work shows as idle device time; hfscale changes both, and the user's flags win.
     - logging_nan_inf_filter reads every micro-batch's loss to keep a NaN/inf out of the logged average: its default
-      is false in HfscaleTrainingArguments (the loss is logged as it is; a NaN shows as NaN).
+      is false in HfscaleTrainingArguments (the loss is logged as it is; a NaN shows as NaN), on both routes.
     - accelerator_config: accelerate copies each batch to the device with a blocking copy, which torch makes with a
-      stream synchronize; here non-blocking, from pinned memory (the Trainer's dataloader_pin_memory default), as
-      accelerate's docs pair them."""
-    if "accelerator_config" not in explicit:
+      stream synchronize; on the GPU route non-blocking, from pinned memory (the Trainer's dataloader_pin_memory
+      default), as accelerate's docs pair them. The CPU route copies nothing between devices and pins nothing (the
+      Trainer turns pinning off under use_cpu, and would warn at every run that non_blocking lacks it): untouched."""
+    if gpu and "accelerator_config" not in explicit:
         kw["accelerator_config"] = {"non_blocking": True}
 
 
