@@ -251,6 +251,7 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
     profile = profile_reference(step, sync, device.startswith("cuda"))
     return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
             "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step, "warmup_steps": warmup_steps,
+            "per_device_train_batch_size": opts.per_device_train_batch_size, "vocab": shape.vocab,
             "profile": profile}
 
 
@@ -368,13 +369,15 @@ def machine(device: str) -> dict:
 
 
 def hand_written_ratios(report: dict, gpus: int) -> None:
-    """Every ddp x adamw run that is a speed figure against the hand-written step of its own compile mode."""
+    """Every ddp x adamw run that is a speed figure against the hand-written step of its own compile mode and shape (a
+    variant with another micro-batch or vocabulary is another step: its MFU says what it gained)."""
     for ref in report["references"]:
         if ref.get("status") == "fail":
             continue
         for r in report["runs"]:
-            same_mode = r["compiled"] == ref["compiled"]
-            if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and same_mode
+            same_step = r["compiled"] == ref["compiled"] and all(
+                r["plan"][k] == ref[k] for k in ("per_device_train_batch_size", "vocab") if k in ref)
+            if (r["status"] == "ok" and r["strategy"] == "ddp" and r["optim"] == "adamw" and same_step
                     and not set(r["variant"].split("+")) & set(NOT_SPEED)):
                 r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
                 if not r["variant"]:

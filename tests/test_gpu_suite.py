@@ -131,6 +131,22 @@ def test_an_item_that_breaks_costs_that_item_not_the_call():
     assert "| reference step | fail |" in suite.markdown(report)
 
 
+def test_only_the_same_step_gets_a_ratio_to_the_hand_written_one():
+    """ddp against the hand-written step of the same compile mode, micro-batch and vocabulary: twice the micro-batch
+    or a padded vocabulary is another step (its MFU says what it gained), a run slowed by what it records no figure."""
+    suite = _suite()
+    ref = {"reference": "r", "compiled": True, "tokens_per_s": 100.0, "per_device_train_batch_size": 8, "vocab": 50257}
+
+    def run(variant, mbs=8, vocab=50257, compiled=True):
+        return {"run": variant, "status": "ok", "strategy": "ddp", "optim": "adamw", "compiled": compiled,
+                "variant": variant, "tokens_per_s": 110.0, "plan": {"per_device_train_batch_size": mbs, "vocab": vocab}}
+
+    runs = [run(""), run("mbs2x", mbs=16), run("vocab128", vocab=50304), run("per-step"), run("eager", compiled=False)]
+    report = {"references": [ref], "runs": runs}
+    suite.hand_written_ratios(report, 1)
+    assert [r.get("hand_written_ratio") for r in runs] == [1.1, None, None, None, None] and ref["hfscale_ratio"] == 1.1
+
+
 def test_sections_are_chosen_before_anything_runs(monkeypatch, capsys, tmp_path):
     suite = _suite()
     for flags, message in ((["--references", "eagr"], "unknown reference 'eagr'"),
