@@ -221,11 +221,16 @@ class Meter:
         self.mark_step, self.mark_time = step, now
         return self.figures(s_per_iter)
 
+    def _span_start(self) -> tuple[int | None, float | None, float]:
+        """(step, time, paused seconds by then) where the whole-run figures start: the steady state's first logging
+        step when a step follows it, else the warm-up's end."""
+        if self.steady is not None and self.end_step is not None and self.steady[0] < self.end_step:
+            return self.steady
+        return self.start_step, self.start_time, 0.0
+
     def whole_run(self) -> tuple[metrics.StepFigures | None, int]:
         """Figures averaged over the steady state (see the class), and how many steps that is."""
-        start_step, start_time, paused_before = self.start_step, self.start_time, 0.0
-        if self.steady is not None and self.end_step is not None and self.steady[0] < self.end_step:
-            start_step, start_time, paused_before = self.steady
+        start_step, start_time, paused_before = self._span_start()
         if start_step is None or self.end_step is None or self.end_step <= start_step:
             return None, 0
         steps = self.end_step - start_step
@@ -234,9 +239,7 @@ class Meter:
     @property
     def timed_from(self) -> int | None:
         """The step the whole-run figures are timed from (whole_run)."""
-        if self.steady is not None and self.end_step is not None and self.steady[0] < self.end_step:
-            return self.steady[0]
-        return self.start_step
+        return self._span_start()[0]
 
 
 def perf_scalars(fig: metrics.StepFigures) -> dict:
