@@ -336,6 +336,42 @@ def restore_process_state():
         pytest.fail(f"the test left {modes} torch function mode(s) on the stack")
 
 
+class ReachedLaunch(AssertionError):
+    pass
+
+
+@pytest.fixture()
+def hfscale_cli(capsys, monkeypatch):
+    """`hfscale ARGV` in this process: the console script's own entry point, exit code and stderr, without paying the
+    libraries' import (seconds) for every case. For refusals made before anything starts: a case that gets as far as
+    setting up processes or exec'ing accelerate fails here and belongs with the launched cases (`run`). The console
+    script's own refusals, as a process: test_bad_input.py."""
+    from types import SimpleNamespace
+
+    from hfscale import cli
+    from hfscale.parallel import distributed
+
+    def reached(*args, **kwargs):
+        raise ReachedLaunch("got past the up-front checks: launch this case as a real process")
+
+    monkeypatch.setattr(distributed, "setup_processes", reached)
+    monkeypatch.setattr(os, "execv", reached)
+
+    def call(argv: list, cwd: Path | None = None):
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            cli.main([str(a) for a in argv])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return call
+
+
 # ---- SLURM on one machine: the script `hfscale slurm` writes, run by bash with stand-ins for srun and scontrol ------
 FAKE_SRUN = """#!/bin/bash
 # srun stand-in: one copy of the command per node, each with its own SLURM_NODEID / SLURM_PROCID

@@ -1,7 +1,6 @@
 """Bad input: one line naming the problem, exit code 2, no traceback, nothing written to the output directory."""
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -9,40 +8,6 @@ import pytest
 
 from conftest import REPO, run
 
-
-class ReachedLaunch(AssertionError):
-    pass
-
-
-@pytest.fixture()
-def hfscale_cli(capsys, monkeypatch):
-    """`hfscale ARGV` in this process: the console script's own entry point, exit code and stderr, without paying the
-    libraries' import (seconds) for every case. For refusals made before anything starts: a case that gets as far as
-    setting up processes or exec'ing accelerate fails here and belongs with the launched cases (`run`)."""
-    from types import SimpleNamespace
-
-    from hfscale import cli
-    from hfscale.parallel import distributed
-
-    def reached(*args, **kwargs):
-        raise ReachedLaunch("got past the up-front checks: launch this case as a real process")
-
-    monkeypatch.setattr(distributed, "setup_processes", reached)
-    monkeypatch.setattr(os, "execv", reached)
-
-    def call(argv: list[str], cwd: Path | None = None):
-        if cwd is not None:
-            monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        try:
-            cli.main(list(argv))
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
-
-    return call
 
 CASES = {
     "unknown strategy": (["--strategy", "zero4"], "unknown strategy 'zero4'; choose one of: ddp"),

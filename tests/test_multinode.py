@@ -132,8 +132,8 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
     (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
     (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),
 ])
-def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path):
-    proc = run([sys.executable, "-m", "hfscale", "slurm", *argv, "--out", str(tmp_path / "jobs")], cwd=tmp_path)
+def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path, hfscale_cli):
+    proc = hfscale_cli(["slurm", *argv, "--out", tmp_path / "jobs"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
@@ -141,14 +141,13 @@ def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["hfscale", "train"],  # one process, no launcher
-    ["hfscale", "launch", "--num_processes", "2"],  # one node
-    ["hfscale", "launch", "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--dry_run"],
+    ["train"],  # one process, no launcher
+    ["launch", "--num_processes", "2"],  # one node
+    ["launch", "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--dry_run"],
 ])
-def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path):
+def test_hsdp_without_two_nodes_of_two_is_refused_in_one_line(argv, tmp_path, hfscale_cli):
     out = tmp_path / "run"
-    proc = run([sys.executable, "-m", *argv, "--strategy", "fsdp_hybrid", *TINY, "--max_steps", "1",
-                "--output_dir", str(out)], cwd=tmp_path)
+    proc = hfscale_cli([*argv, "--strategy", "fsdp_hybrid", *TINY, "--max_steps", "1", "--output_dir", out], cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "needs 2+ nodes with 2+ processes each" in lines[0], proc.stderr
     assert not out.exists()

@@ -5,7 +5,6 @@ Runs are real `accelerate launch` subprocesses; each is started once per session
 
 import functools
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -306,11 +305,10 @@ def pair_result(strategy: str, optim: str) -> dict:
 
 
 @pytest.mark.parametrize("strategy,optim", PAIRS)
-def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim):
+def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, hfscale_cli):
     if (strategy, optim) in INCOMPATIBLE:
         out = tmp_path / "out"
-        proc = run([sys.executable, "-m", "hfscale", "train", "--strategy", strategy, "--optim", optim, *TINY,
-                    "--max_steps", "1", "--output_dir", str(out)])
+        proc = hfscale_cli(["train", "--strategy", strategy, "--optim", optim, *TINY, "--max_steps", "1", "--output_dir", out])
         assert proc.returncode == 2 and f"strategy {strategy!r} cannot use optimizer {optim!r}" in proc.stderr
         assert not out.exists()
         return

@@ -97,8 +97,8 @@ def test_winner_files_train_for_real(tuned, tmp_path):
     (["--mbs", "4"], "--mbs is now --per_device_train_batch_size"),
     (["--", "--strategy", "ddp"], "--strategy is set by hfscale tune"),
 ])
-def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected):
-    proc = run([sys.executable, "-m", "hfscale", "tune", "--out", str(tmp_path / "out"), *argv], cwd=tmp_path, timeout=120)
+def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected, hfscale_cli):
+    proc = hfscale_cli(["tune", "--out", tmp_path / "out", *argv], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
