@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO, environ: dict | No
     the command outlives `timeout` (a failure naming it) or the test is interrupted (pytest-timeout, Ctrl-C). A
     launcher killed alone would leave its ranks running, holding the output pipes (communicate waits for them) and,
     mid-build, torch's extension lock."""
+    started, cpu = time.monotonic(), _children_cpu_s()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env() if environ is None else environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -69,7 +71,26 @@ def run(cmd: list[str], timeout: int = 420, cwd: Path = REPO, environ: dict | No
     except BaseException:
         _kill_session(proc)
         raise
+    _log_launch(cmd, time.monotonic() - started, _children_cpu_s() - cpu)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # every waited-for descendant: launcher, ranks, compilers
+    return usage.ru_utime + usage.ru_stime
+
+
+def _log_launch(cmd: list, wall_s: float, cpu_s: float) -> None:
+    """With HFSCALE_TEST_LAUNCHES=FILE, one JSON line per launch (the test, wall and CPU seconds, the command): where
+    the suite's time goes, which is launches (docs/verification.md). A worker runs one launch at a time, so the CPU
+    its children used meanwhile is the launch's."""
+    path = os.environ.get("HFSCALE_TEST_LAUNCHES")
+    if path:
+        with open(path, "a") as log:  # append mode, one write per line: the two workers cannot interleave
+            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"), "wall_s": round(wall_s, 2),
+                                  "cpu_s": round(cpu_s, 2), "cmd": " ".join(map(str, cmd))}) + "\n")
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
