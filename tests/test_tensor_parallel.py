@@ -25,7 +25,8 @@ def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
         got = rank[family]
         whole, split = got["losses"]
         assert split == pytest.approx(whole, abs=1e-5)  # 3 AdamW steps with clipping, the same batches
-        assert got["grad_diff"] < 1e-6 and got["weight_diff"] < 1e-4
+        # the weights: at most steps x lr x grad_diff / Adam's eps apart (the probe says why its eps is 1e-3)
+        assert got["grad_diff"] < 1e-6 and got["weight_diff"] < 3 * 1e-2 * 1e-6 / 1e-3
         assert got["norms"][1] == pytest.approx(got["norms"][0], rel=1e-4)  # clipping sees every shard once
     # each rank holds 1/TP of the split matrices and all of the rest: what the 3D memory formula counts
     shape = PRESETS[preset]
