@@ -138,13 +138,23 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     """
     import torch
     from transformers import BloomForCausalLM, GPT2LMHeadModel
+    from transformers.initialization import no_init_weights
 
     torch.manual_seed(seed)
     config = hf_config(shape, dropout)
     if attn_implementation:
         config._attn_implementation = attn_implementation
     model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
-    return declare_causal_lm_loss(model_cls(config))
+    # Each layer's constructor draws its weights (Conv1D normal_, Linear kaiming_uniform_, Embedding normal_) and
+    # post_init then draws every one again with the model's own scheme, the head too before tying it to the embedding
+    # (a second vocabulary x hidden draw). Constructed without the first, the head left out of the second (as
+    # from_pretrained leaves it), then initialised by transformers and tied (tests/test_models.py).
+    with no_init_weights():
+        model = model_cls(config)
+    for tied in model.all_tied_weights_keys:  # replaced by the weight it is tied to
+        model.get_parameter(tied)._is_hf_initialized = True
+    model.init_weights()  # skipped on the meta device (train.build's ranks without weights), as post_init's was
+    return declare_causal_lm_loss(model)
 
 
 def zero3_dtype(ds_config: dict):

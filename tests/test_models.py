@@ -1,0 +1,76 @@
+"""hfscale/models.py's build_model: transformers' own initialisation, drawn once."""
+
+import math
+
+import pytest
+import torch
+from transformers import BloomForCausalLM, GPT2LMHeadModel
+
+from hfscale.models import PRESETS, build_model, hf_config
+
+RANDOM_INITS = ("normal_", "uniform_")
+
+
+def drawn_elements(build) -> tuple[object, int]:
+    """What `build()` returns, and how many random numbers its weights took (every normal_/uniform_ on a tensor)."""
+    drawn = 0
+    originals = {name: getattr(torch.Tensor, name) for name in RANDOM_INITS}
+
+    def counting(name):
+        def draw(tensor, *args, **kwargs):
+            nonlocal drawn
+            drawn += tensor.numel()
+            return originals[name](tensor, *args, **kwargs)
+        return draw
+
+    try:
+        for name in RANDOM_INITS:
+            setattr(torch.Tensor, name, counting(name))
+        return build(), drawn
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-bloom"])
+def test_the_weights_are_transformers_initialisation_drawn_once(preset):
+    """Against the model class's own constructor (the constructors' draws, then post_init's): every tensor has the
+    same distribution (norms and biases exactly, the random ones the same spread: GPT-2's residual projections
+    0.02/sqrt(2 n_layer), BLOOM's Linear layers the model's 0.02, not nn.Linear's kaiming_uniform_), tied as before,
+    each random weight drawn once (the constructor's way: twice, and the tied head a third time)."""
+    shape = PRESETS[preset]
+    model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
+
+    def constructed():
+        torch.manual_seed(0)
+        return model_cls(hf_config(shape))
+
+    built, built_drawn = drawn_elements(lambda: build_model(shape, seed=0))
+    reference, reference_drawn = drawn_elements(constructed)
+    random = sum(p.numel() for p in built.parameters() if p.std() > 0)  # the tied head counted once
+    # GPT-2's scheme draws each residual projection twice (0.02, then 0.02/sqrt(2 n_layer)): transformers', kept
+    redrawn = sum(p.numel() for n, p in built.named_parameters() if n.endswith("c_proj.weight"))
+    assert built_drawn == random + redrawn
+    assert reference_drawn >= 2 * random + redrawn  # the constructors' draws, then post_init's, the head's too
+    assert built.lm_head.weight is built.get_input_embeddings().weight
+    mine, theirs = dict(built.named_parameters()), dict(reference.named_parameters())
+    assert mine.keys() == theirs.keys()
+    for name, ref in theirs.items():
+        got = mine[name].detach()
+        if ref.std() == 0:  # LayerNorm weights (1) and biases (0)
+            assert torch.equal(got, ref.detach()), name
+            continue
+        assert not torch.equal(got, ref.detach()), name  # other draws, same scheme
+        assert got.std().item() == pytest.approx(ref.std().item(), rel=0.1), name
+        assert abs(got.mean().item()) < 4 * ref.std().item() / math.sqrt(ref.numel()), name
+    if shape.family == "gpt2":
+        assert mine["transformer.h.0.mlp.c_proj.weight"].std().item() == pytest.approx(
+            0.02 / math.sqrt(2 * shape.n_layer), rel=0.1)
+
+
+def test_a_model_built_on_the_meta_device_draws_nothing():
+    """train.build's ranks without weights build on the meta device: no initialisation runs there."""
+    with torch.device("meta"):
+        model, drawn = drawn_elements(lambda: build_model(PRESETS["tiny"], seed=0))
+    assert drawn == 0 and all(p.is_meta for p in model.parameters())
+    assert model.lm_head.weight is model.get_input_embeddings().weight
