@@ -136,6 +136,9 @@ def fill_placeholders(extra, opts) -> list[str]:
     return [str(values.get(a, a)) for a in extra]
 
 
+SECTIONS = ("reference", "runs", "grid")  # --only, in the order they run
+
+
 def variant_names(asked: str) -> set[str]:
     """--ddp_variants: a comma list of DDP_VARIANTS' names ("compiled" for the first), "all" or "none"."""
     from hfscale.flags import comma_list
@@ -424,8 +427,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    from hfscale.files import atomic_write_text
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, its names checked before anything runs (one line and exit 2, not a traceback minutes in).
+    tests/test_gpu_suite.py parses every section of the lease scripts (benchmarks/gpu_call_*.sh) with it."""
+    from hfscale.errors import HfscaleError
+    from hfscale.flags import comma_list
+    from hfscale.models import resolve_shape
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gpt2-350m")
@@ -453,20 +460,27 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
-    opts = parser.parse_args()
-    from hfscale.errors import HfscaleError
-    from hfscale.flags import comma_list
-
-    try:  # names checked before anything runs: one line, not a traceback minutes in
-        from hfscale.models import resolve_shape
-
+    opts = parser.parse_args(argv)
+    try:
         resolve_shape(opts.model)
-        references = set(comma_list(opts.references, "--references", valid=("eager", "compiled"), what="reference"))
+        opts.references = set(comma_list(opts.references, "--references", valid=("eager", "compiled"),
+                                         what="reference"))
         re.compile(opts.grid_filter)
         variant_names(opts.ddp_variants)
         pairs(1, opts.strategy, opts.optim)
+        for section in opts.only.split(","):
+            if section not in SECTIONS:
+                raise HfscaleError(f"--only: unknown section '{section}'; choose one of: {', '.join(SECTIONS)}")
     except (HfscaleError, re.error) as err:
         parser.error(str(err) if isinstance(err, HfscaleError) else f"--grid_filter: {err}")
+    return opts
+
+
+def main() -> None:
+    from hfscale.files import atomic_write_text
+
+    opts = options()
+    references = opts.references
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"

@@ -3,6 +3,8 @@ code, tiny sizes), so it works when a GPU is lent; and its output has the shape 
 files tests/test_memory.py checks the estimate against)."""
 
 import json
+import re
+import shlex
 import sys
 from types import SimpleNamespace
 
@@ -150,9 +152,34 @@ def test_only_the_same_step_gets_a_ratio_to_the_hand_written_one():
 def test_sections_are_chosen_before_anything_runs(monkeypatch, capsys, tmp_path):
     suite = _suite()
     for flags, message in ((["--references", "eagr"], "unknown reference 'eagr'"),
-                           (["--grid_filter", "("], "--grid_filter: missing )")):
+                           (["--grid_filter", "("], "--grid_filter: missing )"),
+                           (["--only", "runs,grids"], "--only: unknown section 'grids'; choose one of: reference, ")):
         monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--dry_run", "--out", str(tmp_path / "out"), *flags])
         with pytest.raises(SystemExit) as exit_:
             suite.main()
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def lease_sections(script) -> list[tuple[str, list[str]]]:
+    """The `suite NAME ARGS` sections of a lease script, each deadline `$(left N)` read as N."""
+    text = script.read_text().replace("\\\n", " ")
+    return [(words[1], words[2:]) for line in text.splitlines() if line.startswith("suite ")
+            for words in [shlex.split(re.sub(r"\$\(left (\d+)\)", r"\1", line), comments=True)]]
+
+
+@pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh"])
+def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
+    """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
+    Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than
+    the one before, the last within the call's 590 s."""
+    suite, path = _suite(), REPO / "benchmarks" / script
+    assert 'source "$(dirname "$0")/gpu_lease.sh"' in path.read_text()
+    sections = lease_sections(path)
+    assert len(sections) >= 3 and len({name for name, _ in sections}) == len(sections)
+    deadlines = []
+    for name, args in sections:
+        opts = suite.options(args)
+        assert opts.budget_s != 530.0, f"{name}: no deadline"  # the suite's default: the lease's clock ignored
+        deadlines.append(opts.budget_s)
+    assert deadlines == sorted(set(deadlines)) and deadlines[-1] < 560
