@@ -480,7 +480,6 @@ def main() -> None:
     from hfscale.files import atomic_write_text
 
     opts = options()
-    references = opts.references
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"
@@ -505,7 +504,7 @@ def main() -> None:
     if "reference" in sections:  # first: a call cut short still has what every ddp run is compared with
         for compiled in (False, True) if not opts.dry_run else (False,):
             label = f"reference step{' (compiled)' if compiled else ''}"
-            if ("compiled" if compiled else "eager") not in references:
+            if ("compiled" if compiled else "eager") not in opts.references:
                 continue
             if not clock.left():
                 report["skipped"].append(label)

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from transformers import BloomForCausalLM, GPT2LMHeadModel
 
-from hfscale.models import PRESETS, build_model, hf_config
+from conftest import load_benchmark
+from hfscale.models import PRESETS, build_model
 
 RANDOM_INITS = ("normal_", "uniform_")
 
@@ -39,14 +39,9 @@ def test_the_weights_are_transformers_initialisation_drawn_once(preset):
     0.02/sqrt(2 n_layer), BLOOM's Linear layers the model's 0.02, not nn.Linear's kaiming_uniform_), tied as before,
     each random weight drawn once (the constructor's way: twice, and the tied head a third time)."""
     shape = PRESETS[preset]
-    model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
-
-    def constructed():
-        torch.manual_seed(0)
-        return model_cls(hf_config(shape))
-
+    constructed = load_benchmark("model_build").constructed  # what benchmarks/model_build.py times it against
     built, built_drawn = drawn_elements(lambda: build_model(shape, seed=0))
-    reference, reference_drawn = drawn_elements(constructed)
+    reference, reference_drawn = drawn_elements(lambda: constructed(shape, 0))
     random = sum(p.numel() for p in built.parameters() if p.std() > 0)  # the tied head counted once
     # GPT-2's scheme draws each residual projection twice (0.02, then 0.02/sqrt(2 n_layer)): transformers', kept
     redrawn = sum(p.numel() for n, p in built.named_parameters() if n.endswith("c_proj.weight"))
