@@ -442,7 +442,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--strategy", default="all")
     parser.add_argument("--optim", default="all")
-    parser.add_argument("--only", default="runs,reference,grid")
+    parser.add_argument("--only", default=",".join(SECTIONS))
     parser.add_argument("--budget_s", type=float, default=530.0)
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_suite"), help="gpu_suite.json/.md and the grid rows")
     parser.add_argument("--runs_dir", type=Path, help="the runs' own directories (default OUT/runs; on the device "
