@@ -2,6 +2,7 @@
 hook as the source of its byte count, and bad input."""
 
 import json
+import statistics
 import sys
 from dataclasses import replace
 
@@ -180,24 +181,31 @@ def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
     assert fit["latency_s"] == pytest.approx(latency, rel=1e-6) and fit["busbw"] == pytest.approx(busbw, rel=1e-6)
 
 
-# Rounds measured on the 2-core machine CI runs on: benchmarks/projection_vs_real.py --keep (its README.md has the command)
-PROJECTION_ROUNDS = REPO / "benchmarks" / "results" / "projection_2026-11-25"
+# Rounds measured on the 2-core machine CI runs on, on two days: benchmarks/projection_vs_real.py --keep (the commands are
+# in benchmarks/README.md)
+PROJECTION_ROUNDS = [REPO / "benchmarks" / "results" / f"projection_2026-11-{day}" for day in (25, 26)]
 
 
 def test_projection_from_one_process_lands_within_25_percent_of_real_two_process_runs():
     """Each kept round - a 1-process run (beside a twin: one rank's compute conditions on 2 cores), the loopback
     bandwidth measured with that step's compute between collectives, and a real 2-process run with the same per-rank
-    work - projected again by this checkout's code: per strategy, the median of its 3 rounds within 25% of the real
-    run's tokens/s. Replayed rather than timed live, so CI checks every change to the projection against real runs
-    without being red by chance (live single rounds here: 0.81-1.31, once 1.48 beside two good rounds)."""
+    work - projected again by this checkout's code: per strategy, the median of its rounds (both days) within 25% of
+    the real runs' tokens/s. Replayed rather than timed live, so CI checks every change to the projection against
+    real runs without being red by chance (live single rounds here: 0.81-1.31, once 1.48 beside two good rounds)."""
     bench = load_benchmark("projection_vs_real")
-    rounds = bench.kept_rounds(PROJECTION_ROUNDS)
-    assert set(rounds) == {(s, 2) for s in ("ddp", "ddp_powersgd", "fsdp", "zero3")}  # all-reduce, PowerSGD,
-    for (strategy, n), records in rounds.items():  # FSDP's and ZeRO-3's gathers and reduce-scatters
-        assert len(records) == 3 and all(r["one"]["environment"]["device_count"] >= n for r in records)  # 1 core each
+    rounds: dict = {}
+    for folder in PROJECTION_ROUNDS:
+        for key, records in bench.kept_rounds(folder).items():
+            rounds.setdefault(key, []).extend(records)
+    # all-reduce, PowerSGD, FSDP's and ZeRO's gathers and reduce-scatters, with and without offload
+    assert set(rounds) == {(s, 2) for s in ("ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero2", "zero2_offload",
+                                            "zero3", "zero3_offload")}
+    for (strategy, n), records in rounds.items():
+        assert len(records) >= 3 and all(r["one"]["environment"]["device_count"] >= n for r in records)  # 1 core each
         replayed = sorted((bench.replay(r) for r in records), key=lambda x: x["ratio"])
         assert all(x["projected"]["exposed_comm_s"] > 0 and x["projected"]["straggler_s"] > 0 for x in replayed)
-        assert 0.75 <= replayed[1]["ratio"] <= 1.25, (strategy, [x["ratio"] for x in replayed])
+        ratios = [x["ratio"] for x in replayed]
+        assert 0.75 <= statistics.median(ratios) <= 1.25, (strategy, ratios)
 
 
 def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp_path, monkeypatch):
