@@ -9,12 +9,16 @@ projection from the first 1-process run to N processes, and a real N-process run
     python benchmarks/projection_vs_real.py --json                 # the figures as JSON
     python benchmarks/projection_vs_real.py --strategy all --num_processes 2,4 --out hfscale/plan/projection_checks.json
     python benchmarks/projection_vs_real.py --strategy ddp,zero3 --repeats 3 --keep benchmarks/results/projection_DATE
+    python benchmarks/projection_vs_real.py --replay benchmarks/results/projection_DATE --out hfscale/plan/projection_checks.json
 
-The bandwidth is measured as training meets it (`--compute_ms` = the 1-process step time between collectives).
+The bandwidth is measured back to back for its fits and, with `--compute_ms` = the 1-process step time, after
+compute for the ranks' meeting (docs/project.md).
 `--out` writes the median ratio per strategy and process count: `hfscale project` prints that strategy's measured
 model error with every projection (docs/project.md). `--keep` writes every round's measurements (the 1-process
 results, the bandwidth fit, the real run's results): tests/test_project.py projects them again with the code of the
 day, so a round measured once checks every later change to the projection without timing anything in CI.
+`--replay DIR` measures nothing: it projects the rounds kept in DIR again with this checkout's code (after a change
+to the model, `--out` then refreshes the checks from them).
 """
 
 import argparse
@@ -137,6 +141,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the median ratios per strategy and count here (JSON)")
     parser.add_argument("--keep", type=Path, help="write every round's measurements here, one JSON file each, as "
                         "tests/test_project.py replays them with the code of the day (benchmarks/results/projection_*)")
+    parser.add_argument("--replay", type=Path, help="measure nothing: project the rounds kept in this folder again "
+                        "with this checkout's code (--strategy, --num_processes and --repeats are ignored)")
     opts = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured (a full run takes a while)
     from hfscale.parallel.strategies import all_strategies
@@ -144,15 +150,23 @@ def main() -> None:
     strategies = [s for s in all_strategies() if s != "fsdp_hybrid"] if opts.strategy == "all" else \
         opts.strategy.split(",")
     counts = [int(x) for x in opts.num_processes.split(",")]
+    if opts.replay:
+        kept = kept_rounds(opts.replay)
+        if not kept:
+            sys.exit(f"--replay {opts.replay}: no kept rounds (*-np*-round*.json) there")
+        config = next(iter(kept.values()))[0]["one"]["config"]  # what the rounds ran, for the printed figures
+        opts.per_device_train_batch_size, opts.steps = config["micro_batch_size"], config["max_steps"]
+        opts.bf16 = config["precision"] == "bf16"
+        measured = [[{**r, **replay(r)} for r in records] for records in kept.values()]
+    else:
+        measured = ([measure(opts, strategy, n) for _ in range(opts.repeats)] for strategy in strategies for n in counts)
     results = []
-    for strategy in strategies:
-        for n in counts:
-            rounds = [measure(opts, strategy, n) for _ in range(opts.repeats)]
-            if opts.keep:
-                keep(opts.keep, rounds)
-            results.append(median_round(rounds))
-            if not opts.json:
-                show(results[-1], opts)
+    for rounds in measured:
+        if opts.keep and not opts.replay:
+            keep(opts.keep, rounds)
+        results.append(median_round(rounds))
+        if not opts.json:
+            show(results[-1], opts)
     if opts.out:
         write_checks(opts, results)
     if opts.json:

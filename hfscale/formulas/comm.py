@@ -30,6 +30,10 @@ class Links:
     # measured inside a node per collective kind ((kind, busbw, latency_s), from `hfscale bandwidth`): each kind timed
     # by its own fit - gloo, for one, carries a reduce-scatter out as an all-reduce, at twice the ring's volume
     intra_fits: tuple = ()
+    # what a collective inside a node costs on top of its fit when the ranks come to it from a stretch of compute
+    # ((kind, ((compute_s, seconds), ...)), `hfscale bandwidth --compute_ms`): the ranks' skew and the wake-up of
+    # idle communication threads, measured per gap
+    intra_meets: tuple = ()
 
     def intra(self, kind: str) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of one collective kind inside a node."""
@@ -37,6 +41,17 @@ class Links:
             if fitted == kind:
                 return bw, latency
         return self.intra_bw, self.intra_latency_s
+
+    def meet_s(self, kind: str, gap_s: float) -> float:
+        """Seconds one collective of this kind inside a node pays for meeting after `gap_s` of compute: the measured
+        curve, linear between its points and from (0, 0), never more than at its longest gap (0 when not measured)."""
+        curve = dict(self.intra_meets).get(kind, ())
+        before = (0.0, 0.0)
+        for gap, seconds in curve:
+            if gap_s <= gap:
+                return before[1] + (seconds - before[1]) * (gap_s - before[0]) / (gap - before[0])
+            before = (gap, seconds)
+        return before[1]
 
     def __post_init__(self):
         for name in ("intra_bw", "inter_bw"):
@@ -140,14 +155,21 @@ class CommPattern:
         return out
 
 
-def bucket_pieces(sizes: list[float], bucket: float) -> int:
+def bucket_pieces(sizes: list[float], bucket: float, flush_before_overflow: bool = False) -> int:
     """Messages a bucketed reduction issues over tensors of these sizes, in the order their gradients arrive (the
-    backward's: the reverse of the parameters'): each bucket is sent once it holds `bucket` or more, a tensor larger
-    than a bucket alone, and whatever is left at the end (DDP's bucket_cap_mb, DeepSpeed's reduce_bucket_size)."""
+    backward's: the reverse of the parameters'), and whatever is left at the end.
+    DDP (bucket_cap_mb): a bucket takes each tensor and is sent once it holds `bucket` or more (torch's bucket
+    assignment), so a large tensor rides with the small ones before it.
+    DeepSpeed (reduce_bucket_size; `flush_before_overflow`): the bucket is sent before a gradient that would overflow
+    it (stage_1_and_2/stage3 `reduce_independent_p_g_buckets_and_remove_grads`), so a tensor larger than the bucket
+    goes alone and the small ones before it go alone too: 195 messages for gpt2-350m at the `auto` hidden² bucket,
+    where DDP's rule would send 98 (counted: docs/strategies.md)."""
     pieces, filled = 0, 0.0
     for size in sizes:
+        if flush_before_overflow and filled and filled + size > bucket:
+            pieces, filled = pieces + 1, 0.0
         filled += size
-        if filled >= bucket:
+        if not flush_before_overflow and filled >= bucket:
             pieces, filled = pieces + 1, 0.0
     return pieces + (1 if filled else 0)
 
@@ -179,7 +201,8 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
                  powersgd_bytes: float | None = None, token_count_gather: bool = True,
-                 shard_ranks: int | None = None, root_param_bytes: float = 0.0, units: int = 1,
+                 shard_ranks: int | None = None, root_param_bytes: float = 0.0, root_leftover_bytes: float = 0.0,
+                 units: int = 1,
                  reduce_buckets: int = 1, bucket_all_reduce: bool = True, persistent_param_bytes: float = 0.0,
                  regathered_param_bytes: float | None = None, norm_tensors: int = 0) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
@@ -188,7 +211,9 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
     `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes.
     `root_param_bytes` (fsdp only): the root unit's parameters - everything outside the transformer blocks (embeddings,
     the tied head, the final norm) - which FSDP2 does not reshard after the forward (the backward starts with them),
-    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md).
+    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md). accelerate carves them
+    into two units, each a message of its own in the open: the tail (final norm, embedding and tied head) and the
+    model's own leftovers, `root_leftover_bytes` of them (GPT-2's position table, BLOOM's embedding norm).
     `units`: the gathering units of fsdp (its blocks) and zero3 (its parameters above the persistence threshold:
     DeepSpeed gathers per parameter and prefetches at least the next); `reduce_buckets`: the pieces a gradient
     reduction is issued in as the backward fills them (bucket_pieces: DDP's 25 MB, DeepSpeed's reduce_bucket_size
@@ -217,14 +242,17 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
         # gathers the next unit while this one computes (forward: issued ahead on its own stream; backward: explicit
         # prefetch) and reduce-scatters each unit's gradients as its backward ends.
         group = "node" if shard_ranks else "world"
-        blocks, root = param_bytes - root_param_bytes, root_param_bytes
-        block_grads, root_grads = grad_bytes * blocks / param_bytes, grad_bytes * root / param_bytes
-        out += [Collective("all_gather", root, "micro", "forward", "root unit parameters (first: in the open)", group),
-                Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
+        blocks = param_bytes - root_param_bytes
+        grads = grad_bytes / param_bytes  # gradient bytes per parameter byte
+        out += [Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
                 Collective("all_gather", blocks, "micro", "backward", "block parameters (backward)", group, units),
-                Collective("reduce_scatter", block_grads, "step", "backward", "block gradients", group, units),
-                Collective("reduce_scatter", root_grads, "step", "backward", "root unit gradients (last: in the open)",
-                           group)]
+                Collective("reduce_scatter", grads * blocks, "step", "backward", "block gradients", group, units)]
+        for name, size in (("root unit", root_param_bytes - root_leftover_bytes), ("root leftovers", root_leftover_bytes)):
+            if size:
+                out += [Collective("all_gather", size, "micro", "forward", f"{name} parameters (first: in the open)",
+                                   group),
+                        Collective("reduce_scatter", grads * size, "step", "backward",
+                                   f"{name} gradients (last: in the open)", group)]
         if norm_tensors:
             out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
         if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
@@ -296,16 +324,24 @@ def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, 
     """Seconds per optimizer step: GAS micro-batches of compute, plus the communication compute cannot hide
     (exposed_s, per micro-batch; the per-step collectives run in the last micro-batch, beside its compute: DDP's
     all-reduce and FSDP's reduce-scatter after no_sync). A collective issued in `units` pieces pays the ring's
-    latency once per piece. "none" is always exposed. Host copies run at host_bw
+    latency once per piece and, inside a node, the ranks' meeting after the compute before it (Links.meet_s; the
+    step's compute spread evenly over its pieces). "none" is always exposed. Host copies run at host_bw
     (bytes/s). overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
     step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
+    def inside_a_node(c: Collective) -> bool:
+        n, across = group_span(c.group, ranks, gpus_per_node)
+        return c.kind in RING and n > 1 and not (n > gpus_per_node if across is None else across)
+
+    pieces = sum(c.units * (grad_accum if c.per == "micro" else 1) for c in pattern.collectives if inside_a_node(c))
+    gap = grad_accum * micro_compute_s / pieces if pieces else 0.0  # the compute before each, spread evenly
     timed = []
     for c in pattern.collectives:
         if c.kind in ("h2d", "d2h"):
             s = c.size_bytes / host_bw
         else:
-            n, across = group_span(c.group, ranks, gpus_per_node)  # each piece pays its own latency
-            s = c.units * collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)
+            n, across = group_span(c.group, ranks, gpus_per_node)  # each piece pays its own latency, and inside a
+            s = c.units * (collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)  # node its
+                           + (links.meet_s(c.kind, gap) if inside_a_node(c) else 0.0))  # meeting
         timed.append((c, s))
     micro = [(c, s) for c, s in timed if c.per == "micro"]
     comm = grad_accum * sum(s for _, s in micro) + sum(s for c, s in timed if c.per == "step")

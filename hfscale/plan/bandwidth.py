@@ -8,7 +8,12 @@ for all-gather and reduce-scatter), so `hfscale project --bandwidth_file` can us
 Each size is timed `--iters` times after a warm-up, with a barrier before each. The mean is reported, as nccl-tests
 reports it (a training step pays every slow collective, not the typical one; the median is kept beside it), and a
 latency-bandwidth line T(S) = steps x latency + volume x S / busbw is fitted per collective over the sizes (relative
-least squares): `hfscale project --bandwidth_file` uses the all-reduce fit.
+least squares): `hfscale project --bandwidth_file` uses these fits.
+
+`--compute_ms X` (the compute of the step you project from) also measures what a collective costs more when the
+ranks come to it from a stretch of compute than back to back - their skew, and communication threads that went idle
+to wake (on 2 shared CPU cores about 1-2 ms; on NCCL little) - at the smallest size, after X, X/4, X/16 and X/64 of
+compute (`meet_s`): the projection charges each piece by the compute before it (formulas/comm.Links.meet_s).
 """
 
 import json
@@ -70,6 +75,23 @@ def _time_collective(kind: str, size_bytes: int, iters: int, device, compute_s: 
     return statistics.fmean(times), statistics.median(times)
 
 
+MEET_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1)  # of --compute_ms: the gaps the meeting cost is measured after
+
+
+def meeting_curve(size_bytes: int, compute_s: float, device) -> dict:
+    """{kind: [[gap_s, seconds], ...]}: per collective kind, the mean cost of one `size_bytes` collective after each
+    gap of compute (MEET_FRACTIONS of compute_s) less its mean back to back (200 of them), at least 0. The cost is a
+    mean of rare slow ones, so each gap is timed over min(1 s, 50 x compute_s) of compute, 20 to 1000 collectives."""
+    budget = min(1.0, 50 * compute_s)
+    out = {}
+    for kind in KINDS:
+        alone = _time_collective(kind, size_bytes, 200, device)[0]
+        out[kind] = [[gap, max(0.0, _time_collective(kind, size_bytes, max(20, min(1000, round(budget / gap))), device,
+                                                     gap)[0] - alone)]
+                     for gap in (compute_s * f for f in MEET_FRACTIONS)]
+    return out
+
+
 def fit_latency_bandwidth(rows: list[dict], kind: str, ranks: int) -> dict:
     """Fit time = ring_steps x latency + volume x size / busbw to the rows of one collective, minimising relative
     errors (so the small, latency-bound sizes count as much as the large ones). Latency is per ring step."""
@@ -104,17 +126,20 @@ def worker(sizes: list[int], iters: int, out: str | None, compute_s: float = 0.0
     rows = []
     for kind in KINDS:
         for size in sizes:
-            seconds, median = _time_collective(kind, size, iters, device, compute_s)
+            seconds, median = _time_collective(kind, size, iters, device)
             algbw = size / seconds
             rows.append({"kind": kind, "size_bytes": size, "time_s": seconds, "time_median_s": median,
                          "algbw": algbw, "busbw": algbw * bus_factor(kind, ranks)})
+    meet = meeting_curve(sizes[0], compute_s, device) if compute_s > 0 else None
     if dist.get_rank() == 0:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
-        report = {"ranks": ranks, "ranks_per_node": local, "compute_s_between": compute_s, "nodes": max(1, ranks // local),
+        report = {"ranks": ranks, "ranks_per_node": local, "nodes": max(1, ranks // local),
                   "backend": dist.get_backend(), "device": torch.cuda.get_device_name() if on_cuda else "cpu",
                   "rows": rows, "busbw_largest": {k: max((r for r in rows if r["kind"] == k),
                                                          key=lambda r: r["size_bytes"])["busbw"] for k in KINDS},
                   "fit": {k: fit_latency_bandwidth(rows, k, ranks) for k in KINDS}}
+        if meet:
+            report.update(compute_s_between=compute_s, meet_size_bytes=sizes[0], meet_s=meet)
         print(table(report), flush=True)
         if out:
             atomic_write_text(Path(out), json.dumps(report, indent=2) + "\n")
@@ -131,6 +156,9 @@ def table(report: dict) -> str:
                      f"{r['time_median_s'] * 1e6:>12.1f} {r['algbw'] / 1e9:>13.3f} {r['busbw'] / 1e9:>13.3f}")
     for kind, f in report["fit"].items():
         lines.append(f"fit {kind}: {f['latency_s'] * 1e6:.1f} us per ring step, bus bandwidth {f['busbw'] / 1e9:.3f} GB/s")
+    for kind, curve in report.get("meet_s", {}).items():
+        lines.append(f"meeting {kind} ({report['meet_size_bytes']} bytes), us more than back to back after "
+                     + ", ".join(f"{gap * 1e3:.3g} ms: {seconds * 1e6:.0f}" for gap, seconds in curve))
     return "\n".join(lines)
 
 
@@ -155,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="write the figures here (JSON) for `hfscale project --bandwidth_file`")
     parser.add_argument("--compute_ms", type=float, default=0.0,
-                        help="compute this long before each collective instead of a barrier, as training does (e.g. "
-                             "the step time of the run you project from); 0: back to back, like nccl-tests")
+                        help="also measure what a collective costs more after this much compute (and 1/4, 1/16, "
+                             "1/64 of it) than back to back, as training meets it: the step time of the run you "
+                             "project from; 0: back to back only, like nccl-tests")
     parser.add_argument("--worker", action="store_true", help="run as one rank of an already launched group")
     opts = parser.parse_args(argv)
     if not 0 <= opts.compute_ms < float("inf"):

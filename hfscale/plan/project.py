@@ -100,15 +100,18 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                   offload_params=strategy.offloads_state("parameters"))
     if strategy.engine == "fsdp":
         root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
+        tail = ("transformer.ln_f.", "transformer.wte.", "transformer.word_embeddings.weight")
+        leftover = sum(tp.numel for tp in parameter_tensors(shape)
+                       if not tp.name.startswith(("transformer.h.", *tail)))  # the model's own unit
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
-                            root_param_bytes=t * root, units=shape.n_layer,
+                            root_param_bytes=t * root, root_leftover_bytes=t * leftover, units=shape.n_layer,
                             norm_tensors=len(backward_order) if plan.clips_gradients else 0)
     layout = plan.memory_layout
     if layout.communication_dtype:  # the JSON's communication_data_type: what DeepSpeed reduces gradients in
         common["grad_bytes"] = DTYPE_BYTES[layout.communication_dtype] * P
     # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
-    buckets = bucket_pieces(backward_order, layout.reduce_bucket) if strategy.zero_stage > 1 and layout.reduce_bucket \
-        else 1
+    buckets = bucket_pieces(backward_order, layout.reduce_bucket, flush_before_overflow=True) \
+        if strategy.zero_stage > 1 and layout.reduce_bucket else 1
     persistent, regathered = (zero3_gathers(shape, layout.persistence_threshold, layout.max_reuse_distance)
                               if strategy.zero_stage == 3 else (0, None))
     fetched = sum(1 for n in backward_order if n > layout.persistence_threshold)  # ZeRO-3 gathers per parameter
@@ -498,7 +501,7 @@ def links_from(opts) -> tuple[Links, Links, Links]:
     for name in ("intra_latency_us", "inter_latency_us"):
         if not 0 <= getattr(opts, name) < float("inf"):
             raise HfscaleError(f"--{name} must be >= 0, got {getattr(opts, name)}")
-    intra_lat, fits = opts.intra_latency_us * 1e-6, ()
+    intra_lat, fits, meets = opts.intra_latency_us * 1e-6, (), ()
     if opts.bandwidth_file:
         measured = read_bandwidth_file(opts.bandwidth_file)
         if "fit" in measured:  # the latency-bandwidth line fitted over every size, per collective kind
@@ -511,12 +514,34 @@ def links_from(opts) -> tuple[Links, Links, Links]:
                 raise HfscaleError(f"{opts.bandwidth_file}: malformed fit (each collective needs a positive busbw and "
                                    "a latency_s >= 0); write it again with `hfscale bandwidth --out`")
             bw, intra_lat = dict((k, (b, lat)) for k, b, lat in fits).get("all_reduce", (bw, intra_lat))
+            meets = meeting_curves(measured, opts.bandwidth_file)
         else:  # an older file: its largest message's bandwidth and its smallest message's latency
             bw = measured["busbw_largest"]["all_reduce"]
             smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
             intra_lat = smallest["time_s"] / (2 * (measured["ranks"] - 1))
         intra = (bw, bw, bw)
-    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits) for i in range(3))
+    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits, meets) for i in range(3))
+
+
+def meeting_curves(measured: dict, path) -> tuple:
+    """Links.intra_meets from a bandwidth file measured with --compute_ms: per kind, (gap, seconds) points in rising
+    gap order; () when it has none (measured back to back)."""
+    if "meet_s" not in measured:
+        if measured.get("compute_s_between"):  # hfscale before 2026-11-26: fits timed after compute, meeting included
+            raise HfscaleError(f"{path}: measured by an older `hfscale bandwidth --compute_ms`, whose fits include the "
+                               "meeting after a whole step (now measured apart, per piece); write it again with "
+                               "`hfscale bandwidth --compute_ms X --out`")
+        return ()
+    try:
+        curves = tuple((kind, tuple(sorted((float(gap), float(s)) for gap, s in points)))
+                       for kind, points in measured["meet_s"].items())
+    except (TypeError, ValueError, AttributeError):
+        curves = ()
+    if not curves or not all(points and all(0 < gap < float("inf") and 0 <= s < float("inf") for gap, s in points)
+                             for _, points in curves):
+        raise HfscaleError(f"{path}: malformed meet_s (per collective, [gap_s > 0, seconds >= 0] points); write it "
+                           "again with `hfscale bandwidth --compute_ms X --out`")
+    return curves
 
 
 def run_projection(opts):
@@ -623,6 +648,16 @@ def error_line(strategies: list[str]) -> str:
             + "; the band beyond the measured count is widened by it")
 
 
+def meeting_line(links: Links) -> str:
+    if not links.intra_meets:
+        return ("no meeting cost: the collectives inside a node are timed back to back (measure it with `hfscale "
+                "bandwidth --compute_ms`)")
+    longest = max(gap for _, curve in links.intra_meets for gap, _ in curve)
+    return ("each piece inside a node also pays the ranks' meeting after the compute before it (the step's, spread "
+            "evenly), as measured: " + ", ".join(f"{kind} {links.meet_s(kind, longest) * 1e6:.0f} us after "
+                                                  f"{longest * 1e3:.3g} ms" for kind, _ in links.intra_meets))
+
+
 def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
     plan = base.plan
     memory = (f"every point judged by the memory estimate on {base.device_memory_bytes / GB:g} GB per GPU "
@@ -635,6 +670,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
             f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
             f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
+            meeting_line(links[0]),
             (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
              "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else
              "per-step noise unknown (fewer than 4 logging intervals, or no run): no straggler term"),
