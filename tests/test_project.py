@@ -257,6 +257,22 @@ def test_ring_collective_time():
     assert st.comm_s == pytest.approx(7 / 8 * 1e9 / 100e9 + 4 * 7 * 1e-5) and st.exposed_s == st.comm_s
 
 
+def test_deepspeed_cuts_gpt2_350m_gradients_into_the_195_messages_counted():
+    """zero2/zero3 at the shipped `auto` reduce_bucket_size (hidden² = 1,048,576 elements) sent 195 gradient messages
+    per reduction in a real gpt2-350m step (`--count_collectives`, docs/strategies.md): DeepSpeed flushes its bucket
+    before a gradient that would overflow it. DDP's rule (flush once full) would give 98."""
+    from hfscale.plan.project import pattern_of
+
+    shape = PRESETS["gpt2-350m"]
+    backward = [t.numel for t in reversed(parameter_tensors(shape))]
+    assert comm.bucket_pieces(backward, shape.hidden ** 2, flush_before_overflow=True) == 195
+    assert comm.bucket_pieces(backward, shape.hidden ** 2) == 98
+    for name in ("zero2", "zero3"):
+        plan = RunPlan(get_strategy(name), get_optimizer("adamw"), shape, 1024, world_size=8, processes_per_node=8,
+                       precision="bf16")
+        assert {c.units for c in pattern_of(plan).collectives if "gradients" in c.what} == {195}
+
+
 def test_each_piece_pays_the_meeting_measured_after_the_compute_before_it():
     """Links.meet_s reads the measured curve (linear between its points and from (0, 0), flat past the last); a step
     spreads its compute evenly over the pieces inside a node, and each pays the meeting at that gap - rings that cross
