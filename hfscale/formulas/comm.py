@@ -78,14 +78,14 @@ def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, l
 GROUPS = ("world", "node", "replicas")
 
 
-def group_span(group: str, ranks: int, gpus_per_node: int) -> tuple[int, bool | None]:
-    """(ranks in the group, whether its ring crosses nodes; None: decided by its size)."""
+def group_span(group: str, ranks: int, gpus_per_node: int) -> tuple[int, bool]:
+    """(ranks in the group, whether its ring crosses nodes: the world's does when it has more ranks than a node)."""
     per_node = min(ranks, gpus_per_node)
     if group == "node":
         return per_node, False
     if group == "replicas":
         return ranks // per_node, True
-    return ranks, None
+    return ranks, ranks > gpus_per_node
 
 
 def expected_max_std_normal(n: int, points: int = 4001) -> float:
@@ -328,20 +328,18 @@ def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, 
     step's compute spread evenly over its pieces). "none" is always exposed. Host copies run at host_bw
     (bytes/s). overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
     step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
-    def inside_a_node(c: Collective) -> bool:
-        n, across = group_span(c.group, ranks, gpus_per_node)
-        return c.kind in RING and n > 1 and not (n > gpus_per_node if across is None else across)
-
-    pieces = sum(c.units * (grad_accum if c.per == "micro" else 1) for c in pattern.collectives if inside_a_node(c))
+    spans = [group_span(c.group, ranks, gpus_per_node) for c in pattern.collectives]
+    inside = [c.kind in RING and n > 1 and not across for c, (n, across) in zip(pattern.collectives, spans)]
+    pieces = sum(c.units * (grad_accum if c.per == "micro" else 1)
+                 for c, meets in zip(pattern.collectives, inside) if meets)
     gap = grad_accum * micro_compute_s / pieces if pieces else 0.0  # the compute before each, spread evenly
     timed = []
-    for c in pattern.collectives:
+    for c, (n, across), meets in zip(pattern.collectives, spans, inside):
         if c.kind in ("h2d", "d2h"):
             s = c.size_bytes / host_bw
-        else:
-            n, across = group_span(c.group, ranks, gpus_per_node)  # each piece pays its own latency, and inside a
-            s = c.units * (collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)  # node its
-                           + (links.meet_s(c.kind, gap) if inside_a_node(c) else 0.0))  # meeting
+        else:  # each piece pays its own latency, and inside a node its meeting
+            s = c.units * (collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)
+                           + (links.meet_s(c.kind, gap) if meets else 0.0))
         timed.append((c, s))
     micro = [(c, s) for c, s in timed if c.per == "micro"]
     comm = grad_accum * sum(s for _, s in micro) + sum(s for c, s in timed if c.per == "step")
