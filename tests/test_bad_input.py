@@ -181,6 +181,9 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
+    (["peak", "--size", "-3"], "--size must be positive, got -3"),
+    (["peak", "--size", "0"], "--size must be positive, got 0"),
+    (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),
 ])
 def test_other_commands_refuse_bad_input(tmp_path, argv, expected, hfscale_cli):
     proc = hfscale_cli(argv, cwd=tmp_path)
