@@ -263,6 +263,24 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     return launch_command(train_args, nproc, str(config_path), launcher_args, free_main_port=free_main_port)
 
 
+def check_machine_flags(opts, config: dict) -> None:
+    """A job over several machines needs, from the flags or the launcher config, this machine's rank (0 to
+    --num_machines - 1) and the address of machine 0: without them every launcher would wait for a rendezvous that
+    never comes."""
+    if opts.num_machines == 1:
+        return
+    given = {flag: getattr(opts, flag) if getattr(opts, flag) is not None else config.get(flag)
+             for flag in ("machine_rank", "main_process_ip")}
+    missing = [f"--{flag}" for flag, value in given.items() if value in (None, "")]
+    if missing:
+        raise HfscaleError(f"--num_machines {opts.num_machines} needs {' and '.join(missing)} (flags or launcher "
+                           f"config): this machine's rank and the address of machine rank 0 (hfscale slurm writes both)")
+    rank = given["machine_rank"]
+    if not (isinstance(rank, int) and 0 <= rank < opts.num_machines):
+        raise HfscaleError(f"--machine_rank must be 0 to {opts.num_machines - 1} for --num_machines "
+                           f"{opts.num_machines}, got {rank}")
+
+
 def main(argv: list[str]) -> int:
     """`hfscale launch`: `accelerate launch hfscale/train.py` with the launcher config checked before anything starts."""
     parser = ArgumentParser(
@@ -286,6 +304,7 @@ def main(argv: list[str]) -> int:
             flags += [f"--{flag}", str(getattr(opts, flag))]
     cmd = strategy_launch(train_args, opts.num_processes, opts.config_file, opts.num_machines, flags,
                           free_main_port=opts.main_process_port is None and opts.num_machines == 1)
+    check_machine_flags(opts, load_yaml(opts.config_file) if opts.config_file else {})
     if opts.dry_run:
         print(shlex.join(cmd))
         return 0

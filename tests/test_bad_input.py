@@ -177,10 +177,17 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
     (["parity", "--strategy", "zero1,fsdp", "--", "--optim", "adafactor"],
      "strategy 'fsdp' cannot use optimizer 'adafactor'"),  # refused before ddp is launched
     (["parity", "--", "--optim", "adam9"], "unknown optimizer 'adam9'"),
+    # refused by the training script the reference run launches: no other strategy launched, its folders removed
+    (["parity", "--num_processes", "1", "--strategy", "zero1", "--", "--model", "gpt9"], "unknown model preset 'gpt9'"),
     (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
+    # several machines: without this machine's rank and machine 0's address every launcher waits for ever
+    (["launch", "--strategy", "zero1", "--num_machines", "2", "--dry_run"],
+     "--num_machines 2 needs --machine_rank and --main_process_ip"),
+    (["launch", "--strategy", "zero1", "--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "n0",
+      "--dry_run"], "--machine_rank must be 0 to 1 for --num_machines 2, got 2"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

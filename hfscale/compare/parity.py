@@ -13,6 +13,7 @@ tolerance to widen. A strategy x optimizer pair that cannot run is refused befor
 
 import json
 import math
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,16 +112,32 @@ def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str
     base = ["--max_steps", str(steps), "--logging_steps", "1", "--fingerprint_weights", "--save_strategy", "no",
             "--overwrite_output_dir", *fixed]
     results = {}
+    reference_dir = out / REFERENCE
+    created = [p for p in (reference_dir, *reference_dir.parents) if not p.exists()]  # deepest first
     for strategy in [REFERENCE, *[s for s in strategies if s != REFERENCE]]:
         run_dir = out / strategy
         outcome = run_training(["--strategy", strategy, *base], run_dir, nproc, timeout)
         results[strategy] = read_results(run_dir) if finished_status(run_dir) else Results(run_name=strategy)
         if outcome.status != "ok":
             results[strategy].status, results[strategy].error = outcome.status, outcome.error
+        if strategy == REFERENCE and outcome.status == "refused":  # the Trainer flags themselves are bad: keep nothing
+            _remove_created(created)
+            raise HfscaleError(outcome.error or f"the ddp reference run was refused; see {run_dir}/launch.log")
+        if strategy == REFERENCE and outcome.status != "ok":  # nothing to compare with: launch no other strategy
+            raise HfscaleError(f"the ddp reference run failed ({outcome.error}); see {run_dir}/launch.log")
     reference = results[REFERENCE]
-    if reference.status != "ok":
-        raise HfscaleError(f"the ddp reference run failed ({reference.error}); see {out / REFERENCE}/launch.log")
     return [compare(reference, results[s], s, optim, tolerance, lossy_tolerance) for s in strategies if s != REFERENCE]
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the folders this parity created (the reference's, then each parent it made), deepest first."""
+    if created:
+        shutil.rmtree(created[0], ignore_errors=True)
+    for path in created[1:]:
+        try:
+            path.rmdir()
+        except OSError:  # something else was written there meanwhile: keep it
+            return
 
 
 def table(comparisons: list[Comparison], tolerance: float) -> str:
