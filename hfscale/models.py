@@ -210,6 +210,8 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
     """The shape of a pretrained checkpoint, read from its config alone."""
     from transformers import AutoConfig
 
+    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists():  # never a Hub id
+        raise HfscaleError(f"cannot load model {name_or_path!r}: no such directory")
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:  # missing, unreachable, or a config.json of no known model type

@@ -81,7 +81,7 @@ def test_bad_file_content_is_one_line(case, tmp_path, hfscale_cli):
     _check_refused(proc, expected, out)
 
 
-def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path, hfscale_cli):
+def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, hfscale_cli):
     foreign, half = tmp_path / "foreign", tmp_path / "half"
     foreign.mkdir()
     (foreign / "config.json").write_text('{"hidden": 3}')
@@ -92,7 +92,8 @@ def test_incomplete_or_foreign_model_directories_are_one_line(tmp_path, hfscale_
     from hfscale.models import PRESETS, build_model
 
     build_model(PRESETS["tiny"], seed=0).save_pretrained(untokenized)
-    for path, expected in ((foreign, "Unrecognized model"), (half, "has a config but no weights"),
+    for path, expected in ((tmp_path / "missing", "no such directory"),  # not sent to the Hub as a repo id
+                           (foreign, "Unrecognized model"), (half, "has a config but no weights"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])

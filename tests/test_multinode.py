@@ -128,6 +128,7 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
     (["--nodes", "2", "--gpus_per_node", "8", "--port", "70000"], "--port must be between 1 and 65535"),
     (["--nodes", "2", "--gpus_per_node", "8", "--partition", "gpu big"], "is not one SLURM name"),
     (["--nodes", "2", "--gpus_per_node", "8", "--time", "tomorrow"], "is not a SLURM time limit"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--time", "20:75:00"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus_per_node", "8", "--", "--strategy", "zero9"], "unknown strategy 'zero9'"),
     (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
     (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),

@@ -22,7 +22,8 @@ from ..launch import drop_flag, flag_value, split_train_args, strategy_launch
 
 DEFAULT_PORT = 29500
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+=@-]+$")  # partition, account, constraint, job name: one shell word, no spaces
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # SLURM's D-HH:MM:SS, HH:MM:SS, MM:SS, MM
+# SLURM's D-HH:MM:SS, D-HH:MM, D-HH, HH:MM:SS, MM:SS, MM (minutes and seconds below 60), or no limit
+_TIME = re.compile(r"^((\d+-)?\d+(:[0-5]?\d){0,2}|UNLIMITED|INFINITE)$", re.IGNORECASE)
 
 
 def build_parser() -> ArgumentParser:
