@@ -137,14 +137,13 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     hfscale partitions it afterwards instead (partition_zero3), so every strategy starts from these weights.
     """
     import torch
-    from transformers import BloomForCausalLM, GPT2LMHeadModel
     from transformers.initialization import no_init_weights
 
     torch.manual_seed(seed)
     config = hf_config(shape, dropout)
     if attn_implementation:
         config._attn_implementation = attn_implementation
-    model_cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
+    model_cls = model_class(shape.family)
     # Each layer's constructor draws its weights (Conv1D normal_, Linear kaiming_uniform_, Embedding normal_) and
     # post_init then draws every one again with the model's own scheme, the head too before tying it to the embedding
     # (a second vocabulary x hidden draw). Constructed without the first, the head left out of the second (as
@@ -155,6 +154,46 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
         model.get_parameter(tied)._is_hf_initialized = True
     model.init_weights()  # skipped on the meta device (train.build's ranks without weights), as post_init's was
     return declare_causal_lm_loss(model)
+
+
+def model_class(family: str):
+    """transformers' causal-LM class of a family."""
+    from transformers import BloomForCausalLM, GPT2LMHeadModel
+
+    return GPT2LMHeadModel if family == "gpt2" else BloomForCausalLM
+
+
+def _class_supports(cls, attention: str) -> bool:
+    """transformers' own rule (PreTrainedModel._check_and_adjust_attn_implementation) for a registered name."""
+    attention = attention.removeprefix("paged|")
+    if attention == "eager":
+        return True
+    if attention == "sdpa":
+        return cls._supports_sdpa
+    if attention.startswith("flash_attention"):
+        return cls._supports_flash_attn
+    if attention == "flex_attention":
+        return cls._supports_flex_attn
+    return getattr(cls, "_supports_attention_backend", False)
+
+
+def check_attention(family: str, attention: str | None) -> None:
+    """--attn_implementation against the attention functions transformers registers and those this family's class
+    supports (BLOOM: eager only), before any process starts: transformers raises only as each rank builds its model.
+    A Hub kernel (`org/repo`) is left to transformers, for a class that takes attention backends."""
+    if attention is None:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cls = model_class(family)
+    registered = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    supported = [name for name in registered if _class_supports(cls, name)]
+    hub_kernel = "/" in attention
+    if attention not in registered and not hub_kernel:
+        raise one_of("attention implementation", attention, supported)
+    if attention not in supported and not (hub_kernel and _class_supports(cls, attention)):
+        raise HfscaleError(f"{cls.__name__} has no {attention!r} attention in transformers; choose one of: "
+                           f"{', '.join(supported)}")
 
 
 def zero3_dtype(ds_config: dict):
@@ -206,11 +245,17 @@ def declare_causal_lm_loss(model):
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
+def missing_local_path(name_or_path: str) -> bool:
+    """A path (`/`, `.` or `~` first: never a Hub id) that does not exist; transformers would take it for a Hub id
+    and answer with its repo-id rules."""
+    return name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists()
+
+
 def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> ModelShape:
     """The shape of a pretrained checkpoint, read from its config alone."""
     from transformers import AutoConfig
 
-    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists():  # never a Hub id
+    if missing_local_path(name_or_path):
         raise HfscaleError(f"cannot load model {name_or_path!r}: no such directory")
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)

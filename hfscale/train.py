@@ -27,7 +27,7 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
-from hfscale.models import resolve_seq_len  # noqa: E402
+from hfscale.models import check_attention, resolve_seq_len  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_hyperparameters,  # noqa: E402
@@ -261,6 +261,7 @@ def check_args(argv: list[str] | None):
     only that). Returns (model args, data args, TrainingArguments keywords, RunState)."""
     model_args, data_args, training, explicit = parse_args(argv)
     shape = model_args.shape()
+    check_attention(shape.family, model_args.attn_implementation)
     check_model_tokenizer(model_args, data_args)
     training, recipe = apply_defaults(training, explicit, param_count(shape), training["optim"])
     check_hyperparameters(training)
