@@ -353,6 +353,9 @@ def check_hyperparameters(kw: dict) -> None:
     last = kw.get("max_steps", -1)
     if last == 0:  # the Trainer would run one step of its own making
         raise HfscaleError("--max_steps must be positive (or -1: train --num_train_epochs epochs), got 0")
+    epochs = kw.get("num_train_epochs")
+    if (last is None or last < 0) and isinstance(epochs, (int, float)) and not epochs > 0:  # an "ok" run of 0 steps
+        raise HfscaleError(f"--num_train_epochs must be positive when --max_steps is not set, got {epochs}")
     for flag in ("count_collectives", "profile_step"):
         step = kw.get(flag) or 0
         if step and (step < 2 or (last is not None and last > 0 and step > last)):
