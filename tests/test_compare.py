@@ -228,6 +228,31 @@ def test_tp_runs_sit_beside_megatron_logs_in_one_table(tmp_path):
     assert "TP 8 PP 1 DP 2" in ours and "TP 4 PP 16 DP" in theirs
 
 
+@pytest.mark.parametrize("key,value,expected", [
+    ("loss_history", "abc", 'loss_history is "abc", not a list'),
+    ("loss_history", [1, 2], "loss_history holds 1, not an object"),
+    ("loss_history", [{"step": 1, "loss": "low"}], "loss_history entry's loss is \"low\", not a number"),
+    ("config", [1], "config is [1], not an object"),
+    ("perf", {"s_per_iter": "fast"}, 'perf.s_per_iter is "fast", not a number or null'),
+    ("model", {"n_layer": True}, "model.n_layer is true, not a number or null"),
+    ("steps", "12", 'steps is "12", not a number or null'),
+    ("status", 3, "status is 3, not a string"),
+])
+def test_a_results_key_of_the_wrong_kind_is_refused_in_one_line(tmp_path, key, value, expected):
+    """Every reader (report, project, tune, parity) reads through Results: a declared key holding the wrong kind of
+    JSON value is named when the file is read, never a traceback deeper in a reader."""
+    _hfscale_row(tmp_path / "runs" / "ddp-8", "ddp", 8, 400_000.0)
+    path = tmp_path / "runs" / "ddp-8" / "results.json"
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps({**good, key: value}))
+    proc = hfscale("report", tmp_path / "runs")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"hfscale: error: {path}: not a results file ({expected})"
+    assert not (tmp_path / "runs" / "report").exists()
+    diverged = {**good, "loss_history": [{"step": 1, "loss": float("nan")}]}  # a diverged loss is still a number
+    assert Results.from_dict(json.loads(json.dumps(diverged))).loss_history[0]["loss"] != 0
+
+
 def test_report_refuses_what_is_not_a_results_file(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.json").write_text("{not json")

@@ -9,6 +9,7 @@ not know (a newer writer's) are kept in `extra` and written back unchanged.
 
 import json
 from dataclasses import dataclass, field, fields
+from typing import get_args
 from pathlib import Path
 
 from ..errors import HfscaleError
@@ -24,12 +25,22 @@ class _Section:
 
     @classmethod
     def from_dict(cls, data: dict | None):
+        """Raises TypeError naming the key when a declared key holds the wrong kind of JSON value (a reader would
+        fail on it later, with a traceback)."""
         data = dict(data or {})
         known = {f.name for f in fields(cls)} - {"extra"}
         values = {k: data.pop(k) for k in list(data) if k in known}
-        for f in fields(cls):  # nested sections
-            if f.name in values and isinstance(f.default_factory, type) and issubclass(f.default_factory, _Section):
-                values[f.name] = f.default_factory.from_dict(values[f.name])
+        for f in fields(cls):
+            if f.name not in values:
+                continue
+            nested = isinstance(f.default_factory, type) and issubclass(f.default_factory, _Section)
+            if nested and isinstance(values[f.name], (dict, type(None))):
+                try:
+                    values[f.name] = f.default_factory.from_dict(values[f.name])
+                except TypeError as err:
+                    raise TypeError(f"{f.name}.{err}") from None
+            elif nested or not _json_fits(values[f.name], f.type):
+                raise TypeError(f"{f.name} is {json.dumps(values[f.name])[:40]}, not {_json_kind(f.type)}")
         return cls(**values, extra=data)
 
     def to_dict(self) -> dict:
@@ -40,6 +51,28 @@ class _Section:
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if isinstance(value, _Section) else value
         return {**out, **self.extra}
+
+
+_NUMBER = (int, float)
+
+
+def _json_fits(value, annotation) -> bool:
+    """Whether a JSON value fits a declared type: null where None is allowed, a number (not a boolean) for int and
+    float, the container or string itself otherwise; `object` takes anything."""
+    allowed = get_args(annotation) or (annotation,)
+    if annotation is object or (value is None and type(None) in allowed):
+        return True
+    if isinstance(value, bool):
+        return bool in allowed
+    if isinstance(value, _NUMBER) and (int in allowed or float in allowed):
+        return True
+    return any(isinstance(value, t) for t in allowed if t in (str, dict, list))
+
+
+def _json_kind(annotation) -> str:
+    names = {int: "a number", float: "a number", str: "a string", dict: "an object", list: "a list", bool: "a boolean",
+             type(None): "null"}
+    return " or ".join(dict.fromkeys(names.get(t, "an object") for t in (get_args(annotation) or (annotation,))))
 
 
 @dataclass
@@ -197,7 +230,19 @@ class Results(_Section):
         version = data.pop("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
             raise HfscaleError(f"results schema version {version}; this hfscale reads version {SCHEMA_VERSION}")
-        return super().from_dict(data)
+        results = super().from_dict(data)
+        for name in HISTORIES:
+            for entry in getattr(results, name):
+                if not isinstance(entry, dict):
+                    raise TypeError(f"{name} holds {json.dumps(entry)[:40]}, not an object")
+                bad = next((k for k in HISTORY_NUMBERS if not _json_fits(entry.get(k), float | None)), None)
+                if bad:
+                    raise TypeError(f"{name} entry's {bad} is {json.dumps(entry[bad])[:40]}, not a number")
+        return results
+
+
+HISTORIES = ("loss_history", "eval_history", "perf_history", "checkpoints")
+HISTORY_NUMBERS = ("step", "loss", "grad_norm", "lr", "tokens", "elapsed_s", "perplexity", "save_s", "size_gb")
 
 
 def write_results(output_dir: Path, results: Results) -> Path:
