@@ -16,6 +16,28 @@ import yaml
 from .errors import HfscaleError
 
 
+def check_writable_dir(path, flag: str, _named=None) -> None:
+    """A folder hfscale will create (parents too) or write into, checked before any work: refused in one line when a
+    file stands in the way or the nearest existing folder cannot be written. Leaves nothing behind."""
+    named = path if _named is None else _named
+    existing = Path(path).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise HfscaleError(f"{flag} {named}: {existing} is a file, not a folder")
+    try:  # os.access says yes to root everywhere; only creating something proves it (removed at once)
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hfscale-write-check-"))
+    except OSError as err:
+        raise HfscaleError(f"{flag} {named} is not writable ({err.strerror})") from None
+
+
+def check_writable_file(path, flag: str) -> None:
+    """A file hfscale will write (atomically, its folder created): as check_writable_dir, for its folder."""
+    if Path(path).is_dir():
+        raise HfscaleError(f"{flag} {path} is a folder; name a file")
+    check_writable_dir(Path(path).expanduser().absolute().parent, flag, _named=path)
+
+
 @contextmanager
 def atomic_path(path: Path):
     """Yield a temporary path beside `path`; write it inside the block; it replaces `path` when the block succeeds

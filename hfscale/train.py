@@ -17,7 +17,6 @@ if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.
     __package__ = "hfscale"
 
 import logging  # noqa: E402
-import tempfile  # noqa: E402
 import warnings  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,6 +25,7 @@ import torch  # noqa: E402
 from transformers import default_data_collator, set_seed  # noqa: E402
 
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
+from hfscale.files import check_writable_dir  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
 from hfscale.models import check_attention, resolve_seq_len  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
@@ -120,14 +120,7 @@ def prepare_output_dir(args, state, name: str) -> None:
     if existing.is_file() and read_results(existing).status == "ok" and not args.overwrite_output_dir:
         raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
                            "choose another --output_dir or pass --overwrite_output_dir")
-    target = Path(args.output_dir).resolve()
-    parent = target if target.is_dir() else target.parent
-    while not parent.exists():
-        parent = parent.parent
-    try:  # os.access says yes to root everywhere; only creating something proves it (removed at once)
-        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".hfscale-write-check-"))
-    except OSError as err:
-        raise HfscaleError(f"--output_dir {args.output_dir} is not writable ({err.strerror})") from None
+    check_writable_dir(args.output_dir, "--output_dir")
 
 
 def resume_checkpoint(args, state) -> str | None:

@@ -146,6 +146,29 @@ def test_unwritable_output_dir(tmp_path):
     _check_refused(proc, "--output_dir /proc/hfscale-run is not writable", tmp_path / "never")
 
 
+@pytest.mark.parametrize("argv", [
+    ["project", "results.json", "--out", "taken/projection"],
+    ["report", ".", "--out", "taken/report"],
+    ["import-logs", REPO / "tests/data/61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out", "--out", "taken/megatron"],
+    ["slurm", "--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "taken/jobs", "--"],
+    ["sweep", "--strategy", "ddp", "--out", "taken/sweep"],
+    ["tune", "--model", "tiny", "--num_processes", "1", "--out", "taken/tune"],
+    ["bandwidth", "--num_processes", "2", "--out", "taken/bandwidth.json"],
+    ["parity", "--strategy", "zero1", "--out", "taken/parity"],
+    ["export", "elsewhere/checkpoint-4", "taken/model"],
+], ids=lambda argv: argv[0])
+def test_an_output_behind_a_file_is_refused_before_any_work(argv, tmp_path, hfscale_cli):
+    """Every command that writes checks its output folder first: a file in the way (or a folder it cannot write) is
+    one line, not a traceback after the work (a sweep's runs, a tune's trials) was done."""
+    (tmp_path / "taken").write_text("a file, not a folder")
+    _checkpoint(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    named = str(argv[-2] if argv[-1] == "--" else argv[-1])
+    proc = hfscale_cli(argv, cwd=tmp_path)
+    _check_refused(proc, f"{named}: {tmp_path / 'taken'} is a file, not a folder", tmp_path / "runs")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def _checkpoint(tmp_path, **changes) -> Path:
     """A complete checkpoint's marker as a 1-process ddp run of `tiny` writes it, with some fields changed."""
     from hfscale.run.checkpoints import MARKER, identity

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text
+from ..files import atomic_write_text, check_writable_dir
 from ..launch import drop_flag, flag_value, split_train_args, strategy_launch
 
 DEFAULT_PORT = 29500
@@ -64,6 +64,8 @@ def check(opts) -> None:
         raise HfscaleError(f"--time {opts.time!r} is not a SLURM time limit (e.g. 20:00:00 or 2-00:00:00)")
     if opts.strategies and not opts.out:
         raise HfscaleError("--strategies writes one script per strategy: give --out DIR")
+    if opts.out:
+        check_writable_dir(opts.out, "--out")
 
 
 def script(opts, train_args: list[str], job_name: str) -> str:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
+from ..files import check_writable_dir
 from ..launch import OOM_MARKERS
 from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
 from ..formulas.parallel3d import padded_vocab
@@ -235,6 +236,7 @@ def main(argv: list[str]) -> None:
     records = [import_log(f, gpus=opts.gpus, seq_len=opts.seq_len, params=opts.params,
                           checkpointing=False if opts.no_checkpointing else None, skip_first=opts.skip_first,
                           warnings=warnings) for f in opts.files]
+    check_writable_dir(opts.out, "--out")
     for line in warnings:
         print(f"hfscale: warning: {line}", file=sys.stderr)
     dirs = []

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text
+from ..files import atomic_write_text, check_writable_dir
 from ..flags import comma_list, refuse_renamed
 from ..launch import finished_status, flag_value, run_training, split_train_args
 from ..parallel.optimizers import get_optimizer
@@ -186,6 +186,7 @@ def main(argv: list[str]) -> int:
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
+    check_writable_dir(opts.out, "--out")
     comparisons = run_parity(strategies, steps=opts.max_steps, nproc=opts.num_processes, fixed=fixed, out=opts.out,
                              tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)
     text = table(comparisons, opts.tolerance)

@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_path, atomic_write_text
+from ..files import atomic_path, atomic_write_text, check_writable_dir
 from ..formulas.metrics import SECONDS_PER_DAY, days_to_train, size_label, tflops_label
 from ..plan.options import check_whole_nodes
 from ..plan.project import add_link_flags, links_from, tokens_per_s_at
@@ -313,6 +313,7 @@ def main(argv: list[str]) -> None:
         check_whole_nodes([opts.days_at_gpus], opts.gpus_per_node, "--days_at_gpus")
         days_at = (opts.days_at_gpus, opts.gpus_per_node, links_from(opts))
     out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
+    check_writable_dir(out, "--out")
     rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss, days_at)
     print(markdown_table(rows))
     print("wrote " + ", ".join(str(p) for p in written))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
-from ..files import atomic_write_text, load_json
+from ..files import atomic_write_text, check_writable_file, load_json
 from ..flags import refuse_renamed
 from ..formulas.comm import RING
 
@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     while size <= max_bytes:
         sizes.append(size)
         size *= 4
+    if opts.out and not opts.worker:
+        check_writable_file(opts.out, "--out")
     if opts.worker:
         worker(sizes, opts.iters, opts.out, opts.compute_ms / 1e3)
         return 0

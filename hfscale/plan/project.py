@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_path, atomic_write_text
+from ..files import atomic_path, atomic_write_text, check_writable_dir
 from ..flags import comma_list, refuse_renamed
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
@@ -691,6 +691,8 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
 def main(argv: list[str]) -> None:
     refuse_renamed(argv)
     opts = build_parser().parse_args(argv)
+    if opts.out:
+        check_writable_dir(opts.out, "--out")
     base, links, points, knees = run_projection(opts)
     assumptions = assumptions_of(base, links, list(knees))
     report = {"assumptions": assumptions, "knee_gpus": knees, "best_that_fits": best(points),

@@ -29,7 +29,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text, load_yaml
+from ..files import atomic_write_text, check_writable_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
@@ -219,6 +219,7 @@ def main(argv: list[str]) -> int:
     if opts.num_processes is None:
         opts.num_processes = default_num_processes()
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
+    check_writable_dir(opts.out, "--out")
     cands, shape, seq = candidates(opts, fixed)
     flags = [*model_flags(opts), "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else []),
              *(["--fp16"] if opts.fp16 else []),

@@ -11,6 +11,7 @@ The checkpoint must be complete (hfscale_checkpoint.json written after every ran
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError, one_of
+from ..files import check_writable_dir
 from ..parallel.strategies import get_strategy
 from .checkpoints import MARKER, is_complete, read_marker
 
@@ -83,6 +84,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     if not is_complete(checkpoint):
         raise HfscaleError(f"{checkpoint}: not a complete hfscale checkpoint (no {MARKER}; the save was interrupted "
                            "or it was not written by hfscale)")
+    check_writable_dir(out, "out")
     if out.exists() and any(out.iterdir()):
         raise HfscaleError(f"{out} exists and is not empty; choose a new directory")
     model = _empty_model(checkpoint)
