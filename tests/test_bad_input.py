@@ -14,6 +14,7 @@ CASES = {
     "unknown optimizer": (["--optim", "sgd"], "unknown optimizer 'sgd'; choose one of: adamw, adafactor, adamw_8bit"),
     "unknown preset": (["--model", "gpt5"], "unknown model preset 'gpt5'; choose one of: tiny"),
     "a directory as data file": (["--train_files", "."], ". is a directory, not a data file"),
+    "a file as cache folder": (["--cache_dir", f"{REPO / 'README.md'}/cache"], f"{REPO / 'README.md'} is a file, not a folder"),
     "zero epochs": (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be positive when --max_steps is not set, got 0"),
     "missing tokenizer directory": (["--tokenizer_name", "./no/tokenizer"], "--tokenizer_name ./no/tokenizer: no such directory"),
     # transformers raises these only as each launched rank builds its model

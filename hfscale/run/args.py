@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..errors import HfscaleError
-from ..files import load_json, load_yaml
+from ..files import check_writable_dir, load_json, load_yaml
 from ..formulas.metrics import ModelShape
 from ..models import PRESETS, missing_local_path, model_shape, resolve_shape
 from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
@@ -103,6 +103,7 @@ class DataArguments:
         require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
+        check_writable_dir(self.cache_dir, "--cache_dir")
         if self.tokenizer_name and missing_local_path(self.tokenizer_name):
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name}: no such directory")
         if self.tokenizer_name and Path(self.tokenizer_name).exists() and not has_tokenizer_files(self.tokenizer_name):
