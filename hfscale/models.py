@@ -265,7 +265,12 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
     if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
         raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
                            f"({' or '.join(WEIGHT_FILES)})")
-    return shape_from_config(config)
+    shape = shape_from_config(config)
+    try:
+        validate_shape(shape)
+    except HfscaleError as err:  # transformers reads such a config without complaint and fails building the model
+        raise HfscaleError(f"cannot load model {name_or_path!r}: its config's {err}") from None
+    return shape
 
 
 def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):

@@ -98,6 +98,10 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     (foreign / "config.json").write_text('{"hidden": 3}')
     half.mkdir()
     (half / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}')
+    odd = tmp_path / "odd"  # a config transformers reads without complaint and cannot build
+    odd.mkdir()
+    (odd / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 5}')
+    (odd / "model.safetensors").write_bytes(b"")
     # weights but no tokenizer: transformers 5 would make an empty tokenizer of the config, every text encoding to []
     untokenized = tmp_path / "untokenized"
     from hfscale.models import PRESETS, build_model
@@ -105,6 +109,7 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     build_model(PRESETS["tiny"], seed=0).save_pretrained(untokenized)
     for path, expected in ((tmp_path / "missing", "no such directory"),  # not sent to the Hub as a repo id
                            (foreign, "Unrecognized model"), (half, "has a config but no weights"),
+                           (odd, "its config's heads (5) must divide hidden size (64)"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])
