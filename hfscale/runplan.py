@@ -177,6 +177,13 @@ class RunPlan:
         return self.processes_per_node * mem.host_offload + construction_host_bytes(
             self.shape, self.processes_per_node, self.strategy.rank0_builds, self.shard_ranks)
 
+    def host_states_per_node(self, mem: RankMemory) -> int:
+        """The model states this node's processes keep in host RAM: every component on the CPU route (its device is
+        the host), the offloaded ones on a GPU."""
+        states = ("parameters", "gradients", "master_weights", "optimizer_states")
+        per_rank = sum(mem.component(n) if not self.on_cuda else mem.host.get(n, 0) for n in states)
+        return self.processes_per_node * per_rank
+
     def but(self, **changes) -> "RunPlan":
         """The same plan with some inputs changed (the derived facts follow)."""
         return replace(self, **changes)

@@ -15,6 +15,7 @@ CASES = {
     "unknown preset": (["--model", "gpt5"], "unknown model preset 'gpt5'; choose one of: tiny"),
     "a directory as data file": (["--train_files", "."], ". is a directory, not a data file"),
     "a file as cache folder": (["--cache_dir", f"{REPO / 'README.md'}/cache"], f"{REPO / 'README.md'} is a file, not a folder"),
+    "states beyond the host": (["--model", "bigscience-176b"], "the model states alone need 2,820.0 GB on this CPU node"),
     "zero epochs": (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be positive when --max_steps is not set, got 0"),
     "missing tokenizer directory": (["--tokenizer_name", "./no/tokenizer"], "--tokenizer_name ./no/tokenizer: no such directory"),
     # transformers raises these only as each launched rank builds its model

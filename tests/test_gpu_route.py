@@ -423,3 +423,22 @@ def test_the_trainer_loop_makes_no_host_sync_per_micro_batch_on_either_route(gpu
         assert mine["logging_nan_inf_filter"] is True and "false" in mine["accelerator_config"]
     args = build_training_arguments({**kw, "output_dir": None})  # the CPU route's (a faked GPU cannot be built on)
     assert not args.accelerator_config.non_blocking and not args.logging_nan_inf_filter and not args.dataloader_pin_memory
+
+
+def test_the_host_memory_refusal_counts_what_each_route_keeps_in_host_ram():
+    """A CPU node holds every model state of its processes; a GPU node only the offloaded ones. The refusal fires
+    exactly where those exceed the host's RAM."""
+    from hfscale.run.args import check_host_memory
+
+    cpu, gpu, offload = route_plan("ddp", False), route_plan("ddp", True), route_plan("zero3_offload", True)
+    mem = cpu.memory()
+    states = mem.model_states  # ddp: nothing offloaded, all on the "device"
+    assert cpu.host_states_per_node(mem) == 2 * states and gpu.host_states_per_node(gpu.memory()) == 0
+    off = offload.memory()
+    assert off.host_offload > 0 and offload.host_states_per_node(off) == 2 * off.host_offload
+    check_host_memory(cpu, 2 * states)  # just fits
+    with pytest.raises(HfscaleError, match="the model states alone need .* GB on this CPU node"):
+        check_host_memory(cpu, 2 * states - 1)
+    check_host_memory(gpu, 1)  # a GPU run without offload keeps no states in host RAM
+    with pytest.raises(HfscaleError, match="GB in host memory"):
+        check_host_memory(offload, 2 * off.host_offload - 1)

@@ -15,11 +15,12 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import psutil
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..errors import HfscaleError
 from ..files import check_writable_dir, load_json, load_yaml
-from ..formulas.metrics import ModelShape
+from ..formulas.metrics import GB, ModelShape
 from ..models import PRESETS, missing_local_path, model_shape, resolve_shape
 from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
                                     on_accelerator, read_launcher_deepspeed_json, resolve_strategy)
@@ -231,7 +232,20 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
         if reason:
             raise HfscaleError(reason)
     check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
+    check_host_memory(plan, psutil.virtual_memory().total)
     return kw, plan, tensorboard
+
+
+def check_host_memory(plan: RunPlan, host_bytes: int) -> None:
+    """Refuse a run whose model states alone exceed this node's RAM (RunPlan.host_states_per_node): it could only
+    end minutes later in the kernel's OOM killer, without a word (bigscience-176b with ddp on a 24 GB host). States
+    only, which the estimate holds to the byte; activations and construction are the estimate's to judge."""
+    need = plan.host_states_per_node(plan.memory())
+    if need > host_bytes:
+        where = "in host memory" if plan.on_cuda else "on this CPU node"
+        raise HfscaleError(f"the model states alone need {need / GB:,.1f} GB {where} ({plan.processes_per_node} "
+                           f"process(es); `hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} "
+                           f"GB: choose a smaller model, or spread a sharding strategy over more nodes")
 
 
 def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
