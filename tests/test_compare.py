@@ -89,6 +89,29 @@ def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
     assert len(warnings) == 3 and all(w.startswith(HEADER_LOG.name) for w in warnings)
 
 
+def test_a_newer_megatron_lm_header_says_no_recomputation_its_precision_and_vocabulary(tmp_path):
+    """Megatron-LM prints every argument, None included: recompute_granularity None is no recomputation (F = 3, where
+    a log that says nothing keeps BigScience's F = 4), bf16 True the precision, padded_vocab_size the vocabulary."""
+    args = {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 512, "num_layers": 32, "hidden_size": 4096,
+            "num_attention_heads": 32, "padded_vocab_size": 128256, "bf16": True, "recompute_granularity": None}
+    lines = ["using world size: 64, data-parallel size: 8, context-parallel size: 1, tensor-model-parallel size: 4, "
+             "pipeline-model-parallel size: 2", "------------------------ arguments ------------------------",
+             *[f"  {key} {'.' * (40 - len(key))} {value}" for key, value in sorted(args.items())],
+             "-------------------- end of arguments ---------------------",
+             *[f" [2024-05-01 10:0{i}:00] iteration {10 * i:8d}/    1000 | consumed samples: {5120 * i:12d} | elapsed "
+               f"time per iteration (ms): {10000 + i:.1f} | learning rate: 1.0E-05 | global batch size:   512 | lm loss: "
+               f"{8 - i / 10:.6E} | loss scale: 1.0 | grad norm: 2.3 | number of skipped iterations:   0 |"
+               for i in (1, 2, 3)]]
+    log = tmp_path / "8B-megatron-lm.out"
+    log.write_text("\n".join(lines) + "\n")
+    record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
+    cfg = record["config"]
+    assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"], cfg["seq_len"]) == (64, 4, 2, 8, 4096)
+    assert cfg["checkpointing"] is False and cfg["precision"] == "bf16" and record["model"]["vocab"] == 128256
+    s_per_iter = (10002 + 10003) / 2 / 1000
+    assert record["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(8e9 * 3 * 2 * 4096 * 512 / (s_per_iter * 64 * 1e12))
+
+
 def test_every_imported_row_names_its_log_file(tmp_path):
     proc = hfscale("import-logs", GOOD_LOG, HEADER_LOG, "--out", tmp_path / "meg")
     assert proc.returncode == 0, proc.stderr

@@ -41,7 +41,8 @@ ARGUMENT = re.compile(r"^\s*([a-z_][a-z0-9_]*) \.{2,} (.*?)\s*$")  # "  seq_leng
 ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_model_parallel_size": "tp",
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
-                 "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions"}
+                 "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
+                 "padded_vocab_size": "vocab"}
 PARAMS_DTYPE = re.compile(r"using torch\.(float16|bfloat16|float32) for parameters")
 # "> padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)": the vocabulary the model really has
 PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
@@ -88,6 +89,10 @@ def parse_header(text: str) -> dict:
         elif key == "recompute_granularity" and _truthy(value):
             found["checkpointing"] = True
             found["recompute"] = value.strip()  # full | selective
+        elif key == "recompute_granularity":  # None: no recomputation, unless checkpoint_activations said so
+            found.setdefault("checkpointing", False)
+        elif key in ("bf16", "fp16") and _truthy(value):  # the arguments' precision, where no dtype line says it
+            found.setdefault("precision", key)
         elif key == "sequence_parallel" and _truthy(value):
             found["sequence_parallel"] = True
         elif key == "position_embedding_type" and "alibi" in value.lower():
