@@ -284,6 +284,42 @@ def test_malformed_run_file(tmp_path, hfscale_cli):
     assert proc.returncode == 2 and f"{bad}: malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("max_steps: abc\n", "max_steps takes an integer, got \"abc\""),
+    ("max_steps: 2.5\n", "max_steps takes an integer, got 2.5"),
+    ("max_steps: true\n", "max_steps takes an integer, got true"),
+    ("learning_rate: fast\n", "learning_rate takes a number, got \"fast\""),
+    ("bf16: maybe\n", "bf16 takes true or false, got \"maybe\""),
+    ("per_device_train_batch_size: [1, 2]\n", "per_device_train_batch_size takes one value, got [1, 2]"),
+    ("model: {name: tiny}\n", "model takes one value, got {\"name\": \"tiny\"}"),
+    ("lr_scheduler_type: wobbly\n", "lr_scheduler_type: unknown value \"wobbly\"; choose one of: linear, cosine"),
+])
+def test_a_run_file_value_of_the_wrong_kind_is_one_line(tmp_path, hfscale_cli, text, expected):
+    """A run file's values go through their flags' own types and choices, as on the command line."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    _check_refused(hfscale_cli(["train", str(path)], cwd=tmp_path), f"{path}: {expected}", tmp_path / "runs")
+
+
+def test_a_run_file_reads_as_its_flags_would(tmp_path):
+    """Lists, mappings and YAML's strings for numbers where the fields take them: the same plan as the flags."""
+    from hfscale.train import check_args
+
+    data = tmp_path / "d.txt"
+    data.write_text("some text to train on\n")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"max_steps: 3\nreport_to: [none]\nlr_scheduler_kwargs: {{min_lr_rate: 0.2}}\n"
+                    f"train_files: [{data}]\nlearning_rate: 1e-3\nper_device_train_batch_size: 2.0\nbf16: true\n")
+    flags = ["--max_steps", "3", "--report_to", "none", "--lr_scheduler_kwargs", '{"min_lr_rate": 0.2}', "--train_files",
+             str(data), "--learning_rate", "1e-3", "--per_device_train_batch_size", "2", "--bf16"]
+    (_, from_file, file_kw, file_state), (_, from_flags, flag_kw, flag_state) = check_args([str(path)]), check_args(flags)
+    assert from_file.train_files == from_flags.train_files == [str(data)]
+    for key in ("max_steps", "learning_rate", "per_device_train_batch_size", "bf16"):
+        assert file_kw[key] == flag_kw[key] and type(file_kw[key]) is type(flag_kw[key]), key
+    assert file_state.plan == flag_state.plan
+    assert file_kw["lr_scheduler_kwargs"] == {"min_lr_rate": 0.2} and file_kw["report_to"] in (["none"], "none")
+
+
 # Launcher configs: `hfscale launch` checks them before `accelerate launch` starts anything.
 LAUNCH_CASES = {
     "malformed YAML": ("distributed_type: MULTI_GPU\nnum_processes: [2\n", "malformed YAML"),

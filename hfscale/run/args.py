@@ -9,11 +9,14 @@ TrainingArguments keywords. Building the TrainingArguments (`build_training_argu
 state and process group, so `train.run()` does it explicitly, after `parallel.distributed.setup_processes`.
 """
 
+import argparse
+import json
 import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import get_type_hints
 
 import psutil
 from transformers import HfArgumentParser, TrainingArguments
@@ -405,6 +408,47 @@ def _split_by_dataclass(values: dict, where: str) -> list[dict]:
     return groups
 
 
+def _coerce_file_values(parser, data: dict, where: str) -> dict:
+    """A run file's values read as the command line reads its flags: each through its flag's own type and choices,
+    so a value of the wrong kind is one line naming the key, as argparse names a flag, never a traceback later.
+    Lists and mappings go where the field takes them (train_files, report_to, lr_scheduler_kwargs, ...)."""
+    # the classes' own annotations: HfArgumentParser narrows each field's `type` in place (dict | str -> str)
+    annotations = {name: str(hint) for dtype in DATACLASSES for name, hint in get_type_hints(dtype).items()}
+    out = {}
+    for key, value in data.items():
+        action = parser._option_string_actions.get(f"--{key}")
+        if action is None or value is None:  # an unknown key is refused by _split_by_dataclass; null: the default
+            out[key] = value
+            continue
+        takes_many = action.nargs in ("+", "*") or "list" in annotations.get(key, "")
+        if isinstance(value, dict) and "dict" in annotations.get(key, ""):
+            out[key] = value
+            continue
+        if isinstance(value, dict) or (isinstance(value, list) and not takes_many):
+            raise HfscaleError(f"{where}{key} takes one value, got {json.dumps(value)[:60]}")
+        items = [_coerce_one(action, item, f"{where}{key}") for item in (value if isinstance(value, list) else [value])]
+        out[key] = items if isinstance(value, list) or action.nargs in ("+", "*") else items[0]
+    return out
+
+
+def _coerce_one(action, item, where: str):
+    kind = action.type or str
+    numeric = kind in (int, float)
+    wanted = {int: "an integer", float: "a number"}.get(kind, "true or false" if action.nargs == "?" else "a value")
+    bad = HfscaleError(f"{where} takes {wanted}, got {json.dumps(item)[:60]}")
+    if isinstance(item, (list, dict)) or (numeric and isinstance(item, bool)) or (
+            kind is int and isinstance(item, float) and not item.is_integer()):
+        raise bad
+    try:
+        converted = kind(item if numeric or isinstance(item, bool) else str(item))
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        raise bad from None
+    if action.choices is not None and converted not in action.choices:
+        raise HfscaleError(f"{where}: unknown value {json.dumps(item)[:60]}; choose one of: "
+                           f"{', '.join(str(getattr(c, 'value', c)) for c in action.choices)}")
+    return converted
+
+
 def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     """(one {field: value} per dataclass, the fields the user set): explicit values win over hfscale's recipes."""
     parser = HfscaleArgumentParser(DATACLASSES)
@@ -415,7 +459,7 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
         if not path.is_file():
             raise HfscaleError(f"{path}: file not found")
         data = load_json(path) if path.suffix == ".json" else load_yaml(path)
-        groups = _split_by_dataclass(data, f"{path}: ")
+        groups = _split_by_dataclass(_coerce_file_values(parser, data, f"{path}: "), f"{path}: ")
         defaults = _split_by_dataclass(vars(parser.parse_args([])), "")
         return [{**d, **g} for d, g in zip(defaults, groups)], set(data)
     namespace, remaining = parser.parse_known_args(args=argv)
