@@ -229,6 +229,11 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
      "--num_machines 2 needs --machine_rank and --main_process_ip"),
     (["launch", "--strategy", "zero1", "--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "n0",
       "--dry_run"], "--machine_rank must be 0 to 1 for --num_machines 2, got 2"),
+    # a tune with nothing to run: refused, nothing written (no OUT/tune.md of pruned rows)
+    (["tune", "--model", "tiny", "--num_processes", "2", "--strategy", "zero2_offload", "--optim", "adamw_8bit",
+      "--out", "runs/tune"], "every configuration asked is refused by the strategy table: zero2_offload x adamw_8bit"),
+    (["tune", "--model", "bigscience-176b", "--num_processes", "2", "--device", "V100-16GB", "--out", "runs/tune"],
+     "nothing fits 2 process(es) here; the smallest is"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

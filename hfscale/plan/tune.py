@@ -124,6 +124,21 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     return out, shape, seq
 
 
+def check_something_runs(cands: list[Candidate], opts) -> None:
+    """A tune with no trial to run is an impossible request, refused in one line before anything is written: every
+    pair refused by the strategy table, or nothing that fits the device (the closest named)."""
+    if any(c.status == "planned" for c in cands):
+        return
+    pruned = [c for c in cands if c.status == "pruned"]
+    if not pruned:
+        raise HfscaleError(f"every configuration asked is refused by the strategy table: {cands[0].run.strategy} x "
+                           f"{cands[0].run.optim}: {cands[0].reason}")
+    closest = min(pruned, key=lambda c: c.estimate_gb)
+    raise HfscaleError(f"nothing fits {opts.num_processes} process(es) here; the smallest is {closest.run.name}, "
+                       f"{closest.reason}: try a larger --device or --device_memory_gb, more processes, or a smaller "
+                       f"model")
+
+
 def measured(cand: Candidate, out: Path, budget: float) -> None:
     """Read a finished trial's results into the candidate."""
     path = out / "trials" / cand.run.name / "results.json"
@@ -221,6 +236,7 @@ def main(argv: list[str]) -> int:
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
     check_writable_dir(opts.out, "--out")
     cands, shape, seq = candidates(opts, fixed)
+    check_something_runs(cands, opts)
     flags = [*model_flags(opts), "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else []),
              *(["--fp16"] if opts.fp16 else []),
              *(["--fused_linear_cross_entropy"] if opts.fused_linear_cross_entropy else [])]
