@@ -301,11 +301,17 @@ def test_each_piece_pays_the_meeting_measured_after_the_compute_before_it():
     ({"meet_s": {"all_reduce": [[0.0, 1e-3]]}}, "malformed meet_s"),  # a gap of 0 is back to back, not a meeting
     ({"meet_s": {"all_reduce": [[1e-3, -1e-3]]}}, "malformed meet_s"),
     ({"compute_s_between": 0.04}, "measured by an older `hfscale bandwidth --compute_ms`"),  # fits with the meeting in
+    ({"fit": {"all_reduce": {"latency_s": 1e-4, "busbw": float("inf")}}}, "malformed fit"),
+    ({"busbw_largest": {"all_reduce": float("inf"), "all_gather": 1e9, "reduce_scatter": 1e9}},
+     "no positive, finite busbw_largest"),
+    ({"fit": None, "rows": "abc"}, "malformed rows"),  # a file from before the fits: its rows are read instead
+    ({"fit": None, "rows": [{"kind": "all_reduce", "size_bytes": 4, "time_s": 1e-4}], "ranks": 1}, "malformed rows"),
 ])
 def test_a_bandwidth_file_with_a_malformed_or_outdated_meeting_is_refused(tmp_path, meeting, expected):
     bw = {"ranks": 2, "nodes": 1, "busbw_largest": {k: 1e9 for k in ("all_reduce", "all_gather", "reduce_scatter")},
           "fit": {k: {"latency_s": 1e-4, "busbw": 1e9} for k in ("all_reduce", "all_gather", "reduce_scatter")},
           **meeting}
+    bw = {key: value for key, value in bw.items() if value is not None}
     path = tmp_path / "bw.json"
     path.write_text(json.dumps(bw))
     proc = run([sys.executable, "-m", "hfscale", "project", "--tflops_per_gpu", "100", "--bandwidth_file", str(path),

@@ -17,6 +17,7 @@ compute (`meet_s`): the projection charges each piece by the compute before it (
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -166,8 +167,9 @@ def read_bandwidth_file(path) -> dict:
     """A file written by `hfscale bandwidth --out`: {"busbw_largest": {kind: bytes/s}, "nodes": ...}."""
     data = load_json(Path(path), "bandwidth file")
     bw = data.get("busbw_largest")
-    if not isinstance(bw, dict) or not all(isinstance(bw.get(k), (int, float)) and bw[k] > 0 for k in KINDS):
-        raise HfscaleError(f"{path}: not a bandwidth file (written by `hfscale bandwidth --out`): no positive "
+    if not isinstance(bw, dict) or not all(isinstance(bw.get(k), (int, float)) and not isinstance(bw[k], bool)
+                                           and 0 < bw[k] < math.inf for k in KINDS):
+        raise HfscaleError(f"{path}: not a bandwidth file (written by `hfscale bandwidth --out`): no positive, finite "
                            f"busbw_largest for {', '.join(KINDS)}")
     return data
 

@@ -510,15 +510,21 @@ def links_from(opts) -> tuple[Links, Links, Links]:
                 fits = tuple((kind, float(f["busbw"]), float(f["latency_s"])) for kind, f in measured["fit"].items())
             except (TypeError, KeyError, ValueError, AttributeError):
                 fits = ()
-            if not fits or not all(b > 0 and 0 <= lat < float("inf") for _, b, lat in fits):
+            if not fits or not all(0 < b < float("inf") and 0 <= lat < float("inf") for _, b, lat in fits):
                 raise HfscaleError(f"{opts.bandwidth_file}: malformed fit (each collective needs a positive busbw and "
                                    "a latency_s >= 0); write it again with `hfscale bandwidth --out`")
             bw, intra_lat = dict((k, (b, lat)) for k, b, lat in fits).get("all_reduce", (bw, intra_lat))
             meets = meeting_curves(measured, opts.bandwidth_file)
         else:  # an older file: its largest message's bandwidth and its smallest message's latency
             bw = measured["busbw_largest"]["all_reduce"]
-            smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
-            intra_lat = smallest["time_s"] / (2 * (measured["ranks"] - 1))
+            try:
+                smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
+                intra_lat = float(smallest["time_s"]) / (2 * (int(measured["ranks"]) - 1))
+            except (TypeError, KeyError, ValueError, ZeroDivisionError):
+                intra_lat = -1.0
+            if not 0 <= intra_lat < float("inf"):
+                raise HfscaleError(f"{opts.bandwidth_file}: malformed rows (no all_reduce row with its time_s, or no "
+                                   "ranks > 1); write it again with `hfscale bandwidth --out`")
         intra = (bw, bw, bw)
     return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits, meets) for i in range(3))
 
