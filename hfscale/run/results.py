@@ -9,8 +9,8 @@ not know (a newer writer's) are kept in `extra` and written back unchanged.
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import get_args
 from pathlib import Path
+from typing import get_args
 
 from ..errors import HfscaleError
 from ..files import atomic_write_text
