@@ -109,6 +109,18 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
 
     exported = export(faulty_dir / f"checkpoint-{STEPS}", tmp_path / "exported", "fp32")
     assert {p.name for p in exported.iterdir()} >= {"config.json", "model.safetensors"}
+    # A checkpoint whose weight files were truncated later (a full disk, a copy cut short) is one line, nothing written
+    from hfscale.errors import HfscaleError
+
+    cut = shutil.copytree(faulty_dir / f"checkpoint-{STEPS}", tmp_path / "cut")
+    weights = [p for pattern in ("model*.safetensors", "**/*optim_states.pt", "pytorch_model_fsdp_*/*.distcp")
+               for p in cut.glob(pattern)]
+    assert weights, sorted(p.name for p in cut.rglob("*"))
+    for path in weights:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(HfscaleError, match="cut: cannot read its weights"):
+        export(cut, tmp_path / "never", "fp32")
+    assert not (tmp_path / "never").exists()
     assert not [p for p in exported.iterdir() if "optim" in p.name or p.suffix in (".pt", ".bin", ".pth")]
     import torch
     from transformers import AutoModelForCausalLM

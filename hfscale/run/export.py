@@ -87,8 +87,15 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     check_writable_dir(out, "out")
     if out.exists() and any(out.iterdir()):
         raise HfscaleError(f"{out} exists and is not empty; choose a new directory")
-    model = _empty_model(checkpoint)
-    state = consolidated_state_dict(checkpoint, model)
+    try:  # the files are the user's: a truncated or overwritten one fails deep in safetensors, DeepSpeed or DCP
+        model = _empty_model(checkpoint)
+        state = consolidated_state_dict(checkpoint, model)
+    except (HfscaleError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # any library's reading error (DCP's CheckpointException is a BaseException)
+        cause = next(iter(getattr(err, "failures", {}).values()), (err,))[0]  # DCP wraps each rank's exception
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise HfscaleError(f"{checkpoint}: cannot read its weights ({type(cause).__name__}: {first})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
