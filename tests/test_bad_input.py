@@ -224,6 +224,8 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
+    (["report", ".", "--target_loss", "nan"], "--target_loss must be a positive, finite loss, got nan"),
+    (["report", ".", "--target_loss", "-1"], "--target_loss must be a positive, finite loss, got -1.0"),
     # several machines: without this machine's rank and machine 0's address every launcher waits for ever
     (["launch", "--strategy", "zero1", "--num_machines", "2", "--dry_run"],
      "--num_machines 2 needs --machine_rank and --main_process_ip"),

@@ -305,6 +305,8 @@ def main(argv: list[str]) -> None:
     opts = parser.parse_args(argv)
     if not 0 <= opts.smooth < 1:
         raise HfscaleError(f"--smooth must be in [0, 1), got {opts.smooth}")
+    if opts.target_loss is not None and not 0 < opts.target_loss < float("inf"):
+        raise HfscaleError(f"--target_loss must be a positive, finite loss, got {opts.target_loss}")
     days_at = None
     if opts.days_at_gpus is not None:
         if opts.days_at_gpus <= 0 or opts.gpus_per_node <= 0:
