@@ -433,6 +433,9 @@ def test_project_command_writes_table_plot_and_json(tmp_path):
     (["--tflops_per_gpu", "100", "--inter_bw", "-3"], "--inter_bw must be positive GB/s"),
     (["--tflops_per_gpu", "100", "--strategy", "zero9"], "unknown strategy 'zero9'"),
     ([], "nothing to project from"),
+    # a results file brings its own model and run: these flags would be silently ignored beside one
+    (["results.json", "--model", "gpt2-1.3b"], "--model describes the run of a projection from --tokens_per_s_per_gpu"),
+    (["results.json", "--seq_len=2048"], "results.json brings its own model and run: drop --seq_len"),
 ])
 def test_project_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "project", *argv, "--out", str(tmp_path / "out")], cwd=tmp_path, timeout=120)

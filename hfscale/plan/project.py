@@ -29,6 +29,7 @@ from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3
 from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..formulas.peaks import DEVICES, memory_of_device_name
+from ..models import MODEL_OVERRIDES
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import get_strategy
 from ..run.results import read_results
@@ -694,9 +695,24 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
 
 
+# What a flag-based projection is told about the run; a results file brings all of it (its model, shape, batch,
+# precision and optimizer), so the same flag beside one would be silently ignored
+RUN_FLAGS = ("--model", "--model_name_or_path", *(f"--{flag}" for flag in MODEL_OVERRIDES), "--seq_len",
+             "--per_device_train_batch_size", "--gradient_accumulation_steps", "--activation_checkpointing",
+             "--attn_implementation", "--bf16", "--fp16", "--torch_compile", "--fused_linear_cross_entropy", "--optim")
+
+
+def refuse_run_flags_beside_results(argv: list[str], opts) -> None:
+    given = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in RUN_FLAGS), None)
+    if opts.results and given:
+        raise HfscaleError(f"{given} describes the run of a projection from --tokens_per_s_per_gpu or --tflops_per_gpu; "
+                           f"{opts.results} brings its own model and run: drop {given}")
+
+
 def main(argv: list[str]) -> None:
     refuse_renamed(argv)
     opts = build_parser().parse_args(argv)
+    refuse_run_flags_beside_results(argv, opts)
     if opts.out:
         check_writable_dir(opts.out, "--out")
     base, links, points, knees = run_projection(opts)
