@@ -32,7 +32,7 @@ def cmd_peak(argv: list[str]) -> None:
     parser.add_argument("--size", type=int, default=None, help="matrix size (default 8192 on GPU, 512 on CPU)")
     parser.add_argument("--seconds", type=float, default=3.0, help="how long to measure each dtype (default 3)")
     opts = parser.parse_args(argv)
-    from .plan.options import positive
+    from .flags import positive
 
     positive(opts, "size", "seconds")
     import torch  # a second to import: only for the command that measures

@@ -70,3 +70,11 @@ def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -
                 raise one_of(what or flag.lstrip("-").replace("_", " "), value, [*valid, ALL])
         out.append(value)
     return out
+
+
+def positive(opts, *names: str) -> None:
+    """Each named option is positive and finite, or absent."""
+    for name in names:
+        value = getattr(opts, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise HfscaleError(f"--{name} must be positive, got {value}")

@@ -220,6 +220,8 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     asked = flag_value(train_args, "--strategy")
     if asked is not None:
         get_strategy(asked)  # an unknown name: the list of valid ones
+    if nproc is not None and nproc <= 0:  # 0 would read as "not given" below
+        raise HfscaleError(f"--num_processes must be positive, got {nproc}")
     config_path = Path(config_file) if config_file else get_strategy(asked or "ddp").accelerate_config_path
     config = check_accelerate_config(config_path)
     deepspeed_json = _deepspeed_json(config, config_path)
@@ -264,10 +266,14 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
 
 
 def check_machine_flags(opts, config: dict) -> None:
-    """A job over several machines needs, from the flags or the launcher config, this machine's rank (0 to
-    --num_machines - 1) and the address of machine 0: without them every launcher would wait for a rendezvous that
-    never comes."""
+    """A port a socket can take, and a machine rank below --num_machines. A job over several machines needs, from
+    the flags or the launcher config, this machine's rank and the address of machine 0: without them every launcher
+    would wait for a rendezvous that never comes."""
+    if opts.main_process_port is not None and not 0 <= opts.main_process_port < 65536:
+        raise HfscaleError(f"--main_process_port must be 0 (a free port) to 65535, got {opts.main_process_port}")
     if opts.num_machines == 1:
+        if opts.machine_rank not in (None, 0):
+            raise HfscaleError(f"--machine_rank must be 0 for --num_machines 1, got {opts.machine_rank}")
         return
     given = {flag: getattr(opts, flag) if getattr(opts, flag) is not None else config.get(flag)
              for flag in ("machine_rank", "main_process_ip")}

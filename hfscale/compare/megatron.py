@@ -233,7 +233,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--skip_first", type=int, default=1, help="logged iterations left out of the average (default 1)")
     opts = parser.parse_args(argv)
     for name, value in (("--gpus", opts.gpus), ("--seq_len", opts.seq_len), ("--params", opts.params)):
-        if value is not None and value <= 0:
+        if value is not None and not 0 < value < float("inf"):
             raise HfscaleError(f"{name} must be positive, got {value}")
     if opts.skip_first < 0:
         raise HfscaleError(f"--skip_first must be >= 0, got {opts.skip_first}")

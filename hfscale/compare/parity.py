@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
-from ..flags import comma_list, refuse_renamed
+from ..flags import comma_list, positive, refuse_renamed
 from ..launch import finished_status, flag_value, run_training, split_train_args
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import all_strategies, incompatibility
@@ -181,8 +181,7 @@ def main(argv: list[str]) -> int:
     if explicit:
         raise HfscaleError(f"strategy {explicit!r} cannot use optimizer {optim!r}: {refused[explicit]}")
     strategies = [s for s in strategies if not refused[s]]  # under "all" they are left out
-    if opts.max_steps <= 0 or opts.num_processes <= 0 or opts.tolerance <= 0:
-        raise HfscaleError("--max_steps, --num_processes and --tolerance must be positive")
+    positive(opts, "max_steps", "num_processes", "tolerance", "lossy_tolerance", "timeout")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")

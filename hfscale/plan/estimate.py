@@ -13,13 +13,13 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ArgumentParser, HfscaleError
-from ..flags import ALL, comma_list, refuse_renamed
+from ..flags import ALL, comma_list, positive, refuse_renamed
 from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES, construction_host_bytes, max_micro_batch
 from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
-                      check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, positive, recompute_of,
+                      check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, recompute_of,
                       shape_from_options, strategies_and_families)
 
 

@@ -55,14 +55,6 @@ def precision_from_options(opts) -> str:
     return compute_precision(opts.bf16, opts.fp16)
 
 
-def positive(opts, *names: str) -> None:
-    """Each named option is positive and finite, or absent."""
-    for name in names:
-        value = getattr(opts, name)
-        if value is not None and not 0 < value < float("inf"):
-            raise HfscaleError(f"--{name} must be positive, got {value}")
-
-
 def check_attention(attention: str) -> None:
     if attention not in ATTENTION:
         raise one_of("attention implementation", attention, ATTENTION)

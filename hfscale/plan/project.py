@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
-from ..flags import comma_list, refuse_renamed
+from ..flags import comma_list, positive, refuse_renamed
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import GB, SECONDS_PER_DAY, param_count, training_flops_per_sequence
@@ -37,7 +37,7 @@ from ..runplan import RunPlan, accumulation_steps
 from .bandwidth import read_bandwidth_file
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions, GridPlan, grid_layouts
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_whole_nodes,
-                      device_memory_bytes, fit, optimizers_option, positive, strategies_and_families)
+                      device_memory_bytes, fit, optimizers_option, strategies_and_families)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, load_yaml
-from ..flags import RENAMED, comma_list, refuse_renamed
+from ..flags import RENAMED, comma_list, positive, refuse_renamed
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
 from ..launch import TRAIN_SCRIPT, RunSpec, default_num_processes, drop_flag, run_one, split_train_args
@@ -40,7 +40,7 @@ from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
 from .grid import GridOptions
 from .options import (ATTENTION, add_model_flags, base_plan, check_attention, device_memory_bytes, fit, model_flags,
-                      optimizers_option, positive, shape_from_options, strategies_and_families)
+                      optimizers_option, shape_from_options, strategies_and_families)
 
 TUNE_FILE = "tune.json"
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
