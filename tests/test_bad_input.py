@@ -16,6 +16,10 @@ CASES = {
     "a directory as data file": (["--train_files", "."], ". is a directory, not a data file"),
     "a file as cache folder": (["--cache_dir", f"{REPO / 'README.md'}/cache"], f"{REPO / 'README.md'} is a file, not a folder"),
     "states beyond the host": (["--model", "bigscience-176b"], "the model states alone need 2,820.0 GB on this CPU node"),
+    # each would be a traceback in every launched rank (numpy's seed, torch's dropout) or a negative MFU
+    "negative seed": (["--seed", "-1"], "--seed must be in [0, 2**32) (numpy's seed range), got -1"),
+    "negative dropout": (["--dropout", "-0.1"], "--dropout must be in [0, 1), got -0.1"),
+    "negative peak": (["--peak_tflops", "-1"], "--peak_tflops must be positive, got -1.0"),
     "zero epochs": (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be positive when --max_steps is not set, got 0"),
     "missing tokenizer directory": (["--tokenizer_name", "./no/tokenizer"], "--tokenizer_name ./no/tokenizer: no such directory"),
     # transformers raises these only as each launched rank builds its model

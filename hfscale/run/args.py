@@ -64,6 +64,8 @@ class ModelArguments:
 
     def __post_init__(self):
         require_finite(vars(self))
+        if not 0 <= self.dropout < 1:
+            raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
             resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
@@ -107,6 +109,8 @@ class DataArguments:
         require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
+        if self.default_tokenizer_vocab <= 0:
+            raise HfscaleError(f"--default_tokenizer_vocab must be positive, got {self.default_tokenizer_vocab}")
         check_writable_dir(self.cache_dir, "--cache_dir")
         if self.tokenizer_name and missing_local_path(self.tokenizer_name):
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name}: no such directory")
@@ -342,6 +346,7 @@ def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
 
 # What torch's AdamW, bitsandbytes' AdamW8bit, transformers' Adafactor and the Trainer's schedulers accept; checked
 # before anything is written, for every optimizer (each refuses the same ranges, deep inside a launched run).
+_TINY = math.ulp(0.0)  # the smallest positive float: a lower bound that makes a range "must be positive"
 HYPERPARAMETER_RANGES = {
     "learning_rate": (0.0, None, "must be >= 0"),
     "adam_beta1": (0.0, 1.0, "must be in [0, 1)"),
@@ -351,6 +356,24 @@ HYPERPARAMETER_RANGES = {
     "max_grad_norm": (0.0, None, "must be >= 0 (0 turns clipping off)"),
     "warmup_steps": (0.0, None, "must be >= 0 (a number of steps, or a fraction of them below 1)"),
     "gc_freq": (0, None, "must be >= 0 (optimizer steps between collections; 0: Python's automatic collection)"),
+    # the rest would be a traceback in every launched rank, or a silently odd run (a negative peak: a negative MFU)
+    "seed": (0, 2**32, "must be in [0, 2**32) (numpy's seed range)"),
+    "data_seed": (0, 2**32, "must be in [0, 2**32) (numpy's seed range)"),
+    "peak_tflops": (_TINY, None, "must be positive"),
+    "perf_warmup_steps": (0, None, "must be >= 0 (0: every step timed)"),
+    "logging_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
+    "eval_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
+    "save_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
+    "per_device_eval_batch_size": (1, None, "must be positive"),
+    "eval_accumulation_steps": (1, None, "must be positive"),
+    "eval_delay": (0, None, "must be >= 0"),
+    "dataloader_num_workers": (0, None, "must be >= 0"),
+    "dataloader_prefetch_factor": (1, None, "must be positive"),
+    "ddp_bucket_cap_mb": (_TINY, None, "must be positive"),
+    "ddp_timeout": (1, None, "must be positive (seconds)"),
+    "label_smoothing_factor": (0.0, 1.0, "must be in [0, 1)"),
+    "neftune_noise_alpha": (0.0, None, "must be >= 0"),
+    "torch_empty_cache_steps": (1, None, "must be positive"),
 }
 
 
@@ -360,7 +383,9 @@ def check_hyperparameters(kw: dict) -> None:
         value = kw.get(name)
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if not math.isfinite(value) or value < low or (high is not None and value >= high):
+        if not math.isfinite(value):
+            raise HfscaleError(f"--{name} must be a finite number, got {value}")
+        if value < low or (high is not None and value >= high):
             raise HfscaleError(f"--{name} {rule}, got {value}")
     min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
