@@ -20,6 +20,8 @@ CASES = {
     "negative seed": (["--seed", "-1"], "--seed must be in [0, 2**32) (numpy's seed range), got -1"),
     "negative dropout": (["--dropout", "-0.1"], "--dropout must be in [0, 1), got -0.1"),
     "negative peak": (["--peak_tflops", "-1"], "--peak_tflops must be positive, got -1.0"),
+    "unknown report_to": (["--report_to", "tensorboard,wandbx"], "unknown --report_to integration 'wandbx'; choose one of: all, none"),
+    "unknown compile mode": (["--torch_compile_mode", "fastest"], "unknown --torch_compile_mode 'fastest'; choose one of: default"),
     "zero epochs": (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be positive when --max_steps is not set, got 0"),
     "missing tokenizer directory": (["--tokenizer_name", "./no/tokenizer"], "--tokenizer_name ./no/tokenizer: no such directory"),
     # transformers raises these only as each launched rank builds its model

@@ -21,7 +21,7 @@ from typing import get_type_hints
 import psutil
 from transformers import HfArgumentParser, TrainingArguments
 
-from ..errors import HfscaleError
+from ..errors import HfscaleError, one_of
 from ..files import check_writable_dir, load_json, load_yaml
 from ..formulas.metrics import GB, ModelShape
 from ..models import PRESETS, missing_local_path, model_shape, resolve_shape
@@ -213,6 +213,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     world = launcher_world_size()
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
+    check_compile_mode(kw.get("torch_compile_mode"))
     if kw["fp16"] and not gpu:
         raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
@@ -335,10 +336,27 @@ def _apply_batch_sizes(kw: dict, world: int) -> None:
         raise HfscaleError(f"--token_budget must be positive, got {kw['token_budget']}")
 
 
+def check_compile_mode(mode: str | None) -> None:
+    """torch.compile's modes, known before launch (inductor raises only at the first compiled step of every rank)."""
+    if mode is None:
+        return
+    import torch._inductor
+
+    modes = list(torch._inductor.list_mode_options())
+    if mode not in modes:
+        raise one_of("--torch_compile_mode", mode, modes)
+
+
 def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
     """hfscale writes TensorBoard itself (clean scalar names, one event stream per run directory)."""
     backends = [report_to] if isinstance(report_to, str) else list(report_to or [])
     backends = [b for part in backends for b in part.split(",") if b]
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    known = ["all", "none", *INTEGRATION_TO_CALLBACK]
+    unknown = next((b for b in backends if b not in known), None)
+    if unknown:  # the Trainer would raise it in every launched rank
+        raise one_of("--report_to integration", unknown, known)
     tensorboard = "tensorboard" in backends or "all" in backends
     others = [b for b in backends if b not in ("tensorboard", "none")]
     return tensorboard, others or "none"
