@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import get_type_hints
@@ -336,27 +337,48 @@ def _apply_batch_sizes(kw: dict, world: int) -> None:
         raise HfscaleError(f"--token_budget must be positive, got {kw['token_budget']}")
 
 
+@contextmanager
+def _environment_kept():
+    """Parsing changes nothing: a library imported only to read a list of names may set variables as it loads."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 def check_compile_mode(mode: str | None) -> None:
     """torch.compile's modes, known before launch (inductor raises only at the first compiled step of every rank)."""
     if mode is None:
         return
-    import torch._inductor
+    with _environment_kept():  # importing inductor sets TORCHINDUCTOR_CACHE_DIR
+        import torch._inductor
 
     modes = list(torch._inductor.list_mode_options())
     if mode not in modes:
         raise one_of("--torch_compile_mode", mode, modes)
 
 
+def check_integrations(backends: list[str]) -> None:
+    """--report_to names transformers knows; the Trainer would raise an unknown one in every launched rank. Its list
+    lives in a module whose imports take seconds (and set TORCHINDUCTOR_CACHE_DIR through torchao), so it is read only
+    for a name beyond hfscale's own, with the environment kept as it was (parsing changes nothing)."""
+    if all(b in ("all", "none", "tensorboard") for b in backends):
+        return
+    with _environment_kept():
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    known = ["all", "none", *INTEGRATION_TO_CALLBACK]
+    unknown = next((b for b in backends if b not in known), None)
+    if unknown:
+        raise one_of("--report_to integration", unknown, known)
+
+
 def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
     """hfscale writes TensorBoard itself (clean scalar names, one event stream per run directory)."""
     backends = [report_to] if isinstance(report_to, str) else list(report_to or [])
     backends = [b for part in backends for b in part.split(",") if b]
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
-    known = ["all", "none", *INTEGRATION_TO_CALLBACK]
-    unknown = next((b for b in backends if b not in known), None)
-    if unknown:  # the Trainer would raise it in every launched rank
-        raise one_of("--report_to integration", unknown, known)
+    check_integrations(backends)
     tensorboard = "tensorboard" in backends or "all" in backends
     others = [b for b in backends if b not in ("tensorboard", "none")]
     return tensorboard, others or "none"
