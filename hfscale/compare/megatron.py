@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import check_writable_dir
+from ..flags import positive
 from ..launch import OOM_MARKERS
 from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
 from ..formulas.parallel3d import padded_vocab
@@ -232,9 +233,7 @@ def main(argv: list[str]) -> None:
                              "default: what the log's arguments say, else on")
     parser.add_argument("--skip_first", type=int, default=1, help="logged iterations left out of the average (default 1)")
     opts = parser.parse_args(argv)
-    for name, value in (("--gpus", opts.gpus), ("--seq_len", opts.seq_len), ("--params", opts.params)):
-        if value is not None and not 0 < value < float("inf"):
-            raise HfscaleError(f"{name} must be positive, got {value}")
+    positive(opts, "gpus", "seq_len", "params")
     if opts.skip_first < 0:
         raise HfscaleError(f"--skip_first must be >= 0, got {opts.skip_first}")
     warnings: list[str] = []

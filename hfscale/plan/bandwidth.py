@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
 from ..files import atomic_write_text, check_writable_file, load_json
-from ..flags import refuse_renamed
+from ..flags import positive, refuse_renamed
 from ..formulas.comm import RING
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -192,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if not 0 <= opts.compute_ms < float("inf"):
         raise HfscaleError(f"--compute_ms must be >= 0, got {opts.compute_ms}")
-    for name in ("num_processes", "min_bytes", "max_bytes", "iters"):
-        value = getattr(opts, name)
-        if value is not None and value <= 0:
-            raise HfscaleError(f"--{name} must be positive, got {value}")
+    positive(opts, "num_processes", "min_bytes", "max_bytes", "iters")
     import torch
 
     max_bytes = opts.max_bytes or ((256 << 20) if torch.cuda.is_available() else (16 << 20))
