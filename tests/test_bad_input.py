@@ -206,6 +206,9 @@ def _checkpoint(tmp_path, **changes) -> Path:
     ({"world_size": 8}, "was saved with world_size 8 but this run has 1"),
     ({"optim": "adafactor"}, "was saved with optim 'adafactor' but this run has 'adamw'"),
     ({"complete": False}, "incomplete checkpoint (no hfscale_checkpoint.json"),
+    # its marker lists a file the folder no longer holds (a copy cut short): refused, no older intact one named
+    ({"files": {"model.safetensors": 1000}}, "checkpoint-4: its file model.safetensors is missing; the last intact one "
+                                             "is none"),
 ])
 def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfscale_cli):
     """A named checkpoint is checked with the flags, before any process group starts."""

@@ -84,6 +84,13 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     interrupted = faulty_dir / f"checkpoint-{STEPS + SAVE_EVERY}"
     shutil.copytree(faulty_dir / f"checkpoint-{complete[-1]}", interrupted)
     (interrupted / "hfscale_checkpoint.json").unlink()
+    # A complete checkpoint damaged since (a copy cut short): its marker lists every file's size; `latest` passes it
+    damaged = shutil.copytree(faulty_dir / f"checkpoint-{complete[-1]}", faulty_dir / f"checkpoint-{STEPS + 2 * SAVE_EVERY}")
+    listed = json.loads((damaged / "hfscale_checkpoint.json").read_text())["files"]
+    assert listed == {p.relative_to(damaged).as_posix(): p.stat().st_size for p in damaged.rglob("*")
+                      if p.is_file() and p.name != "hfscale_checkpoint.json"}
+    biggest = max(listed, key=listed.get)
+    (damaged / biggest).write_bytes((damaged / biggest).read_bytes()[:listed[biggest] // 2])
 
     launch(strategy, faulty_dir, "--resume_from_checkpoint", "latest")
     resumed = json.loads((faulty_dir / "results.json").read_text())
@@ -91,6 +98,7 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     assert resumed["status"] == "ok" and resumed["steps"] == STEPS
     assert resumed["resumed_from"] == str(faulty_dir / f"checkpoint-{start}")
     assert not interrupted.exists() and list(faulty_dir.glob(f"incomplete-checkpoint-{STEPS + SAVE_EVERY}-*"))
+    assert not damaged.exists() and list(faulty_dir.glob(f"damaged-checkpoint-{STEPS + 2 * SAVE_EVERY}-*"))
 
     after = [s for s in range(start + 1, STEPS + 1)]
     ref_loss, res_loss = losses(reference), losses(resumed)
@@ -118,6 +126,11 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     assert weights, sorted(p.name for p in cut.rglob("*"))
     for path in weights:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(HfscaleError, match=r"cut: its file \S+ is [\d,]+ bytes but was [\d,]+ when it was saved"):
+        export(cut, tmp_path / "never", "fp32")
+    # a marker that lists no files (written before hfscale listed them): the engine's own reading error, named
+    marker = json.loads((cut / "hfscale_checkpoint.json").read_text())
+    (cut / "hfscale_checkpoint.json").write_text(json.dumps({k: v for k, v in marker.items() if k != "files"}))
     with pytest.raises(HfscaleError, match="cut: cannot read its weights"):
         export(cut, tmp_path / "never", "fp32")
     assert not (tmp_path / "never").exists()

@@ -5,6 +5,11 @@ shards). After it returns, hfscale waits for every rank, then rank 0 writes `che
 atomically — step, strategy, optimizer, world size, model shape, save time and size. A directory without that
 file is a save that was interrupted: `--resume_from_checkpoint latest` never picks it, and a resumed run moves
 it aside (renamed `incomplete-checkpoint-N-<time>`, which the Trainer's rotation and resume ignore).
+
+The marker also lists every file of the checkpoint with its size. A file missing or of another size since (a copy
+cut short, a disk that filled while it was moved) makes the checkpoint damaged: a named one is refused in one line,
+`latest` passes over it to the newest intact one, and a resumed run sets it aside (`damaged-checkpoint-N-<time>`).
+Sizes only, so checking costs a `stat` per file, not a read; a file rewritten in place at the same size passes.
 """
 
 import json
@@ -36,24 +41,64 @@ def is_complete(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
 
 
+def file_sizes(path: Path) -> dict[str, int]:
+    """Every file of a checkpoint but its marker, by path relative to it, with its size in bytes."""
+    path = Path(path)
+    return {f.relative_to(path).as_posix(): f.stat().st_size
+            for f in sorted(path.rglob("*")) if f.is_file() and f.relative_to(path).as_posix() != MARKER}
+
+
+def damage(path: Path, marker: dict) -> str | None:
+    """What is wrong with a complete checkpoint's files now, or None. Markers written before hfscale listed the files
+    (no `files`) are taken as they are."""
+    recorded = marker.get("files")
+    if not isinstance(recorded, dict):
+        return None
+    for name, size in recorded.items():
+        try:
+            now = (Path(path) / name).stat().st_size
+        except OSError:
+            return f"its file {name} is missing"
+        if now != size:
+            return f"its file {name} is {now:,} bytes but was {size:,} when it was saved (cut short or changed since)"
+    return None
+
+
+def _damaged(path: Path) -> str | None:
+    """What is wrong with a complete checkpoint (an unreadable marker, a file not as saved), or None."""
+    try:
+        problem = damage(path, read_marker(path))
+    except HfscaleError as err:
+        return str(err)
+    return f"{path}: {problem}" if problem else None
+
+
 def read_marker(path: Path) -> dict:
     try:
-        return json.loads((Path(path) / MARKER).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        marker = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise HfscaleError(f"{path}: unreadable {MARKER} ({err})") from None
+    if not isinstance(marker, dict):
+        raise HfscaleError(f"{path}: unreadable {MARKER} (not a JSON object)")
+    return marker
 
 
 def latest_complete(output_dir: Path) -> Path | None:
-    complete = [p for p in checkpoint_dirs(output_dir) if is_complete(p)]
-    return complete[-1] if complete else None
+    """The newest complete checkpoint whose files are as they were saved; a damaged newer one is named in a warning."""
+    for path in reversed([p for p in checkpoint_dirs(output_dir) if is_complete(p)]):
+        problem = _damaged(path)
+        if problem is None:
+            return path
+        logger.warning("passing over the damaged checkpoint %s", problem)
+    return None
 
 
-def dir_size_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def write_marker(path: Path, info: dict) -> None:
-    atomic_write_text(Path(path) / MARKER, json.dumps(info, indent=2) + "\n")
+def write_marker(path: Path, info: dict) -> dict:
+    """Mark a checkpoint complete: `info`, plus every file it holds now with its size. Returns what was written."""
+    files = file_sizes(path)
+    marker = {**info, "size_bytes": sum(files.values()), "files": files}
+    atomic_write_text(Path(path) / MARKER, json.dumps(marker, indent=2) + "\n")
+    return marker
 
 
 def identity(strategy: str, optim: str, world_size: int, shape) -> dict:
@@ -81,6 +126,10 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict) -> str |
             last = latest_complete(path.parent)
             raise HfscaleError(f"--resume_from_checkpoint {value}: incomplete checkpoint (no {MARKER}: its save was "
                                f"interrupted); the last complete one is {last or 'none'}")
+        problem = _damaged(path)
+        if problem:
+            last = latest_complete(path.parent)
+            raise HfscaleError(f"--resume_from_checkpoint {problem}; the last intact one is {last or 'none'}")
     check_compatible(path, read_marker(path), expected)
     return str(path)
 
@@ -93,12 +142,18 @@ def check_compatible(path: Path, marker: dict, expected: dict) -> None:
 
 
 def set_aside_incomplete(output_dir: Path) -> list[Path]:
-    """Rename interrupted saves so neither resume nor the Trainer's checkpoint rotation ever uses them."""
+    """Rename interrupted saves and damaged checkpoints so neither resume nor the Trainer's checkpoint rotation ever
+    uses them (nor a new save of the same step lands among their files)."""
     moved = []
     for path in checkpoint_dirs(output_dir):
         if not is_complete(path):
-            target = path.with_name(f"incomplete-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-            path.rename(target)
-            logger.warning("set aside the interrupted save %s as %s", path, target.name)
-            moved.append(target)
+            kind, why = "incomplete", "interrupted save"
+        elif _damaged(path):
+            kind, why = "damaged", "damaged checkpoint"
+        else:
+            continue
+        target = path.with_name(f"{kind}-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(target)
+        logger.warning("set aside the %s %s as %s", why, path, target.name)
+        moved.append(target)
     return moved

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..files import check_writable_dir
 from ..parallel.strategies import get_strategy
-from .checkpoints import MARKER, is_complete, read_marker
+from .checkpoints import MARKER, damage, is_complete, read_marker
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -84,6 +84,9 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     if not is_complete(checkpoint):
         raise HfscaleError(f"{checkpoint}: not a complete hfscale checkpoint (no {MARKER}; the save was interrupted "
                            "or it was not written by hfscale)")
+    problem = damage(checkpoint, read_marker(checkpoint))
+    if problem:
+        raise HfscaleError(f"{checkpoint}: {problem}")
     check_writable_dir(out, "out")
     if out.exists() and any(out.iterdir()):
         raise HfscaleError(f"{out} exists and is not empty; choose a new directory")

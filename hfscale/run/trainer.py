@@ -28,7 +28,7 @@ from ..parallel.hooks import (PowerSGDConfig, apply_powersgd, force_fsdp_state, 
                               save_powersgd, use_tensor_parallel_state)
 from ..formulas.memory import tp_local_tensors
 from . import garbage
-from .checkpoints import dir_size_bytes, write_marker
+from .checkpoints import write_marker
 from .measure import perf_scalars
 
 logger = logging.getLogger("hfscale")
@@ -160,10 +160,9 @@ class HfscaleTrainer(Trainer):
         if self.args.process_index == 0 and folder.is_dir():
             if not (folder / "config.json").is_file():  # sharded saves keep no config; export needs one
                 self.accelerator.unwrap_model(self.model).config.save_pretrained(folder)
-            size = dir_size_bytes(folder)
-            info["size_gb"] = size / 1e9
-            write_marker(folder, {**self.checkpoint_identity, **info, "size_bytes": size,
-                                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            marker = write_marker(folder, {**self.checkpoint_identity, "step": step, "save_s": info["save_s"],
+                                           "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            info["size_gb"] = marker["size_bytes"] / 1e9
         if dist.is_initialized():
             barrier()  # nobody goes on (or gets killed mid-step) believing in a checkpoint not yet marked
         if self.on_checkpoint:
