@@ -34,12 +34,12 @@ from hfscale.run.args import (RunState, build_training_arguments, check_hyperpar
                               check_model_tokenizer, parse_args, plan_training)
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
-from hfscale.run.checkpoints import LATEST, identity, resolve_resume, set_aside_incomplete  # noqa: E402
+from hfscale.run.checkpoints import LATEST, data_position, identity, resolve_resume, set_aside_incomplete  # noqa: E402
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402
 from hfscale.run.profile import StepProfiler  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
-from hfscale.run.data import validation_plan  # noqa: E402
+from hfscale.run.data import position_identity, validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
 from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, StepMemory,  # noqa: E402
                                  TensorBoardWriter, memory_now, print_summary)
@@ -125,7 +125,8 @@ def prepare_output_dir(args, state, name: str) -> None:
 
 def resume_checkpoint(args, state) -> str | None:
     """The complete checkpoint to resume from (or None); interrupted saves are set aside by rank 0 first."""
-    state.resume_from = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), state.checkpoint_identity)
+    state.resume_from = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), state.checkpoint_identity,
+                                       not args.ignore_data_skip)
     if args.process_index == 0 and Path(args.output_dir).is_dir():
         set_aside_incomplete(Path(args.output_dir))
     return state.resume_from
@@ -264,9 +265,13 @@ def check_args(argv: list[str] | None):
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,
                      validation=validation_plan(data_args, evaluating(training["eval_strategy"])))
-    state.checkpoint_identity = identity(plan.strategy.name, plan.optimizer.name, plan.world_size, plan.shape)
+    data_seed = training["seed"] if training.get("data_seed") is None else training["data_seed"]  # the sampler's
+    state.checkpoint_identity = identity(
+        plan.strategy.name, plan.optimizer.name, plan.world_size, plan.shape,
+        data_position(plan, data_seed, position_identity(data_args, model_args.model_name_or_path, state.validation)))
     if training["resume_from_checkpoint"] not in LATEST:  # a named checkpoint is checked before anything starts
-        resolve_resume(training["resume_from_checkpoint"], Path("."), state.checkpoint_identity)
+        resolve_resume(training["resume_from_checkpoint"], Path("."), state.checkpoint_identity,
+                       not training.get("ignore_data_skip"))
     return model_args, data_args, training, state
 
 

@@ -187,7 +187,8 @@ def _checkpoint(tmp_path, **changes) -> Path:
     from hfscale.run.checkpoints import MARKER, identity
     from hfscale.models import resolve_shape
 
-    marker = {**identity("ddp", "adamw", 1, resolve_shape("tiny")), "step": 4}
+    marker = {k: v for k, v in identity("ddp", "adamw", 1, resolve_shape("tiny")).items() if k != "data"}
+    marker["step"] = 4
     for key, value in changes.items():
         if key in marker["model"]:
             marker["model"][key] = value
@@ -209,6 +210,11 @@ def _checkpoint(tmp_path, **changes) -> Path:
     # its marker lists a file the folder no longer holds (a copy cut short): refused, no older intact one named
     ({"files": {"model.safetensors": 1000}}, "checkpoint-4: its file model.safetensors is missing; the last intact one "
                                              "is none"),
+    # another place in the data: the Trainer skips as many batches as it trained, so samples would be skipped/repeated
+    ({"data": {"per_device_train_batch_size": 3}}, "was saved with per_device_train_batch_size 3 but this run has 8: "
+                                                   "the Trainer finds its place in the data by skipping"),
+    ({"data": {"data_seed": 7}}, "was saved with data_seed 7 but this run has 42"),
+    ({"data": {"text": {"files": [["wiki.txt", 1000]], "column": "text"}}}, "was saved with text {'files': [['wiki.txt'"),
 ])
 def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfscale_cli):
     """A named checkpoint is checked with the flags, before any process group starts."""
@@ -216,6 +222,23 @@ def test_resume_from_an_incompatible_checkpoint(tmp_path, changes, expected, hfs
     out = tmp_path / "out"
     proc = hfscale_cli(["train", "--resume_from_checkpoint", str(ckpt), "--output_dir", str(out)])
     _check_refused(proc, expected, out)
+
+
+def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
+    """--ignore_data_skip starts the data over, so a checkpoint of another batch shape or data is taken (the Trainer's
+    meaning of the flag); without it, refused. A marker older than the data identity (no `data`) is taken as it is."""
+    from hfscale.models import resolve_shape
+    from hfscale.errors import HfscaleError
+    from hfscale.run.checkpoints import identity, resolve_resume
+
+    expected = identity("ddp", "adamw", 1, resolve_shape("tiny"), {"per_device_train_batch_size": 8, "seq_len": 256})
+    ckpt = _checkpoint(tmp_path, data={"per_device_train_batch_size": 4, "seq_len": 256})
+    assert resolve_resume(str(ckpt), tmp_path, expected, data_skip=False) == str(ckpt)
+    with pytest.raises(HfscaleError, match="per_device_train_batch_size 4 but this run has 8"):
+        resolve_resume(str(ckpt), tmp_path, expected)
+    older = _checkpoint(tmp_path / "older")
+    assert "data" not in json.loads((older / "hfscale_checkpoint.json").read_text())
+    assert resolve_resume(str(older), tmp_path, expected) == str(older)
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -101,16 +101,25 @@ def write_marker(path: Path, info: dict) -> dict:
     return marker
 
 
-def identity(strategy: str, optim: str, world_size: int, shape) -> dict:
-    """What a checkpoint must share with the run that resumes it."""
+def identity(strategy: str, optim: str, world_size: int, shape, data: dict | None = None) -> dict:
+    """What a checkpoint must share with the run that resumes it. `data`: what decides its place in the data (the
+    batch shape, the data seed, run/data.position_identity); a run with --ignore_data_skip starts the data over."""
     return {"strategy": strategy, "optim": optim, "world_size": world_size,
-            "model": {k: getattr(shape, k) for k in ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size")}}
+            "model": {k: getattr(shape, k) for k in ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size")},
+            "data": data or {}}
 
 
-def resolve_resume(value: str | None, output_dir: Path, expected: dict) -> str | None:
+def data_position(plan, data_seed: int, text: dict) -> dict:
+    """The `data` of identity(): the Trainer finds its place again by skipping as many batches as it had trained."""
+    return {"seq_len": plan.seq_len, "per_device_train_batch_size": plan.per_device_train_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps, "data_seed": data_seed, **text}
+
+
+def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_skip: bool = True) -> str | None:
     """The checkpoint directory to resume from, or None to start fresh. `latest` (or true) = the newest complete
     checkpoint in output_dir, or a fresh start when there is none (so one command serves the first launch and every
-    relaunch). An explicit path must be a complete checkpoint of the same strategy, optimizer, world size and model."""
+    relaunch). The checkpoint must be of the same strategy, optimizer, world size and model, and (`data_skip`: the
+    Trainer resumes its place in the data, unless --ignore_data_skip) of the same data position."""
     if value in (None, "", "false", "False"):
         return None
     if value in LATEST:
@@ -130,15 +139,24 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict) -> str |
         if problem:
             last = latest_complete(path.parent)
             raise HfscaleError(f"--resume_from_checkpoint {problem}; the last intact one is {last or 'none'}")
-    check_compatible(path, read_marker(path), expected)
+    check_compatible(path, read_marker(path), expected, data_skip)
     return str(path)
 
 
-def check_compatible(path: Path, marker: dict, expected: dict) -> None:
+def check_compatible(path: Path, marker: dict, expected: dict, data_skip: bool = True) -> None:
     for key in ("strategy", "optim", "world_size", "model"):
         if marker.get(key) != expected[key]:
             raise HfscaleError(f"checkpoint {path} was saved with {key} {marker.get(key)!r} but this run has "
                                f"{expected[key]!r}; resume with the same {key} (or start a new --output_dir)")
+    saved = marker.get("data")
+    if not data_skip or not isinstance(saved, dict):  # --ignore_data_skip, or a marker older than the data identity
+        return
+    for key, value in expected.get("data", {}).items():
+        if key in saved and saved[key] != value:
+            raise HfscaleError(
+                f"checkpoint {path} was saved with {key} {saved[key]!r} but this run has {value!r}: the Trainer finds "
+                "its place in the data by skipping the batches it trained, so it would skip or repeat samples; resume "
+                f"with the same {key}, pass --ignore_data_skip to start the data over, or start a new --output_dir")
 
 
 def set_aside_incomplete(output_dir: Path) -> list[Path]:

@@ -136,6 +136,22 @@ def source_fingerprint(data_args) -> dict:
     return {"embedded": sys.version, "files": [(p.name, p.stat().st_size) for p in embedded_files()]}
 
 
+def position_identity(data_args, model_name_or_path: str | None, validation: dict | None) -> dict:
+    """What decides which training samples come in which order, beyond the batch shape and seed: the text (its files'
+    names and sizes, the Hub dataset, or the embedded corpus), its column, the tokenizer, the held-out share. A resumed
+    run must share it to resume its place in the data (run/checkpoints.py). Moving the files keeps it."""
+    if data_args.train_files:
+        source = {"files": [[Path(f).name, os.path.getsize(f)] for f in data_args.train_files]}
+    elif data_args.dataset != EMBEDDED:
+        source = {"hub": [data_args.dataset, data_args.dataset_config, data_args.dataset_split]}
+    else:
+        source = {"embedded": len(embedded_files())}
+    name = data_args.tokenizer_name or model_name_or_path
+    return {"text": {**source, "column": data_args.text_column},
+            "tokenizer": name or f"hfscale's BPE, {data_args.default_tokenizer_vocab} tokens, trained on the text",
+            "held_out_percentage": (validation or {}).get("percentage")}
+
+
 def validation_plan(data_args, evaluating: bool) -> dict | None:
     """Where validation text comes from: {"files": [...]}, {"split": name} or {"percentage": p}; None for none.
     Pure: checks the choice against the training source before anything is loaded or written."""
