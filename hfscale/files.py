@@ -31,6 +31,52 @@ def check_writable_dir(path, flag: str, _named=None) -> None:
         raise HfscaleError(f"{flag} {named} is not writable ({err.strerror})") from None
 
 
+LOCK = "_hfscale.lock"  # `_*`: the Trainer's push_to_hub leaves it out
+
+
+@contextmanager
+def exclusive_dir(path, flag: str):
+    """Hold `path/_hfscale.lock` for the block: while it is held, a second run into the same folder is refused in one
+    line naming the holder. The kernel drops the lock of a process that dies however it dies, so a crashed run never
+    keeps its folder from the run that resumes it. The lock file goes with the block, and the folder too when the block
+    created it and left nothing in it (a run refused before it wrote anything). flock: NFSv4 and Lustre carry it across
+    nodes; on a file system without locks nothing is refused."""
+    import fcntl
+    import socket
+    import time
+
+    path = Path(path)
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    lock = path / LOCK
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise HfscaleError(f"{flag} {path} is in use by a running run ({holder}); wait for it to end, or choose "
+                               "another folder") from None
+        except OSError:  # no locks on this file system (ENOLCK, EINVAL)
+            pass
+        try:  # the file we locked is still the one at `lock` (the holder before us removes it as it lets go)
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock is let go: whoever takes it next creates a new file
+        os.close(fd)
+        if created and not any(path.iterdir()):
+            path.rmdir()
+
+
 def check_writable_file(path, flag: str) -> None:
     """A file hfscale will write (atomically, its folder created): as check_writable_dir, for its folder."""
     if Path(path).is_dir():

@@ -19,13 +19,14 @@ if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.
 import logging  # noqa: E402
 import warnings  # noqa: E402
 import time  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import default_data_collator, set_seed  # noqa: E402
 
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
-from hfscale.files import check_writable_dir  # noqa: E402
+from hfscale.files import check_writable_dir, exclusive_dir  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
 from hfscale.models import check_attention, resolve_seq_len  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
@@ -110,17 +111,21 @@ def run_name(model_args, plan) -> str:
             f"{plan.precision}{fused}")
 
 
-def prepare_output_dir(args, state, name: str) -> None:
-    """Default run directory runs/<run name>; a finished run's results are not overwritten unless asked."""
+@contextmanager
+def output_dir_for(args, state, name: str):
+    """The run's folder (default runs/<run name>), held by rank 0 for the run (files.exclusive_dir: a second run into
+    it is refused while this one lives); a finished run's results are not overwritten unless asked."""
     if state.auto_output_dir:
         args.output_dir = str(Path("runs") / name)
     if args.run_name is None:
         args.run_name = name
-    existing = Path(args.output_dir) / RESULTS_FILE
-    if existing.is_file() and read_results(existing).status == "ok" and not args.overwrite_output_dir:
-        raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
-                           "choose another --output_dir or pass --overwrite_output_dir")
     check_writable_dir(args.output_dir, "--output_dir")
+    with exclusive_dir(args.output_dir, "--output_dir") if args.process_index == 0 else nullcontext():
+        existing = Path(args.output_dir) / RESULTS_FILE  # read under the lock: a run ending now has written it
+        if existing.is_file() and read_results(existing).status == "ok" and not args.overwrite_output_dir:
+            raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
+                               "choose another --output_dir or pass --overwrite_output_dir")
+        yield
 
 
 def resume_checkpoint(args, state) -> str | None:
@@ -286,7 +291,12 @@ def run(argv: list[str] | None) -> None:
     logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, trainer = the Trainer's own, "
                 "docs/compare.md): %s",
                 ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))
-    prepare_output_dir(args, state, run_name(model_args, state.plan))
+    with output_dir_for(args, state, run_name(model_args, state.plan)):
+        train_and_record(model_args, data_args, args, state)
+
+
+def train_and_record(model_args, data_args, args, state) -> None:
+    """Data, model, engine, the Trainer's loop and the results file, in the run's folder."""
     resume = resume_checkpoint(args, state)
     set_seed(args.seed)
     tokenizer, blocks, eval_blocks = load_data(model_args, data_args, args, state.plan.shape.vocab, state.plan.seq_len,

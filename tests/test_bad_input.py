@@ -146,6 +146,37 @@ def test_the_console_script_refuses_in_one_line_too(case, tmp_path):
     _check_refused(run([sys.executable, "-m", "hfscale", "train", *flags, "--output_dir", str(out)]), expected, out)
 
 
+def test_a_folder_in_use_by_a_running_run_is_refused_and_a_late_refusal_leaves_no_folder(tmp_path):
+    """Rank 0 holds its --output_dir for the run (files.exclusive_dir): a second run into it (the same command started
+    twice, a requeued job while the first still runs) is refused in one line, the first run's files untouched. A
+    refusal made once the run holds its folder (here: the text yields no block of --seq_len) leaves no folder."""
+    import subprocess
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "results.json").write_text('{"status": "running"}')
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom hfscale.files import exclusive_dir\n"
+                               f"with exclusive_dir({str(busy)!r}, 'x'):\n    print('held', flush=True)\n    time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p.name: p.read_bytes() for p in busy.iterdir()}
+        proc = run([sys.executable, "-m", "hfscale", "train", "--max_steps", "1", "--output_dir", str(busy)])
+        err_lines = [l for l in proc.stderr.splitlines() if l.startswith("hfscale: error:")]
+        assert proc.returncode == 2 and len(err_lines) == 1, proc.stderr[-2000:]
+        assert f"--output_dir {busy} is in use by a running run (pid {holder.pid} on " in err_lines[0]
+        assert {p.name: p.read_bytes() for p in busy.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    short = tmp_path / "short.txt"
+    short.write_text("a few words, far fewer than one block of 256 tokens\n" * 3)
+    out = tmp_path / "out"
+    proc = run([sys.executable, "-m", "hfscale", "train", "--max_steps", "1", "--train_files", str(short),
+                "--output_dir", str(out)], cwd=tmp_path)
+    _check_refused(proc, "the dataset yields no full block of seq_len 256 tokens", out)
+
+
 def test_empty_data_file(tmp_path, hfscale_cli):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
