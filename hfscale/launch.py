@@ -28,7 +28,8 @@ from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_
 from .runplan import hsdp_mesh
 
 TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
-STATUSES = ("ok", "OOM", "fail", "timeout", "refused")
+STATUSES = ("ok", "OOM", "fail", "timeout", "refused")  # final: a sweep skips such a run when started again
+STOPPED = "stopped"  # saved and stopped on SIGUSR1 (run/stopping.py): run again
 LOG_FILE = "launch.log"
 # What an out-of-memory looks like in a log: CUDA allocator, torch's CPU allocator, the C++ runtime.
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
@@ -123,6 +124,8 @@ def classify(returncode: int | None, log: str, results_status: str | None, timed
         return "timeout", "killed after the sweep's timeout"
     if returncode == 0 and results_status == "ok":
         return "ok", None
+    if returncode == 0 and results_status == STOPPED:
+        return STOPPED, "stopped on SIGUSR1 after saving a checkpoint; the sweep runs it again when started again"
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     user_errors = [line for line in lines if line.startswith("hfscale: error:")]
     if results_status == "refused" or user_errors:
@@ -166,7 +169,7 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
         proc.wait()
     seconds = time.perf_counter() - start
     text = log_path.read_text(errors="replace")
-    results_status = finished_status(output_dir)
+    results_status = finished_status(output_dir, final_only=False)
     status, error = classify(proc.returncode, text, results_status, timed_out)
     return Outcome(status, proc.returncode, seconds, error, text[-2000:])
 
@@ -314,6 +317,10 @@ def main(argv: list[str]) -> int:
     if opts.dry_run:
         print(shlex.join(cmd))
         return 0
+    # SIGUSR1 is the ranks' (run/stopping.py): the launcher ignores it (kept across exec and by the processes it
+    # starts until each rank installs its handler) so that it lives on while they save and stop; SIGUSR1's default
+    # would end it and, under srun, the job step with it
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
 
 
@@ -361,7 +368,8 @@ def planned_params(fixed: list[str]) -> int | None:
         return None
 
 
-def finished_status(run_dir: Path) -> str | None:
+def finished_status(run_dir: Path, final_only: bool = True) -> str | None:
+    """The status a run's results file says (None: none, or unreadable); final_only: only a final one (STATUSES)."""
     path = run_dir / RESULTS_FILE
     if not path.is_file():
         return None
@@ -369,7 +377,7 @@ def finished_status(run_dir: Path) -> str | None:
         status = read_results(path).status
     except (HfscaleError, OSError):
         return None
-    return status if status in STATUSES else None
+    return status if status in STATUSES or not final_only else None
 
 
 def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, log_tail: str, seconds: float,

@@ -46,6 +46,7 @@ from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, Ste
                                  TensorBoardWriter, memory_now, print_summary)
 from hfscale.run.forward import use_training_forward  # noqa: E402
 from hfscale.run.recipes import apply_defaults  # noqa: E402
+from hfscale.run.stopping import SIGNAL, StopOnSignal  # noqa: E402
 from hfscale.run.record import base_results, environment, peak_tflops  # noqa: E402
 from hfscale.run.results import RESULTS_FILE, RunRecord, read_results  # noqa: E402
 from hfscale.runplan import compute_precision  # noqa: E402
@@ -313,10 +314,13 @@ def train_and_record(model_args, data_args, args, state) -> None:
                                                      environment(args, state.plan)), args.process_index == 0)
     trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction, parallelism)
     record.update(resumed_from=resume)
+    stopper = StopOnSignal(args.count_collectives)  # SIGUSR1: a checkpoint at the next logging step, then stop
+    trainer.add_callback(stopper)
     garbage.settle()  # the model is built: the train-begin collections (accelerate's, hfscale's) walk only what follows
     try:
+        stopper.install()
         output = trainer.train(resume_from_checkpoint=resume)
-        if eval_blocks is not None and not evaluating(args.eval_strategy):
+        if eval_blocks is not None and not evaluating(args.eval_strategy) and stopper.stopped_at is None:
             trainer.evaluate()  # validation text given, no evaluation schedule: the final model's eval loss
     except HfscaleError as err:
         record.update(status="refused", error=str(err))
@@ -327,11 +331,18 @@ def train_and_record(model_args, data_args, args, state) -> None:
         record.flush()
         raise
     finally:  # a recorder's torch function mode or profiler leaves the stack however training ended
+        stopper.uninstall()
         for recorder in (trainer.host_syncs, trainer.step_profiler, trainer.collectives):
             if recorder:
                 recorder.stop()
     finish(trainer, meter, record, args, output.metrics)
-    record.update(status="ok", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if stopper.stopped_at is not None:
+        step = stopper.stopped_at
+        record.update(status="stopped", stopped={"signal": SIGNAL.name, "step": step,
+                                                 "checkpoint": str(Path(args.output_dir) / f"checkpoint-{step}")})
+    else:
+        record.update(status="ok")
+    record.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     record.flush()
     measure_callback(trainer).close()  # the TensorBoard events are complete
     if args.process_index == 0:

@@ -145,6 +145,7 @@ def test_import_logs_cli_and_bad_log_name(tmp_path):
     (1, "hfscale: error: unknown strategy 'zero4'; choose one of: ddp", None, False, "refused"),
     (1, "ValueError: something broke", "fail", False, "fail"),
     (0, "", "running", False, "fail"),  # exit 0 without finishing is not a success
+    (0, "", "stopped", False, "stopped"),  # saved and stopped on SIGUSR1 (run/stopping.py): not final, run again
 ])
 def test_outcome_classification(rc, log, results, timed_out, expected):
     status, error = classify(rc, log, results, timed_out)

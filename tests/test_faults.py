@@ -15,10 +15,12 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env, run
@@ -33,6 +35,9 @@ STEPS, SAVE_EVERY = PARITY_STEPS, BF16_SAVE_STEPS
 # 1.3e-7 relative; allowed: 1e-6, about 8 ulps). docs/reliability.md says the same.
 TOLERANCE = {"zero2_offload": 1e-6, "zero3_offload": 1e-6}
 KILLED = {"ddp", "fsdp", "zero3"}  # one per engine; every strategy resumes
+# Stopped by SIGUSR1 (SLURM's warning before a time limit, run/stopping.py), sent to the whole process tree as SLURM
+# sends it to a job step: zero1's run goes through `hfscale launch`, whose launcher ignores it
+STOPPED = {"zero1"}
 
 
 def launch(strategy, out, *extra, timeout=420):
@@ -42,8 +47,9 @@ def launch(strategy, out, *extra, timeout=420):
     return proc
 
 
-def run_and_kill(strategy, out, kill_at_step: int) -> None:
-    """Start the run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses."""
+def run_and_kill(strategy, out, kill_at_step: int, stop: bool = False) -> str:
+    """Start the run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses (stop: send it
+    SIGUSR1 instead and let the run end). Returns what it printed."""
     cmd, cwd = bf16_command(strategy, out)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -53,9 +59,17 @@ def run_and_kill(strategy, out, kill_at_step: int) -> None:
         logged += "{'loss'" in line  # a progress bar can share the line
         if logged >= kill_at_step or time.time() > deadline:
             break
-    kill_tree(proc.pid, grace_s=0)  # SIGKILL the launcher and every rank, as a node failure would
-    proc.wait(timeout=60)
+    if stop:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for process in tree:
+            process.send_signal(signal.SIGUSR1)
+        seen += proc.stdout.readlines()
+        assert proc.wait(timeout=120) == 0, "".join(seen[-40:])
+    else:
+        kill_tree(proc.pid, grace_s=0)  # SIGKILL the launcher and every rank, as a node failure would
+        proc.wait(timeout=60)
     assert logged >= kill_at_step, f"the run ended before step {kill_at_step}:\n{''.join(seen[-30:])}"
+    return "".join(seen)
 
 
 def losses(results) -> dict[int, float]:
@@ -74,6 +88,17 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
         run_and_kill(strategy, faulty_dir, kill_at)
         killed = json.loads((faulty_dir / "results.json").read_text())
         assert killed["status"] == "running"  # the results file is intact (atomic writes), not half a JSON document
+    elif strategy in STOPPED:  # SIGUSR1 once step `signalled` is logged: saved and stopped at the next logging step
+        signalled = min(kill_at, STEPS - 3)
+        printed = run_and_kill(strategy, faulty_dir, signalled, stop=True)
+        stopped = json.loads((faulty_dir / "results.json").read_text())
+        assert stopped["status"] == "stopped", printed[-3000:]
+        kill_at = stopped["stopped"]["step"]
+        assert signalled < kill_at < STEPS and stopped["steps"] == kill_at, (signalled, kill_at)
+        assert stopped["stopped"]["checkpoint"] == str(faulty_dir / f"checkpoint-{kill_at}")
+        assert (faulty_dir / f"checkpoint-{kill_at}" / "hfscale_checkpoint.json").is_file()
+        assert f"stopped on SIGUSR1 at step {kill_at}, its checkpoint saved" in printed
+        assert not (faulty_dir / "_hfscale.lock").exists()  # the folder is let go as the run ends
     else:  # what the kill leaves: the same command's complete checkpoints up to the kill step
         for step in range(SAVE_EVERY, kill_at + 1, SAVE_EVERY):
             shutil.copytree(Path(reference["output_dir"]) / f"checkpoint-{step}", faulty_dir / f"checkpoint-{step}")

@@ -286,6 +286,42 @@ def test_hfscales_barriers_name_their_gpu(monkeypatch):
     assert calls == [{"device_ids": [3]}, {}]
 
 
+@pytest.mark.parametrize("backend,own_group", [("nccl", True), ("gloo", False), ("cpu:gloo,cuda:nccl", False)])
+def test_the_stop_signal_is_agreed_on_over_the_host_on_both_routes(backend, own_group, monkeypatch):
+    """SIGUSR1's agreement (run/stopping.py) all-reduces a host number: over the world group where it carries host
+    tensors (gloo: the CPU route, FSDP2's cpu:gloo,cuda:nccl), over a gloo group of its own under NCCL, never a device
+    tensor (a read of one would make the GPU wait). One stop at the first logging step after the signal, on every
+    rank; none at the step --count_collectives records."""
+    import signal as signals
+
+    import torch.distributed as dist
+    from transformers import TrainerControl, TrainerState
+
+    from hfscale.run import stopping
+
+    made, reduced = [], []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda: backend)
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: made.append(kwargs) or "host group")
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op, group: reduced.append((tensor.device.type, group)))
+    stopper = stopping.StopOnSignal(counted_step=4)
+    state, control = TrainerState(), TrainerControl()
+    stopper.on_train_begin(None, state, control)
+    assert made == ([{"backend": "gloo"}] if own_group else [])
+    previous = signals.getsignal(signals.SIGUSR1)
+    stopper.install()
+    try:
+        signals.raise_signal(signals.SIGUSR1)
+    finally:
+        stopper.uninstall()
+    assert signals.getsignal(signals.SIGUSR1) == previous
+    for step, should_log in ((3, False), (4, True), (5, True)):
+        state.global_step, control.should_log = step, should_log
+        stopper.on_step_end(None, state, control)
+        assert control.should_training_stop == (step == 5) and control.should_save == (step == 5), step
+    assert reduced == [("cpu", "host group" if own_group else dist.group.WORLD)] and stopper.stopped_at == 5
+
+
 def test_the_console_line_is_short_and_the_full_set_goes_to_the_record():
     """14 perf/* keys printed at every logging step could not be read: the console shows loss, lr, grad norm,
     tokens/s, TFLOPs/GPU, MFU and memory; the end-of-training metrics line is printed as the Trainer made it."""

@@ -7,12 +7,13 @@ as on a real first node: an unescaped `$SLURM_NODEID` would give both launchers 
 HSDP (fsdp_hybrid) runs the same way as 2 nodes x 2 processes (conftest.hsdp_job).
 """
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import HSDP_STEPS, PARITY_STEPS, TINY, hsdp_job, parity_runs, run, slurm, slurm_train, train
+from conftest import HSDP_STEPS, PARITY_STEPS, TINY, env, hsdp_job, parity_runs, run, slurm, slurm_train, train
 
 pytestmark = pytest.mark.multiprocess
 
@@ -92,6 +93,38 @@ def test_the_script_expands_the_machine_rank_on_each_node():
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
 
 
+@pytest.mark.parametrize("status,requeued", [("stopped", True), ("ok", False), ("fail", False), (None, False)])
+def test_a_requeue_job_goes_back_in_the_queue_only_when_its_run_stopped_on_the_warning(status, requeued, tmp_path):
+    """`hfscale slurm --requeue 300`: SLURM warns every rank 300 s before the limit (SIGUSR1; what the run does with it
+    is tests/test_faults.py's zero1 case, through the same `hfscale launch`), the run resumes from its latest
+    checkpoint, and the script requeues the job exactly when the run's results say it stopped on the warning. Run
+    here with an srun that leaves the results a run would and an scontrol that notes what it was asked."""
+    out = tmp_path / "my run"
+    gen = slurm("--nodes", 2, "--gpus_per_node", 8, "--time", "2-00:00:00", "--requeue", 300, "--", "--strategy",
+                "zero1", "--output_dir", out)
+    assert gen.returncode == 0, gen.stderr
+    lines = gen.stdout.splitlines()
+    assert "#SBATCH --requeue" in lines and "#SBATCH --open-mode=append  # each requeued start adds to the log" in lines
+    assert any(line.startswith("#SBATCH --signal=USR1@300 ") for line in lines)
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert srun.endswith("--resume_from_checkpoint latest\"") and f"--output_dir '{out}'" in srun
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    results = "" if status is None else f"mkdir -p '{out}'; echo '{{\"status\": \"{status}\"}}' > '{out}/results.json'"
+    for name, text in (("srun", f"#!/bin/bash\n{results}\n"),
+                       ("scontrol", f"#!/bin/bash\necho \"$@\" >> '{tmp_path}/scontrol.log'\necho 127.0.0.1\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(gen.stdout)
+    job = run(["bash", str(tmp_path / "job.sbatch")], timeout=60,
+              environ={**env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+                       "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_NNODES": "2"})
+    assert job.returncode == 0, job.stderr
+    asked = (tmp_path / "scontrol.log").read_text().splitlines()
+    assert asked[0].startswith("show hostnames")
+    assert asked[1:] == (["requeue 4242"] if requeued else [])
+
+
 def test_launch_across_machines_passes_static_rendezvous_as_flags(tmp_path):
     """accelerate launch ignores rdzv_backend/same_network from a config file; DeepSpeed needs its standard launcher
     without pdsh; --num_processes is the total over the machines."""
@@ -132,6 +165,17 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
     (["--nodes", "2", "--gpus_per_node", "8", "--", "--strategy", "zero9"], "unknown strategy 'zero9'"),
     (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
     (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "jobs", "--", "--output_dir",
+      "runs/a"],
+     "--strategies zero1,zero2 with one --output_dir: every job would run in that folder"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--requeue", "0", "--", "--output_dir", "a"],
+     "--requeue must be a positive number of seconds, got 0"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--time", "4", "--requeue", "300", "--", "--output_dir", "a"],
+     "--requeue 300 warns before the job starts: --time 4 is 240 s"),  # SLURM's "4": minutes
+    (["--nodes", "2", "--gpus_per_node", "8", "--time", "1-00", "--requeue", "300"],
+     "--requeue needs the run's --output_dir after --"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--requeue", "300", "--", "--output_dir", "a",
+      "--resume_from_checkpoint", "a/checkpoint-8"], "--resume_from_checkpoint a/checkpoint-8 would start every one"),
 ])
 def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path, hfscale_cli):
     proc = hfscale_cli(["slurm", *argv, "--out", tmp_path / "jobs"], cwd=tmp_path)

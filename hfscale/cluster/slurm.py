@@ -8,7 +8,10 @@ is the allocation's first host (`scontrol show hostnames`), one port, and each n
 `$SLURM_NODEID` expanded *on that node* (escaped in the srun line: expanded by the batch shell, every node would get
 0 and the job would hang). `--num_processes` is the total, nodes x GPUs per node, as accelerate counts it; DeepSpeed
 uses its `standard` multi-node launcher (no pdsh/ssh). `--strategies a,b --out DIR` writes one script per strategy.
-docs/multinode.md.
+
+`--requeue SECONDS`: SLURM warns every rank SECONDS before the time limit (`--signal=USR1@SECONDS`); the run saves a
+checkpoint at its next logging step and stops (run/stopping.py), and the script puts the job back in the queue
+(`scontrol requeue`), where the same script resumes it (`--resume_from_checkpoint latest`). docs/multinode.md.
 """
 
 import re
@@ -42,6 +45,10 @@ def build_parser() -> ArgumentParser:
                    "e.g. 'module load cuda/12.4' or 'source ~/venvs/hfscale/bin/activate' (repeatable)")
     p.add_argument("--python", default="python", help="the interpreter that has hfscale (default: python on PATH)")
     p.add_argument("--config_file", help="an accelerate config instead of the strategy's shipped one")
+    p.add_argument("--requeue", type=int, metavar="SECONDS", help="SLURM warns the run this many seconds before "
+                   "--time runs out: it saves a checkpoint at its next logging step and stops, and the job goes back "
+                   "in the queue to resume from it (needs --output_dir after --; leave time for a logging interval "
+                   "and a checkpoint save)")
     p.add_argument("--strategies", help="comma-separated: one script per strategy (with --out)")
     p.add_argument("--out", type=Path, help="write <job name>.sbatch files here instead of printing one")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print the script (the default "
@@ -62,10 +69,45 @@ def check(opts) -> None:
             raise HfscaleError(f"--{name} {value!r} is not one SLURM name (letters, digits, _.,:+=@-; no spaces)")
     if opts.time is not None and not _TIME.match(opts.time):
         raise HfscaleError(f"--time {opts.time!r} is not a SLURM time limit (e.g. 20:00:00 or 2-00:00:00)")
+    if opts.requeue is not None:
+        if opts.requeue <= 0:
+            raise HfscaleError(f"--requeue must be a positive number of seconds, got {opts.requeue}")
+        limit = time_limit_s(opts.time) if opts.time is not None else None
+        if limit is not None and opts.requeue >= limit:
+            raise HfscaleError(f"--requeue {opts.requeue} warns before the job starts: --time {opts.time} is {limit} s")
     if opts.strategies and not opts.out:
         raise HfscaleError("--strategies writes one script per strategy: give --out DIR")
     if opts.out:
         check_writable_dir(opts.out, "--out")
+
+
+def time_limit_s(text: str) -> int | None:
+    """SLURM's time limit in seconds (None: no limit): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = ([0, 0] + parts)[-3:] if len(parts) == 3 else (0, *(parts + [0])[:2])
+    total = (((int(days or 0) * 24) + hours) * 60 + minutes) * 60 + seconds
+    return total or None  # --time 0: no limit
+
+
+def requeue_args(train_args: list[str]) -> list[str]:
+    """The training flags of a job that requeues itself: it must name its folder, and resume from its latest checkpoint
+    there (what each requeued start runs)."""
+    if not flag_value(train_args, "--output_dir"):
+        raise HfscaleError("--requeue needs the run's --output_dir after --: the requeued job resumes from the "
+                           "checkpoint it finds there")
+    resume = flag_value(train_args, "--resume_from_checkpoint")
+    if resume is None:
+        return [*train_args, "--resume_from_checkpoint", "latest"]
+    if resume not in ("latest", "true", "True", "1"):
+        raise HfscaleError(f"--requeue resumes each requeued start from its latest checkpoint; --resume_from_checkpoint "
+                           f"{resume} would start every one from the same checkpoint (pass latest, or drop it)")
+    return train_args
 
 
 def script(opts, train_args: list[str], job_name: str) -> str:
@@ -83,6 +125,16 @@ def script(opts, train_args: list[str], job_name: str) -> str:
                         ("account", opts.account), ("constraint", opts.constraint), ("time", opts.time)):
         if value is not None:
             header.append(f"#SBATCH --{flag}={value}")
+    requeue = []
+    if opts.requeue is not None:
+        train_args = requeue_args(train_args)
+        header += [f"#SBATCH --signal=USR1@{opts.requeue}  # every rank, {opts.requeue} s before the limit: a checkpoint, "
+                   "then stop", "#SBATCH --requeue", "#SBATCH --open-mode=append  # each requeued start adds to the log"]
+        results = shlex.quote(f"{flag_value(train_args, '--output_dir')}/results.json")
+        check = 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "stopped")'
+        requeue = ["# stopped on SLURM's warning (results status \"stopped\"): back in the queue, to resume from there",
+                   f"if {shlex.quote(opts.python)} -c {shlex.quote(check)} {results}; then",
+                   '    scontrol requeue "$SLURM_JOB_ID"', "fi"]
     node_command = (f"{_in_double_quotes(shlex.join(launch))} --machine_rank \\$SLURM_NODEID --main_process_ip "
                     f"$MASTER_ADDR --main_process_port $MASTER_PORT {_in_double_quotes(shlex.join(train_args))}")
     lines = ["#!/bin/bash", f"# generated by: hfscale slurm {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['slurm'] else ''}".rstrip(),
@@ -91,7 +143,7 @@ def script(opts, train_args: list[str], job_name: str) -> str:
              f"export MASTER_PORT={opts.port}",
              f"echo \"hfscale: {opts.nodes} nodes x {opts.gpus_per_node} GPUs, rendezvous $MASTER_ADDR:$MASTER_PORT\"",
              "# \\$SLURM_NODEID is escaped: each node's own shell expands it to that node's machine rank",
-             f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "{node_command}"', ""]
+             f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "{node_command}"', *requeue, ""]
     return "\n".join(lines)
 
 
@@ -100,6 +152,9 @@ def main(argv: list[str]) -> int:
     opts = build_parser().parse_args(own)
     check(opts)
     strategies = opts.strategies.split(",") if opts.strategies else [flag_value(train_args, "--strategy") or "ddp"]
+    if len(strategies) > 1 and flag_value(train_args, "--output_dir"):
+        raise HfscaleError(f"--strategies {opts.strategies} with one --output_dir: every job would run in that folder; "
+                           "drop it (each run gets runs/<run name>) or write one script per strategy")
     scripts = []
     for strategy in strategies:
         args = ["--strategy", strategy, *drop_flag(train_args, "--strategy")]

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed
-from ..launch import STATUSES, RunSpec, run_one, split_train_args
+from ..launch import STATUSES, STOPPED, RunSpec, run_one, split_train_args
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> None:
     spec, opts = parse_sweep(argv)
     check_writable_dir(spec.out, "--out")
     rows = run_sweep(spec, retry_failed=opts.retry_failed)
-    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    counts = {s: sum(r["status"] == s for r in rows) for s in (*STATUSES, STOPPED)}
     print(f"sweep {spec.out}: {len(rows)} runs · " + " · ".join(f"{n} {s}" for s, n in counts.items() if n))
     for row in rows:
         note = " (already done)" if row.get("skipped") else f"  {row['error']}" if row.get("error") else ""

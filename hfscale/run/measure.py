@@ -400,12 +400,14 @@ def checkpoint_line(results) -> list[str]:
     """Where the checkpoints went and how big they are: the Trainer's final save keeps a full one even for a smoke
     run (--save_strategy no keeps none)."""
     saved = [c for c in results.checkpoints if c.get("step") is not None]
+    stopped = [f"  stopped on {results.stopped['signal']} at step {results.stopped['step']}, its checkpoint saved: "
+               "the same command with --resume_from_checkpoint latest continues"] if results.stopped else []
     if not saved:
-        return []
+        return stopped
     last = saved[-1]
     size = f"{last['size_gb']:.3g} GB" if isinstance(last.get("size_gb"), (int, float)) else "size unknown"
     return [f"  checkpoints: {len(saved)} saved; the last {results.output_dir}/checkpoint-{last['step']} ({size}; "
-            "--save_strategy no keeps none, --save_total_limit N the newest N)"]
+            "--save_strategy no keeps none, --save_total_limit N the newest N)", *stopped]
 
 
 def step_time_lines(results) -> list[str]:

@@ -181,7 +181,7 @@ class MemoryRecord(_Section):
 
 @dataclass
 class Results(_Section):
-    status: str = "running"  # running | ok | fail | refused | OOM | timeout
+    status: str = "running"  # running | ok | stopped | fail | refused | OOM | timeout
     error: str | None = None
     run_name: str | None = None
     output_dir: str | None = None
@@ -201,6 +201,7 @@ class Results(_Section):
     perf_history: list = field(default_factory=list)
     checkpoints: list = field(default_factory=list)
     resumed_from: str | None = None
+    stopped: dict | None = None  # status "stopped": {"signal", "step", "checkpoint"} (run/stopping.py)
     steps: int | None = None
     epoch: float | None = None
     samples_seen: int | None = None
