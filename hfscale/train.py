@@ -292,11 +292,16 @@ def run(argv: list[str] | None) -> None:
     logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, trainer = the Trainer's own, "
                 "docs/compare.md): %s",
                 ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))
-    with output_dir_for(args, state, run_name(model_args, state.plan)):
-        train_and_record(model_args, data_args, args, state)
+    stopper = StopOnSignal(args.count_collectives)  # SIGUSR1: a checkpoint at the next logging step, then stop
+    stopper.install()  # from here on, not only once training starts: SIGUSR1's default would end this rank
+    try:
+        with output_dir_for(args, state, run_name(model_args, state.plan)):
+            train_and_record(model_args, data_args, args, state, stopper)
+    finally:
+        stopper.uninstall()
 
 
-def train_and_record(model_args, data_args, args, state) -> None:
+def train_and_record(model_args, data_args, args, state, stopper: StopOnSignal) -> None:
     """Data, model, engine, the Trainer's loop and the results file, in the run's folder."""
     resume = resume_checkpoint(args, state)
     set_seed(args.seed)
@@ -314,11 +319,9 @@ def train_and_record(model_args, data_args, args, state) -> None:
                                                      environment(args, state.plan)), args.process_index == 0)
     trainer, meter = make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction, parallelism)
     record.update(resumed_from=resume)
-    stopper = StopOnSignal(args.count_collectives)  # SIGUSR1: a checkpoint at the next logging step, then stop
     trainer.add_callback(stopper)
     garbage.settle()  # the model is built: the train-begin collections (accelerate's, hfscale's) walk only what follows
     try:
-        stopper.install()
         output = trainer.train(resume_from_checkpoint=resume)
         if eval_blocks is not None and not evaluating(args.eval_strategy) and stopper.stopped_at is None:
             trainer.evaluate()  # validation text given, no evaluation schedule: the final model's eval loss
@@ -331,7 +334,6 @@ def train_and_record(model_args, data_args, args, state) -> None:
         record.flush()
         raise
     finally:  # a recorder's torch function mode or profiler leaves the stack however training ended
-        stopper.uninstall()
         for recorder in (trainer.host_syncs, trainer.step_profiler, trainer.collectives):
             if recorder:
                 recorder.stop()
