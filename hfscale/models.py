@@ -81,10 +81,20 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
     return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size)
 
 
+# Far beyond any model trained (the deepest ~1,000 layers, the widest hidden ~25k, vocabularies ~1M, contexts ~1M
+# tokens), and what the formulas can walk: memory, FLOPs and communication go over the model tensor by tensor, so a
+# billion layers would take every byte of the host before answering
+SHAPE_BOUNDS = {"n_layer": 4096, "hidden": 2**20, "n_head": 2**20, "vocab": 2**24, "positions": 2**24,
+                "ffn_size": 2**22}
+
+
 def validate_shape(shape: ModelShape) -> None:
     for name in ("n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size"):
         if getattr(shape, name) <= 0:
             raise HfscaleError(f"model {name} must be positive, got {getattr(shape, name)}")
+        if getattr(shape, name) > SHAPE_BOUNDS[name]:
+            raise HfscaleError(f"model {name} {getattr(shape, name):,} is beyond what hfscale plans (at most "
+                               f"{SHAPE_BOUNDS[name]:,}, far beyond any model trained)")
     if shape.hidden % shape.n_head:
         raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden})")
     if shape.family == "bloom" and shape.ffn is not None and shape.ffn != 4 * shape.hidden:

@@ -1,8 +1,10 @@
 """Fuzz the training command line: whatever argv a user types, hfscale either accepts it or refuses it with an
 HfscaleError (one line, exit 2) - never another exception, which would reach the user as a traceback."""
 
+from contextlib import contextmanager
+
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, restored_environment
@@ -182,3 +184,98 @@ def test_any_data_file_is_read_or_refused_in_one_line(tmp_path_factory, file):
         data.packed_dataset(args, tokenizer, raw, 8)
     except HfscaleError as err:
         assert str(err) and "\n" not in str(err)
+
+
+# The planning commands' numeric flags (each command's own parser lists them), their comma-separated number lists,
+# and the names they take
+PLANNER_NUMBERS = {
+    "estimate": ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+                 "--gradient_accumulation_steps", "--gpus", "--gpus_per_node", "--device_memory_gb",
+                 "--host_memory_gb"],
+    "project": ["--tokens_per_s_per_gpu", "--tflops_per_gpu", "--n_layer", "--hidden_size", "--n_head",
+                "--ffn_hidden_size", "--vocab_size", "--seq_len", "--per_device_train_batch_size",
+                "--gradient_accumulation_steps", "--global_batch_size", "--device_memory_gb", "--gpus_per_node",
+                "--intra_latency_us", "--inter_latency_us", "--token_budget", "--gain_threshold"],
+    "tune": ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+             "--num_processes", "--global_batch_size", "--device_memory_gb", "--token_budget", "--timeout",
+             "--time_budget"],
+    "slurm": ["--nodes", "--gpus_per_node", "--cpus_per_task", "--port", "--requeue"],
+}
+PLANNER_LISTS = {"estimate": ["--per_device_train_batch_size", "--tp", "--pp"],
+                 "project": ["--tp", "--pp", "--gpus", "--intra_bw", "--inter_bw"],
+                 "tune": ["--per_device_train_batch_size"], "slurm": []}
+PLANNER_NAMES = {"--model": ["tiny", "gpt2-1.3b", "bloom-7b1", "bigscience-176b", "gpt5"],
+                 "--strategy": ["ddp", "zero3", "fsdp_hybrid", "tp", "megatron", "zero9", "all"],
+                 "--optim": ["adamw", "adafactor", "adamw_8bit", "all", "adam9"],
+                 "--device": ["A100-80GB", "H100-80GB", "V100-16GB", "TPU-v9"]}
+integer = st.one_of(st.integers(1, 64), st.integers(-3, 5000), st.integers(-2**70, 2**70)).map(str)
+
+
+@st.composite
+def planner_argv(draw) -> list[str]:
+    command = draw(st.sampled_from(sorted(PLANNER_NUMBERS)))
+    out = [command]
+    if command == "slurm":
+        out += ["--nodes", "2", "--gpus_per_node", "8"]
+    if command == "project":
+        out += ["--model", "gpt2-1.3b", "--tflops_per_gpu", "150"]  # what it projects from (a measured speed)
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["number"] * 4 + ["list"] * 2 + ["name"] * 2))
+        if kind == "name" and command != "slurm":
+            flag = draw(st.sampled_from(sorted(PLANNER_NAMES)))
+            value = draw(st.sampled_from(PLANNER_NAMES[flag]))
+        elif kind == "list" and PLANNER_LISTS[command]:
+            flag = draw(st.sampled_from(PLANNER_LISTS[command]))
+            value = ",".join(draw(st.lists(st.one_of(integer, number), min_size=1, max_size=3)))
+        else:
+            flag = draw(st.sampled_from(PLANNER_NUMBERS[command]))
+            value = draw(sometimes_junk(st.one_of(integer, integer, number)))
+        out.append(f"{flag}={value}")  # `=`: a negative number reaches the flag's own check, not argparse's
+    if command == "slurm":
+        out += ["--", "--output_dir", "runs/x"]
+    return out
+
+
+@contextmanager
+def memory_cap(extra_gb: int = 4):
+    """This process may map `extra_gb` more than it has now: a runaway allocation is a MemoryError in the test, not
+    the kernel's OOM killer taking the whole CI run. The limit is put back after."""
+    import resource
+
+    import psutil
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = psutil.Process().memory_info().vms + extra_gb * 2**30
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=planner_argv())
+# a model the formulas cannot walk: each took all 24 GB of this host before its shape was bounded (models.SHAPE_BOUNDS)
+@example(args=["estimate", "--n_layer=100000000"])
+@example(args=["project", "--model", "gpt2-1.3b", "--tflops_per_gpu", "150", "--n_layer=1180591620717411303424"])
+@example(args=["tune", "--n_layer=100000000", "--hidden_size=64", "--n_head=1"])
+@example(args=["estimate", "--hidden_size=4194304", "--n_head=16"])
+def test_any_planning_command_line_is_accepted_or_refused_in_one_line(hfscale_cli, monkeypatch, tmp_path, args):
+    """estimate, project, tune and slurm with any numbers (0, negatives, 2^70, NaN, infinities, junk) under their
+    numeric flags: each either answers (exit 0; a tune gets as far as its first trial, which is not launched here)
+    or refuses in one line with exit 2 - never a traceback, never an infinite or NaN figure taken as an answer."""
+    from conftest import ReachedLaunch
+    from hfscale import launch
+
+    monkeypatch.setattr(launch, "run_training", lambda *a, **k: (_ for _ in ()).throw(ReachedLaunch("a trial")))
+    try:
+        with memory_cap():
+            proc = hfscale_cli(args, cwd=tmp_path)
+    except ReachedLaunch:
+        return
+    lines = proc.stderr.strip().splitlines()
+    if proc.returncode == 0:
+        assert "nan" not in proc.stdout.lower().split(), proc.stdout[-2000:]
+        return
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("hfscale: error:"), proc.stderr[-2000:]

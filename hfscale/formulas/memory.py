@@ -9,6 +9,7 @@ out of memory first. Bytes, not GiB; GB = 1e9.
 """
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from math import ceil, log2
 
 from .metrics import GB, ModelShape
@@ -134,7 +135,8 @@ class Tensor:
         return len(self.shape) >= 2
 
 
-def parameter_tensors(shape: ModelShape) -> list[Tensor]:
+@lru_cache(maxsize=64)  # pure, and walked by every formula of every row of an estimate, tune or projection
+def parameter_tensors(shape: ModelShape) -> tuple[Tensor, ...]:
     """The trainable tensors of the HF model, in `model.parameters()` order (the LM head is tied to the embedding)."""
     h, f, v = shape.hidden, shape.ffn_size, shape.vocab
     if shape.family == "gpt2":  # Conv1D weights are stored [in, out]
@@ -156,7 +158,7 @@ def parameter_tensors(shape: ModelShape) -> list[Tensor]:
                  ("mlp.dense_4h_to_h.weight", (h, f)), ("mlp.dense_4h_to_h.bias", (h,))]
         prefix, tail = "transformer.h", [Tensor("transformer.ln_f.weight", (h,)), Tensor("transformer.ln_f.bias", (h,))]
     layers = [Tensor(f"{prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block]
-    return head + layers + tail
+    return tuple(head + layers + tail)
 
 
 # hfscale's tensor-parallel plan (parallel/tensor_parallel.py), tensor by tensor: the dimension each splits over the TP
@@ -187,7 +189,8 @@ def tp_chunk(size: int, tp: int, rank: int = 0) -> int:
     return max(0, min(chunk, size - rank * chunk))
 
 
-def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> list[Tensor]:
+@lru_cache(maxsize=64)
+def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> tuple[Tensor, ...]:
     """The model's tensors as TP rank `rank` holds them (tp_chunk along each split dimension). Rank 0 holds the most:
     only the vocabulary may not divide, and hfscale does not pad it as Megatron does. TP 1: parameter_tensors."""
     tensors = parameter_tensors(shape)
@@ -198,7 +201,7 @@ def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> list[Tens
         dim = tp_split_dim(shape.family, t.name)
         dims = t.shape if dim is None else tuple(tp_chunk(d, tp, rank) if i == dim else d for i, d in enumerate(t.shape))
         out.append(Tensor(t.name, dims))
-    return out
+    return tuple(out)
 
 
 def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:

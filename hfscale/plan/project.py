@@ -122,8 +122,9 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                         regathered_param_bytes=None if regathered is None else t * regathered)
 
 
-def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links):
-    return step_time(pattern_of(plan, base.powersgd_rank), micro_compute_s=micro_compute,
+def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern=None):
+    """pattern: the plan's pattern_of, where the caller has it (it walks the model's tensors)."""
+    return step_time(pattern or pattern_of(plan, base.powersgd_rank), micro_compute_s=micro_compute,
                      grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
                      gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
                      step_sd_s=base.step_sd_s)
@@ -133,8 +134,9 @@ def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Lin
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
     configuration itself (solved by fixed-point iteration: the exposed part depends on the compute that hides it)."""
     compute = s_per_iter / plan.gradient_accumulation_steps
+    pattern = pattern_of(plan, base.powersgd_rank)  # what moves does not depend on the compute that hides it
     for _ in range(50):
-        st = step_of(plan, base, compute, links)
+        st = step_of(plan, base, compute, links, pattern)
         compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / plan.gradient_accumulation_steps
     return compute
 
@@ -164,7 +166,8 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
             plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
             if plan is None or plan.refusal():
                 continue  # e.g. HSDP on one node, or a pair the strategy table refuses
-            times = [step_of(plan, base, c, link) for c, link in zip(computes, links)]
+            pattern = pattern_of(plan, base.powersgd_rank)
+            times = [step_of(plan, base, c, link, pattern) for c, link in zip(computes, links)]
             tokens = plan.tokens_per_step
             days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
             if error and n > base.plan.world_size:  # measured days = projected x (projected / measured speed)
