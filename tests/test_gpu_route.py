@@ -319,6 +319,7 @@ def test_the_stop_signal_is_agreed_on_over_the_host_on_both_routes(backend, own_
         state.global_step, control.should_log = step, should_log
         stopper.on_step_end(None, state, control)
         assert control.should_training_stop == (step == 5) and control.should_save == (step == 5), step
+    stopper.on_epoch_end(None, state, control)  # step 5 ends the epoch too: one agreement per step
     assert reduced == [("cpu", "host group" if own_group else dist.group.WORLD)] and stopper.stopped_at == 5
 
 

@@ -32,6 +32,7 @@ class StopOnSignal(TrainerCallback):
         self.counted_step = counted_step  # --count_collectives' step: no agreement there
         self.received: int | None = None
         self.stopped_at: int | None = None
+        self._agreed_at: int | None = None
         self._previous = None
         self._group = None
         # the flag lives in numpy memory a host tensor shares: reading it is not a tensor read (run/host_syncs.py)
@@ -56,8 +57,16 @@ class StopOnSignal(TrainerCallback):
             self._group = dist.group.WORLD if cpu_capable else dist.new_group(backend="gloo")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not control.should_log or state.global_step == self.counted_step:
+        self._agree(state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):  # --logging_strategy epoch logs here
+        self._agree(state, control)
+
+    def _agree(self, state, control) -> None:
+        """At a logging step (the same steps on every rank), every rank calls this collective."""
+        if not control.should_log or state.global_step in (self.counted_step, self._agreed_at):
             return
+        self._agreed_at = state.global_step  # an epoch's last step can log at its end and at the epoch's
         self._flag[0] = self.received is not None
         if dist.is_initialized():
             dist.all_reduce(torch.from_numpy(self._flag), op=dist.ReduceOp.MAX, group=self._group)
