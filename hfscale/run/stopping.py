@@ -33,23 +33,21 @@ class StopOnSignal(TrainerCallback):
         self.received: int | None = None
         self.stopped_at: int | None = None
         self._agreed_at: int | None = None
-        self._previous = None
+        self._previous, self._installed = None, False
         self._group = None
         # the flag lives in numpy memory a host tensor shares: reading it is not a tensor read (run/host_syncs.py)
         self._flag = np.zeros(1, dtype=np.int32)
 
     def install(self) -> None:
-        self._previous = signal.signal(SIGNAL, self._on_signal)
+        self._previous, self._installed = signal.signal(SIGNAL, self._on_signal), True
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(SIGNAL, self._previous)
-            self._previous = None
+        if self._installed:  # SIG_IGN where hfscale launch set it, SIG_DFL, or a Python handler
+            signal.signal(SIGNAL, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
 
     def _on_signal(self, signum, frame) -> None:
-        self.received = signum
-        logger.warning("%s received: saving a checkpoint at the next logging step, then stopping",
-                       signal.Signals(signum).name)
+        self.received = signum  # nothing else here: a write to stderr from a handler can land inside another one
 
     def on_train_begin(self, args, state, control, **kwargs):
         if dist.is_initialized() and self._group is None:  # every rank: a collective call
@@ -67,6 +65,9 @@ class StopOnSignal(TrainerCallback):
         if not control.should_log or state.global_step in (self.counted_step, self._agreed_at):
             return
         self._agreed_at = state.global_step  # an epoch's last step can log at its end and at the epoch's
+        if self.received is not None and not self._flag[0]:
+            logger.warning("%s received: every rank saves a checkpoint of step %d, then stops",
+                           signal.Signals(self.received).name, state.global_step)
         self._flag[0] = self.received is not None
         if dist.is_initialized():
             dist.all_reduce(torch.from_numpy(self._flag), op=dist.ReduceOp.MAX, group=self._group)
