@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
 from ..launch import drop_flag, flag_value, split_train_args, strategy_launch
+from ..run.checkpoints import LATEST
 
 DEFAULT_PORT = 29500
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+=@-]+$")  # partition, account, constraint, job name: one shell word, no spaces
@@ -104,7 +105,7 @@ def requeue_args(train_args: list[str]) -> list[str]:
     resume = flag_value(train_args, "--resume_from_checkpoint")
     if resume is None:
         return [*train_args, "--resume_from_checkpoint", "latest"]
-    if resume not in ("latest", "true", "True", "1"):
+    if resume not in LATEST:
         raise HfscaleError(f"--requeue resumes each requeued start from its latest checkpoint; --resume_from_checkpoint "
                            f"{resume} would start every one from the same checkpoint (pass latest, or drop it)")
     return train_args
