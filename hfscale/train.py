@@ -35,7 +35,7 @@ from hfscale.run.args import (RunState, build_training_arguments, check_hyperpar
                               check_model_tokenizer, parse_args, plan_training)
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
-from hfscale.run.checkpoints import LATEST, data_position, identity, resolve_resume, set_aside_incomplete  # noqa: E402
+from hfscale.run.checkpoints import LATEST, data_position, identity, resolve_resume, set_aside_unusable  # noqa: E402
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402
 from hfscale.run.profile import StepProfiler  # noqa: E402
@@ -130,11 +130,12 @@ def output_dir_for(args, state, name: str):
 
 
 def resume_checkpoint(args, state) -> str | None:
-    """The complete checkpoint to resume from (or None); interrupted saves are set aside by rank 0 first."""
+    """The complete, intact checkpoint to resume from (or None); rank 0 sets interrupted saves and damaged checkpoints
+    aside first."""
     state.resume_from = resolve_resume(args.resume_from_checkpoint, Path(args.output_dir), state.checkpoint_identity,
                                        not args.ignore_data_skip)
     if args.process_index == 0 and Path(args.output_dir).is_dir():
-        set_aside_incomplete(Path(args.output_dir))
+        set_aside_unusable(Path(args.output_dir))
     return state.resume_from
 
 

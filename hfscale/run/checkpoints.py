@@ -135,11 +135,12 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_ski
             last = latest_complete(path.parent)
             raise HfscaleError(f"--resume_from_checkpoint {value}: incomplete checkpoint (no {MARKER}: its save was "
                                f"interrupted); the last complete one is {last or 'none'}")
-        problem = _damaged(path)
-        if problem:
-            last = latest_complete(path.parent)
-            raise HfscaleError(f"--resume_from_checkpoint {problem}; the last intact one is {last or 'none'}")
-    check_compatible(path, read_marker(path), expected, data_skip)
+    marker = read_marker(path)  # `latest` found it intact; a named one is checked here
+    problem = damage(path, marker) if value not in LATEST else None
+    if problem:
+        last = latest_complete(path.parent)
+        raise HfscaleError(f"--resume_from_checkpoint {path}: {problem}; the last intact one is {last or 'none'}")
+    check_compatible(path, marker, expected, data_skip)
     return str(path)
 
 
@@ -159,7 +160,7 @@ def check_compatible(path: Path, marker: dict, expected: dict, data_skip: bool =
                 f"with the same {key}, pass --ignore_data_skip to start the data over, or start a new --output_dir")
 
 
-def set_aside_incomplete(output_dir: Path) -> list[Path]:
+def set_aside_unusable(output_dir: Path) -> list[Path]:
     """Rename interrupted saves and damaged checkpoints so neither resume nor the Trainer's checkpoint rotation ever
     uses them (nor a new save of the same step lands among their files)."""
     moved = []
