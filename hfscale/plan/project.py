@@ -122,9 +122,9 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                         regathered_param_bytes=None if regathered is None else t * regathered)
 
 
-def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern=None):
-    """pattern: the plan's pattern_of, where the caller has it (it walks the model's tensors)."""
-    return step_time(pattern or pattern_of(plan, base.powersgd_rank), micro_compute_s=micro_compute,
+def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern):
+    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors)."""
+    return step_time(pattern, micro_compute_s=micro_compute,
                      grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
                      gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
                      step_sd_s=base.step_sd_s)
