@@ -89,6 +89,69 @@ def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
     assert len(warnings) == 3 and all(w.startswith(HEADER_LOG.name) for w in warnings)
 
 
+# what launchers put before every line: srun --label, torchrun --tee (older and newer), a timestamp, srun around
+# torchrun; and a log written on Windows
+LINE_PREFIXES = ["12: ", "[default3]:", "[rank3]: ", "[2024-05-01 10:00:00] ", "3: [default3]:", "\r"]
+
+
+@pytest.mark.parametrize("prefix", LINE_PREFIXES)
+def test_a_log_whose_lines_carry_a_launchers_prefix_imports_as_the_bare_log(tmp_path, prefix):
+    lines = HEADER_LOG.read_text().splitlines()
+    log = tmp_path / HEADER_LOG.name
+    log.write_bytes(("\r\n".join(lines) if prefix == "\r" else "\n".join(prefix + line for line in lines)).encode())
+    bare, prefixed = (imported(path, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
+                      for path in (HEADER_LOG, log))
+    assert prefixed["config"]["world_size"] == 64  # from the header: the file name alone says 16
+    for key in ("strategy", "model", "config", "perf", "loss_history", "status"):
+        assert prefixed[key] == bare[key], key
+
+
+def _iteration(step: int, ms: float, loss: float, gbs: int = 512) -> str:
+    return (f" iteration {step:8d}/  292968 | consumed samples: {step * gbs:10d} | elapsed time per iteration (ms): "
+            f"{ms:.1f} | learning rate: 6.000E-05 | global batch size: {gbs:5d} | lm loss: {loss:.6E} | loss scale: 4096.0 |")
+
+
+def _good_log_times() -> list[float]:
+    return [float(line.split("(ms):")[1].split("|")[0]) / 1000 for line in GOOD_LOG.read_text().splitlines()
+            if "(ms):" in line]
+
+
+@pytest.mark.parametrize("header", [True, False], ids=["requeued", "restarted-without-header"])
+def test_a_log_appended_by_a_restart_skips_each_launchs_start_up_and_keeps_the_later_loss(tmp_path, header):
+    """GOOD_LOG (iterations 10-50), then the job requeued from its checkpoint of step 30: its first iteration carries
+    the new launch's start-up, and steps 40 and 50 are trained again. A launch that prints no header is found by the
+    iteration count going back."""
+    again = [_iteration(40, 900_000.0, 8.5), _iteration(50, 700_000.0, 8.1), _iteration(60, 702_000.0, 7.9)]
+    log = tmp_path / GOOD_LOG.name
+    head = GOOD_LOG.read_text().splitlines()[:3] if header else []
+    log.write_text(GOOD_LOG.read_text() + "\n".join([*head, *again]) + "\n")
+    record = imported(log, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    measured = _good_log_times()[1:] + [700.0, 702.0]  # the first iteration of each launch is left out
+    assert record["perf"]["s_per_iter"] == pytest.approx(statistics.mean(measured))
+    assert record["perf"]["iterations_averaged"] == 6 and record["perf"]["launches"] == 2
+    assert [(p["step"], p["loss"]) for p in record["loss_history"]] == [
+        (10, 10.91), (20, 9.84), (30, 8.97), (40, 8.5), (50, 8.1), (60, 7.9)]
+    assert record["config"]["world_size"] == 16
+    out = tmp_path / "out"
+    proc = hfscale("import-logs", log, "--out", out)
+    assert proc.returncode == 0 and "6 iterations of 2 launches" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_restart_on_other_sizes_measures_only_the_launches_from_it_with_a_warning(tmp_path):
+    log = tmp_path / GOOD_LOG.name
+    resized = ["using world size: 32, data-parallel-size: 2, tensor-model-parallel size: 1, pipeline-model-parallel "
+               "size: 16", _iteration(60, 500_000.0, 7.9), _iteration(70, 380_000.0, 7.8), _iteration(80, 382_000.0, 7.7)]
+    log.write_text(GOOD_LOG.read_text() + "\n".join(resized) + "\n")
+    warnings = []
+    record = imported(log, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1, warnings=warnings)
+    cfg = record["config"]
+    assert (cfg["world_size"], cfg["dp"], cfg["pp"]) == (32, 2, 16)
+    assert record["perf"]["s_per_iter"] == pytest.approx(381.0) and record["perf"]["iterations_averaged"] == 2
+    assert [p["step"] for p in record["loss_history"]] == [10, 20, 30, 40, 50, 60, 70, 80]  # the whole curve
+    assert len(warnings) == 2 and "launch 2 of 2 changed world 16 -> 32, dp 1 -> 2" in warnings[0]
+    assert "the file name says dp 1, the log says 2" in warnings[1]
+
+
 def test_a_newer_megatron_lm_header_says_no_recomputation_its_precision_and_vocabulary(tmp_path):
     """Megatron-LM prints every argument, None included: recompute_granularity None is no recomputation (F = 3, where
     a log that says nothing keeps BigScience's F = 4), bf16 True the precision, padded_vocab_size the vocabulary."""

@@ -455,6 +455,24 @@ def test_project_refuses_a_failed_or_malformed_results_file(tmp_path):
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
 
 
+def test_a_stopped_run_projects_as_if_it_had_finished_and_one_stopped_before_timing_is_refused(tmp_path):
+    """A run stopped on SIGUSR1 (run/stopping.py) timed its steady state like a finished one: the same baseline."""
+    from hfscale.errors import HfscaleError
+    from hfscale.plan.project import baseline_from_results
+
+    one = load_benchmark("projection_vs_real").kept_rounds(PROJECTION_ROUNDS)[("zero1", 2)][0]["one"]
+    stop = {"signal": "SIGUSR1", "step": 40, "checkpoint": "checkpoint-40"}
+    files = {"ok": one, "stopped": {**one, "status": "stopped", "stopped": stop},
+             "early": {**one, "status": "stopped", "stopped": {**stop, "step": 2},
+                       "perf": {**one["perf"], "s_per_iter": None}}}
+    for name, data in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    finished, stopped = (baseline_from_results(tmp_path / f"{n}.json") for n in ("ok", "stopped"))
+    assert replace(stopped, source=finished.source) == finished and finished.s_per_iter[0] == one["perf"]["s_per_iter"]
+    with pytest.raises(HfscaleError, match="stopped at step 2 before a timed step"):
+        baseline_from_results(tmp_path / "early.json")
+
+
 def _project_json(*argv) -> dict:
     proc = run([sys.executable, "-m", "hfscale", "project", *map(str, argv), "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr

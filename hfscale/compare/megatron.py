@@ -11,6 +11,8 @@ id; TP as `tp-4`) where the log is silent, then from flags; a file name that con
 With a batch-size ramp-up only the iterations at the final global batch size are averaged (after the first
 `--skip_first` of them: start-up and compilation). TFLOPs per GPU use the BigScience formula, the only one a log
 allows. A log with no iteration line becomes a `fail` row (`OOM` when the log says it ran out of memory).
+Launchers' line prefixes (srun --label, torchrun --tee, timestamps) are read past, and a log several launches appended
+to is read launch by launch (`split_launches`).
 """
 
 import re
@@ -44,6 +46,9 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_mode
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
                  "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
                  "padded_vocab_size": "vocab"}
+# what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
+# a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
+LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")
 PARAMS_DTYPE = re.compile(r"using torch\.(float16|bfloat16|float32) for parameters")
 # "> padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)": the vocabulary the model really has
 PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
@@ -70,6 +75,7 @@ def parse_header(text: str) -> dict:
     for line in text.splitlines():
         if "iteration" in line and "elapsed time" in line:
             break  # the header is over
+        line = LAUNCHER_PREFIX.sub("", line)
         if line.lstrip().startswith("using world size"):
             for key, value in HEADER_SIZES.findall(line):
                 found.setdefault(HEADER_KEYS[key], int(value))
@@ -108,9 +114,29 @@ def parse_header(text: str) -> dict:
     return found
 
 
-def parse_log(text: str) -> dict:
+# a launch's header begins with one of these (Megatron prints the sizes, then its arguments block)
+LAUNCH_HEADER = re.compile(r"^using world size:|^-{3,} arguments -{3,}")
+
+
+def split_launches(text: str) -> list[str]:
+    """A log that several launches of one job appended to (a SLURM requeue with --open-mode=append, a restart from
+    the last checkpoint) holds each launch's header and iterations in turn. A new launch begins where a header line
+    follows an iteration line, or where the iteration count goes back (a launch whose header is not in the file)."""
+    launches, current, last_step = [], [], None
+    for line in text.splitlines():
+        step = ITERATION.search(line) if ITERATION_TIME.search(line) else None
+        again = step is not None and last_step is not None and int(step.group(1)) <= last_step
+        if current and last_step is not None and (again or LAUNCH_HEADER.search(LAUNCHER_PREFIX.sub("", line))):
+            launches.append("\n".join(current))
+            current, last_step = [], None
+        if step:
+            last_step = int(step.group(1))
+        current.append(line)
+    return launches + ["\n".join(current)]
+
+
+def parse_launch(text: str) -> dict:
     times, losses, batches = [], [], []
-    oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
     for line in text.splitlines():
         match = ITERATION_TIME.search(line)
         if not match:
@@ -120,9 +146,41 @@ def parse_log(text: str) -> dict:
         batches.append(int(batch.group(1)) if batch else None)
         if step and loss:
             losses.append({"step": int(step.group(1)), "loss": float(loss.group(1)), "grad_norm": None, "lr": None})
-    final = next((b for b in reversed(batches) if b), None)
-    return {"iteration_s": times, "iteration_gbs": batches, "loss_history": losses, "global_batch_size": final,
-            "oom": oom, "header": parse_header(text)}
+    return {"iteration_s": times, "iteration_gbs": batches, "loss_history": losses, "header": parse_header(text)}
+
+
+def parse_log(text: str) -> dict:
+    """Every launch in the log (`launches`, each its header and iterations), and the whole log's: iterations in
+    order, the loss at each step once (a step trained again after a restart keeps its later loss), the first
+    launch's header, the final global batch size."""
+    launches = [parse_launch(part) for part in split_launches(text)]
+    oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
+    batches = [b for launch in launches for b in launch["iteration_gbs"]]
+    losses = {point["step"]: point for launch in launches for point in launch["loss_history"]}
+    return {"iteration_s": [t for launch in launches for t in launch["iteration_s"]], "iteration_gbs": batches,
+            "loss_history": [losses[step] for step in sorted(losses)], "launches": launches,
+            "global_batch_size": next((b for b in reversed(batches) if b), None), "oom": oom,
+            "header": launches[0]["header"]}
+
+
+# what a launch's header may change and the run's figures depend on
+LAUNCH_SIZES = ("world", "dp", "tp", "pp", "seq_len", "mbs", "gbs", "n_layer", "hidden", "n_head")
+
+
+def measured_launches(log: dict, path: Path, warnings: list[str]) -> tuple[dict, list[dict]]:
+    """The header the run is described by and the launches its speed is measured from: all of them, unless a later
+    launch's header states other sizes (a restart on fewer nodes, a new batch size): then that launch and those after
+    it, with a warning. A launch that prints no header runs as the one before it."""
+    launches, start = log["launches"], 0
+    for i, launch in enumerate(launches[1:], 1):
+        before, now = launches[start]["header"], launch["header"]
+        changed = [k for k in LAUNCH_SIZES if now.get(k) is not None and now.get(k) != before.get(k)]
+        if changed:
+            warnings.append(f"{path.name}: launch {i + 1} of {len(launches)} changed "
+                            + ", ".join(f"{k} {before.get(k)} -> {now[k]}" for k in changed)
+                            + "; only its iterations and those of the launches after it are measured")
+            start = i
+    return launches[start]["header"], launches[start:]
 
 
 def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[str]):
@@ -162,7 +220,7 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
         raise HfscaleError(f"{path}: log file not found")
     name = parse_name(path.name)
     log = parse_log(path.read_text(errors="replace"))
-    header = log["header"]
+    header, launches = measured_launches(log, path, warnings)
     n_params = int(params) if params else name.get("params")
     if not n_params:
         raise HfscaleError(f"{path.name}: no model size in the file name (like '61B-...'); pass --params")
@@ -182,7 +240,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     ckpt = True if ckpt is None else ckpt  # the BigScience runs recomputed activations
     mbs = _pick("mbs", header, name, None, path, warnings)
     gas = name.get("gas")
-    gbs = log["global_batch_size"] or header.get("gbs") or (mbs * gas * dp if mbs and gas else None)
+    final = next((b for launch in reversed(launches) for b in reversed(launch["iteration_gbs"]) if b), None)
+    gbs = final or header.get("gbs") or (mbs * gas * dp if mbs and gas else None)
     if gbs and mbs and gas is None:
         gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
     engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
@@ -197,9 +256,11 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                                    "recompute": header.get("recompute"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}),
         loss_history=log["loss_history"])
-    # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged)
-    at_final = [t for t, b in zip(log["iteration_s"], log["iteration_gbs"]) if b in (None, gbs)]
-    measured = at_final[skip_first:] if len(at_final) > skip_first else at_final
+    # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged); the
+    # first of each launch carry its start-up
+    at_final = [[t for t, b in zip(launch["iteration_s"], launch["iteration_gbs"]) if b in (None, gbs)]
+                for launch in launches]
+    measured = [t for times in at_final for t in times[skip_first:]] or [t for times in at_final for t in times]
     if not measured:
         record.status, record.error = ("OOM", log["oom"][:300]) if log["oom"] else (
             "fail", "no 'elapsed time per iteration' line in the log")
@@ -216,7 +277,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                                                                                  ckpt),
                              days_to_budget=days, gpu_days_to_budget=gpu_days,
                              extra={"iterations_averaged": len(measured),
-                                    "iterations_skipped": len(log["iteration_s"]) - len(measured)})
+                                    "iterations_skipped": len(log["iteration_s"]) - len(measured),
+                                    "launches": len(log["launches"])})
     return record
 
 
@@ -231,7 +293,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no_checkpointing", action="store_true",
                         help="the runs did not recompute activations (F = 3 instead of 4 in the TFLOPs formula); "
                              "default: what the log's arguments say, else on")
-    parser.add_argument("--skip_first", type=int, default=1, help="logged iterations left out of the average (default 1)")
+    parser.add_argument("--skip_first", type=int, default=1, help="logged iterations of each launch left out of the average (default 1: its start-up)")
     opts = parser.parse_args(argv)
     positive(opts, "gpus", "seq_len", "params")
     if opts.skip_first < 0:

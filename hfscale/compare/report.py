@@ -82,8 +82,10 @@ def _notes(results: Results) -> str:
         return ", ".join([*notes, f"{results.status}: {error}"[:160] if error else results.status])
     if results.source == "megatron-log":
         ramp = ", at the final GBS after ramp-up" if cfg.extra.get("rampup_batch_size") else ""
+        launches = results.perf.extra.get("launches") or 1
         notes[-1] += (f", TP {cfg.tp or 1} PP {cfg.pp or 1} DP {cfg.dp or '?'}, "
-                      f"{results.perf.extra.get('iterations_averaged')} iterations{ramp}")
+                      f"{results.perf.extra.get('iterations_averaged')} iterations{ramp}"
+                      + (f" of {launches} launches" if launches > 1 else ""))
     elif cfg.tp:  # hfscale's own TP runs, in the Megatron logs' terms, so the two read side by side
         notes.append(f"TP {cfg.tp} PP {cfg.pp or 1} DP {cfg.dp or '?'}")
     if cfg.checkpointing:

@@ -335,10 +335,15 @@ def step_noise_s(history: list[dict]) -> float:
 
 
 def baseline_from_results(path: Path, device_bytes: float | None = None) -> Baseline:
-    """The measured plan of a finished run; `device_bytes` judges fits, else the run's own GPU (CPU runs: not judged)."""
+    """The measured plan of a finished run (or of one stopped on SIGUSR1: its steady state is as measured as a finished
+    run's); `device_bytes` judges fits, else the run's own GPU (CPU runs: not judged)."""
     data = read_results(path)
-    if data.status != "ok":
-        raise HfscaleError(f"{path}: the run did not finish (status {data.status!r}); project from a run that ended `ok`")
+    if data.status not in ("ok", "stopped"):
+        raise HfscaleError(f"{path}: the run did not finish (status {data.status!r}); project from a run that ended "
+                           "`ok` or `stopped`")
+    if data.status == "stopped" and not data.perf.s_per_iter:
+        raise HfscaleError(f"{path}: the run stopped at step {(data.stopped or {}).get('step')} before a timed step; "
+                           "project from a run that timed its steady state")
     cfg, perf, env = data.config, data.perf, data.environment
     try:
         strategy = get_strategy(data.strategy)
