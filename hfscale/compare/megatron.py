@@ -293,7 +293,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no_checkpointing", action="store_true",
                         help="the runs did not recompute activations (F = 3 instead of 4 in the TFLOPs formula); "
                              "default: what the log's arguments say, else on")
-    parser.add_argument("--skip_first", type=int, default=1, help="logged iterations of each launch left out of the average (default 1: its start-up)")
+    parser.add_argument("--skip_first", type=int, default=1,
+                        help="logged iterations of each launch left out of the average (default 1: its start-up)")
     opts = parser.parse_args(argv)
     positive(opts, "gpus", "seq_len", "params")
     if opts.skip_first < 0:
