@@ -137,6 +137,32 @@ def test_a_log_appended_by_a_restart_skips_each_launchs_start_up_and_keeps_the_l
     assert proc.returncode == 0 and "6 iterations of 2 launches" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_has(tmp_path):
+    """Tokens from the consumed samples x seq_len; seconds from each logged iteration time x its interval (the first
+    line's: the log interval the arguments state); validation lines as the eval curve, the test set's left out."""
+    lines = ["using world size: 16, data-parallel-size: 1, tensor-model-parallel size: 1, pipeline-model-parallel "
+             "size: 16", "  log_interval .................................... 5", "  seq_length ...... 1024",
+             _iteration(5, 2000.0, 9.0), _iteration(10, 1000.0, 8.0),
+             " validation loss at iteration 10 | lm loss value: 7.900000E+00 | lm loss PPL: 2.697E+03 |",
+             _iteration(20, 1100.0, 7.0),
+             " validation loss at iteration 20 on validation set | lm loss value: 6.900000E+00 | lm loss PPL: 992.3 |",
+             " validation loss at iteration 20 on test set | lm loss value: 6.950000E+00 | lm loss PPL: 1043.1 |"]
+    log = tmp_path / "1B3-megatron-gas-1.out"
+    log.write_text("\n".join(lines) + "\n")
+    record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=True, skip_first=1)
+    assert [(p["step"], p["tokens"], p["elapsed_s"], p["lr"]) for p in record["loss_history"]] == [
+        (5, 5 * 512 * 1024, 5 * 2.0, 6e-05), (10, 10 * 512 * 1024, 10 + 5 * 1.0, 6e-05),
+        (20, 20 * 512 * 1024, pytest.approx(15 + 10 * 1.1), 6e-05)]
+    assert [(p["step"], p["loss"], p["perplexity"], p["tokens"], p["elapsed_s"]) for p in record["eval_history"]] == [
+        (10, 7.9, 2697.0, 10 * 512 * 1024, 15.0), (20, 6.9, 992.3, 20 * 512 * 1024, pytest.approx(26.0))]
+    # without a stated log interval, a launch's first line counts the steps between its first two lines
+    bare = tmp_path / "bare" / log.name
+    bare.parent.mkdir()
+    bare.write_text("\n".join(line for line in lines if "log_interval" not in line) + "\n")
+    again = imported(bare, gpus=None, seq_len=None, params=None, checkpointing=True, skip_first=1)
+    assert again["loss_history"][0]["elapsed_s"] == 5 * 2.0
+
+
 def test_a_restart_on_other_sizes_measures_only_the_launches_from_it_with_a_warning(tmp_path):
     log = tmp_path / GOOD_LOG.name
     resized = ["using world size: 32, data-parallel-size: 2, tensor-model-parallel size: 1, pipeline-model-parallel "
@@ -292,10 +318,13 @@ def test_report_table_csv_plots_and_html(tmp_path):
     parsed = list(csv.DictReader(io.StringIO((tmp_path / "report" / "report.csv").read_text())))
     assert {r["status"] for r in parsed} == {"ok", "OOM"} and len(parsed) == 5
     assert next(r for r in parsed if r["run"] == "ddp-8")["tflops_per_gpu_bigscience"] == "100.0"  # same rule
-    for name in ("days_vs_gpus.png", "loss_curves.png", "memory.png", "throughput.png"):
+    # the imported log's curve has tokens and seconds: it joins the loss plots against both
+    plots = ("days_vs_gpus.png", "loss_curves.png", "loss_vs_tokens.png", "loss_vs_time.png", "memory.png",
+             "throughput.png")
+    for name in plots:
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "report" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4 and "<td>OOM</td>" in html
+    assert html.count("data:image/png;base64,") == len(plots) and "<td>OOM</td>" in html
     assert not list((tmp_path / "report").glob(".*"))  # no temporary files left behind
 
 

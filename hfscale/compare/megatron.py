@@ -11,6 +11,8 @@ id; TP as `tp-4`) where the log is silent, then from flags; a file name that con
 With a batch-size ramp-up only the iterations at the final global batch size are averaged (after the first
 `--skip_first` of them: start-up and compilation). TFLOPs per GPU use the BigScience formula, the only one a log
 allows. A log with no iteration line becomes a `fail` row (`OOM` when the log says it ran out of memory).
+The loss curve carries tokens (consumed samples x seq_len) and training seconds, and validation lines become the eval
+curve, so an imported run sits in the report's loss plots and convergence.md as a run does (`histories`).
 Launchers' line prefixes (srun --label, torchrun --tee, timestamps) are read past, and a log several launches appended
 to is read launch by launch (`split_launches`).
 """
@@ -31,7 +33,15 @@ from .report import collect, markdown_table
 ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][+-]?\d+)?)")
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/")
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
-LM_LOSS = re.compile(r"lm loss:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
+NUMBER = r"([0-9.]+(?:[eE][+-]?\d+)?)"
+LM_LOSS = re.compile(r"lm loss:\s*" + NUMBER)
+CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
+LEARNING_RATE = re.compile(r"learning rate:\s*" + NUMBER)
+GRAD_NORM = re.compile(r"grad norm:\s*" + NUMBER)
+# " validation loss at iteration 1000 | lm loss value: 2.7E+00 | lm loss PPL: 1.5E+01 |" (newer: "... 1000 on
+# validation set | ..."; the test set's lines are left out)
+VALIDATION = re.compile(r"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*" + NUMBER)
+PERPLEXITY = re.compile(r"lm loss PPL:\s*" + NUMBER)
 NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE) for key in ("mbs", "gas", "pp", "dp", "tp")}
 NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
@@ -45,7 +55,7 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_mode
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
                  "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
-                 "padded_vocab_size": "vocab"}
+                 "padded_vocab_size": "vocab", "log_interval": "log_interval"}
 # what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
 # a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
 LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")
@@ -135,32 +145,65 @@ def split_launches(text: str) -> list[str]:
     return launches + ["\n".join(current)]
 
 
+def _number(rx: re.Pattern, line: str) -> float | None:
+    match = rx.search(line)
+    return float(match.group(1)) if match else None
+
+
 def parse_launch(text: str) -> dict:
-    times, losses, batches = [], [], []
+    """One launch: its header, and its iteration and validation lines in log order (`events`)."""
+    events = []
     for line in text.splitlines():
-        match = ITERATION_TIME.search(line)
-        if not match:
-            continue
-        times.append(float(match.group(1)) / 1000.0)
-        step, loss, batch = ITERATION.search(line), LM_LOSS.search(line), GLOBAL_BATCH.search(line)
-        batches.append(int(batch.group(1)) if batch else None)
-        if step and loss:
-            losses.append({"step": int(step.group(1)), "loss": float(loss.group(1)), "grad_norm": None, "lr": None})
-    return {"iteration_s": times, "iteration_gbs": batches, "loss_history": losses, "header": parse_header(text)}
+        time, validation = ITERATION_TIME.search(line), VALIDATION.search(line)
+        if time:
+            step, batch = ITERATION.search(line), GLOBAL_BATCH.search(line)
+            consumed = CONSUMED.search(line)
+            events.append(("iteration", {"step": int(step.group(1)) if step else None, "s": float(time.group(1)) / 1000,
+                                         "gbs": int(batch.group(1)) if batch else None, "loss": _number(LM_LOSS, line),
+                                         "grad_norm": _number(GRAD_NORM, line), "lr": _number(LEARNING_RATE, line),
+                                         "samples": int(consumed.group(1)) if consumed else None}))
+        elif validation and "test" not in line:
+            events.append(("eval", {"step": int(validation.group(1)), "loss": float(validation.group(2)),
+                                    "perplexity": _number(PERPLEXITY, line)}))
+    iterations = [e for kind, e in events if kind == "iteration"]
+    return {"iteration_s": [e["s"] for e in iterations], "iteration_gbs": [e["gbs"] for e in iterations],
+            "events": events, "header": parse_header(text)}
 
 
 def parse_log(text: str) -> dict:
     """Every launch in the log (`launches`, each its header and iterations), and the whole log's: iterations in
-    order, the loss at each step once (a step trained again after a restart keeps its later loss), the first
-    launch's header, the final global batch size."""
+    order, the first launch's header, the final global batch size."""
     launches = [parse_launch(part) for part in split_launches(text)]
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
     batches = [b for launch in launches for b in launch["iteration_gbs"]]
-    losses = {point["step"]: point for launch in launches for point in launch["loss_history"]}
     return {"iteration_s": [t for launch in launches for t in launch["iteration_s"]], "iteration_gbs": batches,
-            "loss_history": [losses[step] for step in sorted(losses)], "launches": launches,
-            "global_batch_size": next((b for b in reversed(batches) if b), None), "oom": oom,
+            "launches": launches, "global_batch_size": next((b for b in reversed(batches) if b), None), "oom": oom,
             "header": launches[0]["header"]}
+
+
+def histories(launches: list[dict], seq_len: int, log_interval: int | None) -> tuple[list[dict], list[dict]]:
+    """The loss and eval curves in the form of an hfscale run's (docs/results.md): `tokens` from Megatron's consumed
+    samples x seq_len, `elapsed_s` the training seconds up to the point - each logged iteration time times the steps
+    of its interval (since the launch's line before; a launch's first line: the log interval, else the steps between
+    its first two lines). A step trained again after a restart keeps its later values."""
+    elapsed, losses, evals = 0.0, {}, {}
+    for launch in launches:
+        steps = [e["step"] for kind, e in launch["events"] if kind == "iteration" and e["step"] is not None]
+        first = log_interval or (steps[1] - steps[0] if len(steps) > 1 and steps[1] > steps[0] else None)
+        previous, tokens = None, None
+        for kind, e in launch["events"]:
+            if kind == "eval":
+                evals[e["step"]] = {**e, "tokens": tokens, "elapsed_s": elapsed if previous is not None else None}
+                continue
+            if e["step"] is None:
+                continue
+            interval = e["step"] - previous if previous is not None else (first or e["step"])
+            elapsed, previous = elapsed + interval * e["s"], e["step"]
+            tokens = e["samples"] * seq_len if e["samples"] is not None else None
+            if e["loss"] is not None:
+                losses[e["step"]] = {"step": e["step"], "loss": e["loss"], "grad_norm": e["grad_norm"], "lr": e["lr"],
+                                     "tokens": tokens, "elapsed_s": elapsed}
+    return [losses[k] for k in sorted(losses)], [evals[k] for k in sorted(evals)]
 
 
 # what a launch's header may change and the run's figures depend on
@@ -254,8 +297,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                             precision=header.get("precision"),
                             extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
                                    "recompute": header.get("recompute"),
-                                   "sequence_parallel": bool(header.get("sequence_parallel"))}),
-        loss_history=log["loss_history"])
+                                   "sequence_parallel": bool(header.get("sequence_parallel"))}))
+    record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))
     # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged); the
     # first of each launch carry its start-up
     at_final = [[t for t, b in zip(launch["iteration_s"], launch["iteration_gbs"]) if b in (None, gbs)]
