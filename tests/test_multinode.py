@@ -209,3 +209,31 @@ def test_hsdp_checkpoint_resumes_exactly(tmp_path, fake_slurm):
     assert resumed["resumed_from"] == str(checkpoint)
     assert [p["step"] for p in resumed["loss_history"]] == list(range(1, HSDP_STEPS + 1))
     assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in reference["loss_history"]]
+
+
+def test_every_process_gets_its_share_of_the_cpus_whatever_the_strategy(tmp_path):
+    """accelerate sets OMP_NUM_THREADS to 1 on its DDP/FSDP routes and leaves it unset on DeepSpeed's (a lone
+    process then runs on every core): through hfscale's launcher one process of ddp and of zero2_offload has the
+    same threads, the CPUs / processes per node; a user's OMP_NUM_THREADS stands."""
+    from hfscale.launch import TRAIN_SCRIPT, strategy_launch
+    from hfscale.run.launcher import cpu_threads_per_process, share_the_cpus
+
+    probe = tmp_path / "threads.py"
+    probe.write_text("import os, torch\nprint('threads', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())\n")
+    unset = {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"}
+    cpus, seen = len(os.sched_getaffinity(0)), {}
+    for strategy in ("ddp", "zero2_offload"):
+        cmd = strategy_launch(["--strategy", strategy], 1)
+        cmd[cmd.index(TRAIN_SCRIPT)] = str(probe)
+        proc = run(cmd, timeout=120, environ=unset)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[strategy] = next(line for line in proc.stdout.splitlines() if line.startswith("threads"))
+    assert set(seen.values()) == {f"threads {cpus} {cpus}"}, seen
+    assert [cpu_threads_per_process(c, p) for c, p in ((96, 8), (2, 4), (16, 3), (0, 1))] == [12, 1, 5, 1]
+    # accelerate's own flags only (before the script): 16 processes over 2 machines of 16 CPUs
+    environ = {}
+    share_the_cpus(["--num_processes", "16", "--num_machines=2", "train.py", "--num_processes", "1"], environ)
+    assert environ == {"OMP_NUM_THREADS": str(cpu_threads_per_process(cpus, 8))}
+    mine = {"OMP_NUM_THREADS": "3"}
+    share_the_cpus(["--num_processes", "1", "train.py"], mine)
+    assert mine == {"OMP_NUM_THREADS": "3"}

@@ -6,7 +6,7 @@ import re
 import shlex
 import sys
 
-from conftest import REPO, run
+from conftest import REPO, env, run
 
 
 def readme_command(marker: str) -> list[str]:
@@ -24,6 +24,7 @@ def test_readme_main_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "ok" and results["config"]["world_size"] == 2
+    assert results["environment"]["cpu_threads_per_process"] == int(env()["OMP_NUM_THREADS"])  # the threads it had
     # a CPU run's ranks are processes, and the summary says so; and where the Trainer's final checkpoint went
     assert "tokens/s" in proc.stdout and "days on 2 process(es)" in proc.stdout and "GPU" not in proc.stdout.split(
         "hfscale run ")[-1].split("\n", 2)[2]

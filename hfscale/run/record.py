@@ -38,7 +38,8 @@ def environment(args, plan) -> EnvironmentRecord:
                      else f"CPU ({platform.machine()}, {torch.get_num_threads()} threads/process)"),
         device_count=torch.cuda.device_count() if on_cuda else os.cpu_count(),
         # the launcher's view of the nodes (torchrun/accelerate set LOCAL_WORLD_SIZE: processes on this node)
-        world_size=plan.world_size, processes_per_node=plan.processes_per_node, nodes=plan.nodes)
+        world_size=plan.world_size, processes_per_node=plan.processes_per_node, nodes=plan.nodes,
+        cpu_threads_per_process=torch.get_num_threads())
 
 
 def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:

@@ -135,6 +135,7 @@ class EnvironmentRecord(_Section):
     world_size: int | None = None
     processes_per_node: int | None = None
     nodes: int | None = None
+    cpu_threads_per_process: int | None = None  # torch's intra-op threads (OMP_NUM_THREADS; run/launcher.py)
     extra: dict = field(default_factory=dict)
 
 
