@@ -13,7 +13,7 @@ from conftest import REPO, run
 from hfscale.launch import classify
 from hfscale.compare.megatron import import_log, parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation
-from hfscale.compare.report import COLUMNS, write_report
+from hfscale.compare.report import COLUMNS, wide_range, write_report
 from hfscale.compare.sweep import SweepSpec, expand
 from hfscale.launch import RunSpec, stub_results
 from hfscale.run.results import Results, write_results
@@ -325,6 +325,9 @@ def test_report_table_csv_plots_and_html(tmp_path):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "report" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(plots) and "<td>OOM</td>" in html
+    # the 61B log's 10M-50M tokens beside the rows' few: a log axis; steps 1-50: linear
+    tokens = [p["tokens"] for r in rows for p in r.loss_history if p.get("tokens")]
+    assert wide_range(tokens) and not wide_range([1, 2, 50]) and not wide_range([0, 0.0]) and not wide_range([])
     assert not list((tmp_path / "report").glob(".*"))  # no temporary files left behind
 
 

@@ -205,6 +205,8 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: 
             if exs:
                 ax.plot(exs, eys, linestyle="--", marker=".", linewidth=1, color=line[0].get_color(),
                         label=f"{r.run} (eval)")
+        if wide_range([v for _, (xs, _), (exs, _) in curves for v in (*xs, *exs)]):
+            ax.set_xscale("log")
         smoothing = f", smoothed {smooth_weight:g}" if smooth_weight else ""
         axis = X_AXES[x] + (f" at {days_at_gpus} GPUs" if x == "projected_days" and days_at_gpus else "")
         evals = any(c[2][0] for c in curves)
@@ -231,6 +233,13 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: 
         ax.grid(True, axis="x", alpha=0.3)
         finish(fig, name)
     return written
+
+
+def wide_range(values: list[float]) -> bool:
+    """A loss plot's x axis is logarithmic when its positive values span more than two decades: runs of very different
+    sizes (an imported 100B-token log beside a tiny run) each keep their own shape."""
+    positive = [v for v in values if v > 0]
+    return bool(positive) and max(positive) > 100 * min(positive)
 
 
 def html_page(table_md: str, rows: list[Row], images: list[Path]) -> str:
