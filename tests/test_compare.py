@@ -155,6 +155,24 @@ def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_h
         (20, 20 * 512 * 1024, pytest.approx(15 + 10 * 1.1), 6e-05)]
     assert [(p["step"], p["loss"], p["perplexity"], p["tokens"], p["elapsed_s"]) for p in record["eval_history"]] == [
         (10, 7.9, 2697.0, 10 * 512 * 1024, 15.0), (20, 6.9, 992.3, 20 * 512 * 1024, pytest.approx(26.0))]
+    # the same curves in TensorBoard, under a run's tags, beside hfscale's runs
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = hfscale("import-logs", log, "--out", tmp_path / "tb")
+    assert proc.returncode == 0, proc.stderr
+    events = EventAccumulator(str(tmp_path / "tb" / log.stem))
+    events.Reload()
+
+    def scalars(tag):
+        return [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)]
+
+    losses, evals = record["loss_history"], record["eval_history"]
+    assert scalars("train/loss") == [(p["step"], p["loss"]) for p in losses]
+    assert scalars("train/lr") == [(p["step"], p["lr"]) for p in losses]
+    assert scalars("train_by_tokens/loss") == [(p["tokens"], p["loss"]) for p in losses]
+    assert scalars("train_by_time_ms/loss") == [(int(p["elapsed_s"] * 1000), p["loss"]) for p in losses]
+    assert scalars("eval/perplexity") == [(p["step"], p["perplexity"]) for p in evals]
+    assert scalars("eval_by_tokens/loss") == [(p["tokens"], p["loss"]) for p in evals]
     # without a stated log interval, a launch's first line counts the steps between its first two lines
     bare = tmp_path / "bare" / log.name
     bare.parent.mkdir()

@@ -325,6 +325,22 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     return record
 
 
+def write_tensorboard(run_dir: Path, record: Results) -> None:
+    """The log's curves as TensorBoard events in its folder, under a run's tags (train/loss, train_by_tokens/loss,
+    eval/loss, ...): `tensorboard --logdir runs/` overlays it on hfscale's runs by step, tokens and time."""
+    from ..run.measure import TensorBoardWriter
+
+    if not record.loss_history and not record.eval_history:
+        return
+    cfg = record.config
+    tb = TensorBoardWriter(str(run_dir), {"source": "megatron-log", "strategy": record.strategy,
+                                          "model": record.model.name, "world_size": cfg.world_size, "tp": cfg.tp,
+                                          "pp": cfg.pp, "dp": cfg.dp, "global_batch_size": cfg.global_batch_size,
+                                          "seq_len": cfg.seq_len})
+    tb.histories(record.loss_history, record.eval_history)
+    tb.close()
+
+
 def main(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale import-logs", description="Turn Megatron-LM/Megatron-DeepSpeed logs into "
                             "report rows (one results.json per log under --out).")
@@ -353,6 +369,7 @@ def main(argv: list[str]) -> None:
     for record in records:  # all parsed before anything is written: a bad file leaves nothing half-imported
         run_dir = opts.out / record.run_name
         write_results(run_dir, record)
+        write_tensorboard(run_dir, record)
         dirs.append(run_dir)
     print(markdown_table(collect(dirs)))
     print(f"imported {len(records)} log(s) into {opts.out}; `hfscale report {opts.out} runs/...` puts them beside hfscale runs")

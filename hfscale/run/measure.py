@@ -277,12 +277,37 @@ class TensorBoardWriter:
                 self.writer.add_scalar(name, value, step)
         self.writer.flush()
 
+    def histories(self, loss_history: list[dict], eval_history: list[dict]) -> None:
+        """A finished record's curves under the tags a live run writes (an imported log's: compare/megatron.py)."""
+        for split, history, tags in (("train", loss_history, HISTORY_SCALARS["train"]),
+                                     ("eval", eval_history, HISTORY_SCALARS["eval"])):
+            for point in history:
+                for key, tag in tags.items():
+                    if point.get(key) is not None:
+                        self.writer.add_scalar(tag, point[key], point["step"])
+                for tag, value, step in curve_scalars(split, point):
+                    self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
 TRAIN_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/lr",
                  "eval_loss": "eval/loss", "eval_perplexity": "eval/perplexity"}
+# the same tags from a results file's loss_history / eval_history points (run/results.py RunRecord.add_loss/add_eval)
+HISTORY_SCALARS = {"train": {"loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr"},
+                   "eval": {"loss": "eval/loss", "perplexity": "eval/perplexity"}}
+
+
+def curve_scalars(split: str, point: dict) -> list[tuple[str, float, int]]:
+    """A loss point of `split` (train, eval) against tokens seen and training milliseconds: (tag, loss, step) of
+    `<split>_by_tokens/loss` and `<split>_by_time_ms/loss`, where the point has them."""
+    loss, tokens, elapsed = point.get("loss"), point.get("tokens"), point.get("elapsed_s")
+    if loss is None or tokens is None:
+        return []
+    return [(f"{split}_by_tokens/loss", loss, int(tokens)),
+            *([(f"{split}_by_time_ms/loss", loss, int(elapsed * 1000))] if elapsed is not None else [])]
 
 
 class MeasureCallback(TrainerCallback):
@@ -341,10 +366,9 @@ class MeasureCallback(TrainerCallback):
         if self.tb and self.is_main:
             self.tb.scalars(values, state.global_step)
             for key, split in (("loss", "train"), ("eval_loss", "eval")):  # the same loss against tokens and time
-                if key in logs and logs.get("tokens") is not None:
-                    self.tb.scalars({f"{split}_by_tokens/loss": logs[key]}, int(logs["tokens"]))
-                    if logs.get("elapsed_s") is not None:
-                        self.tb.scalars({f"{split}_by_time_ms/loss": logs[key]}, int(logs["elapsed_s"] * 1000))
+                point = {"loss": logs.get(key), "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")}
+                for tag, value, step in curve_scalars(split, point):
+                    self.tb.scalars({tag: value}, step)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.tb:  # closed by close(), after the final evaluation (which logs after on_train_end)
