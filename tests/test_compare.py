@@ -158,8 +158,10 @@ def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_h
     # the same curves in TensorBoard, under a run's tags, beside hfscale's runs
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = hfscale("import-logs", log, "--out", tmp_path / "tb")
-    assert proc.returncode == 0, proc.stderr
+    for _ in range(2):  # imported again: the events are replaced, not doubled
+        proc = hfscale("import-logs", log, "--out", tmp_path / "tb")
+        assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "tb" / log.stem).glob("events.out.tfevents.*"))) == 1
     events = EventAccumulator(str(tmp_path / "tb" / log.stem))
     events.Reload()
 

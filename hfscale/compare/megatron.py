@@ -330,6 +330,8 @@ def write_tensorboard(run_dir: Path, record: Results) -> None:
     eval/loss, ...): `tensorboard --logdir runs/` overlays it on hfscale's runs by step, tokens and time."""
     from ..run.measure import TensorBoardWriter
 
+    for old in run_dir.glob("events.out.tfevents.*"):  # an earlier import of the same log: replaced, not doubled
+        old.unlink()
     if not record.loss_history and not record.eval_history:
         return
     cfg = record.config
