@@ -7,6 +7,7 @@ rename it over the target, so a reader sees the old version or the new one, neve
 import json
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,16 +85,35 @@ def check_writable_file(path, flag: str) -> None:
     check_writable_dir(Path(path).expanduser().absolute().parent, flag, _named=path)
 
 
+def current_umask() -> int:
+    """The process's file-creation mask, read without changing it (Linux's /proc), else by setting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: Path):
     """Yield a temporary path beside `path`; write it inside the block; it replaces `path` when the block succeeds
-    and is removed when it fails."""
+    and is removed when it fails. The file gets the mode a plain open() would give it: the one it had, else 0666 less
+    the umask (mkstemp's 0600 would hide results, reports and markers from the rest of a team on a shared cluster)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
     os.close(fd)
     try:
         yield Path(tmp)
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~current_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
