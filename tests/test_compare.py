@@ -175,6 +175,11 @@ def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_h
     assert scalars("train_by_time_ms/loss") == [(int(p["elapsed_s"] * 1000), p["loss"]) for p in losses]
     assert scalars("eval/perplexity") == [(p["step"], p["perplexity"]) for p in evals]
     assert scalars("eval_by_tokens/loss") == [(p["tokens"], p["loss"]) for p in evals]
+    from hfscale.compare.megatron import thinned
+
+    points = list(range(12_001))  # a long log's curve in TensorBoard: every 3rd point and the last, ~4,000
+    assert thinned(points, 5000) == list(range(0, 12_001, 3)) and thinned(points[:-1], 5000)[-1] == 11_999
+    assert thinned(points[:5000], 5000) == points[:5000]
     # without a stated log interval, a launch's first line counts the steps between its first two lines
     bare = tmp_path / "bare" / log.name
     bare.parent.mkdir()
