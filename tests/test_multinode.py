@@ -91,6 +91,14 @@ def test_the_script_expands_the_machine_rank_on_each_node():
                  "#SBATCH --job-name=hfscale-zero3-bloom-7b1"):
         assert line in text.splitlines()
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    # no --cpus_per_task: the cluster's default for a task, said once
+    assert "warning: no --cpus_per_task: each node's launcher and its 8 processes" in gen.stderr
+    # given, srun asks for it too: since Slurm 22.05 it does not inherit #SBATCH --cpus-per-task
+    gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--cpus_per_task", 64, "--dry-run", "--", "--strategy", "zero3")
+    assert gen.returncode == 0 and gen.stderr == "", gen.stderr
+    assert "#SBATCH --cpus-per-task=64" in gen.stdout.splitlines()
+    assert next(line for line in gen.stdout.splitlines() if line.startswith("srun ")).startswith(
+        "srun --ntasks-per-node=1 --cpus-per-task=64 --kill-on-bad-exit=1 bash -c ")
 
 
 @pytest.mark.parametrize("status,requeued", [("stopped", True), ("ok", False), ("fail", False), (None, False)])
