@@ -242,6 +242,9 @@ def test_every_process_gets_its_share_of_the_cpus_whatever_the_strategy(tmp_path
     environ = {}
     share_the_cpus(["--num_processes", "16", "--num_machines=2", "train.py", "--num_processes", "1"], environ)
     assert environ == {"OMP_NUM_THREADS": str(cpu_threads_per_process(cpus, 8))}
+    malformed = {}
+    share_the_cpus(["--num_processes", "two", "train.py"], malformed)
+    assert malformed == {}  # left to accelerate's parser to refuse
     mine = {"OMP_NUM_THREADS": "3"}
     share_the_cpus(["--num_processes", "1", "train.py"], mine)
     assert mine == {"OMP_NUM_THREADS": "3"}

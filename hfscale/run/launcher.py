@@ -37,8 +37,11 @@ def share_the_cpus(argv: list[str], environ: dict) -> None:
     `--cpu` runs and DeepSpeed's --bind_cores_to_rank."""
     if "OMP_NUM_THREADS" in environ:
         return
-    processes = int(launcher_flag(argv, "--num_processes") or 1)
-    machines = int(launcher_flag(argv, "--num_machines") or 1)
+    try:
+        processes = int(launcher_flag(argv, "--num_processes") or 1)
+        machines = int(launcher_flag(argv, "--num_machines") or 1)
+    except ValueError:  # accelerate's own parser says what is wrong with them
+        return
     environ["OMP_NUM_THREADS"] = str(cpu_threads_per_process(len(os.sched_getaffinity(0)), processes // machines))
 
 
