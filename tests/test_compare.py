@@ -188,6 +188,23 @@ def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_h
     assert again["loss_history"][0]["elapsed_s"] == 5 * 2.0
 
 
+@pytest.mark.parametrize("said", ["throughput per GPU (TFLOP/s/GPU): {:.1f}", "TFLOPs: {:.2f}"],
+                         ids=["megatron-lm", "megatron-deepspeed"])
+def test_the_logs_own_tflops_are_averaged_over_the_measured_iterations_and_noted(tmp_path, said):
+    """Megatron's own TFLOPs per GPU (its formula, not BigScience's) beside the table's: averaged over the iterations
+    the speed is (the first of each launch left out), named in the Notes."""
+    lines = [_iteration(step, ms, loss) + f" {said.format(tflops)} |"
+             for step, ms, loss, tflops in ((10, 900.0, 9.0, 300.0), (20, 700.0, 8.0, 400.0), (30, 700.0, 7.5, 410.0))]
+    log = tmp_path / "61B-megatron-pp16-dp-1.out"
+    log.write_text("\n".join(lines) + "\n")
+    record = imported(log, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
+    assert record["perf"]["tflops_per_gpu_reported"] == pytest.approx(405.0)
+    proc = hfscale("import-logs", log, "--out", tmp_path / "out")
+    assert proc.returncode == 0 and "the log says 405.0 TFLOPs/GPU" in proc.stdout, proc.stdout + proc.stderr
+    assert imported(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)[
+        "perf"]["tflops_per_gpu_reported"] is None  # a log that prints none: nothing made up
+
+
 def test_a_restart_on_other_sizes_measures_only_the_launches_from_it_with_a_warning(tmp_path):
     log = tmp_path / GOOD_LOG.name
     resized = ["using world size: 32, data-parallel-size: 2, tensor-model-parallel size: 1, pipeline-model-parallel "

@@ -42,6 +42,9 @@ GRAD_NORM = re.compile(r"grad norm:\s*" + NUMBER)
 # validation set | ..."; the test set's lines are left out)
 VALIDATION = re.compile(r"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*" + NUMBER)
 PERPLEXITY = re.compile(r"lm loss PPL:\s*" + NUMBER)
+# the log's own TFLOPs per GPU, by its own formula: Megatron-LM's "throughput per GPU (TFLOP/s/GPU): 412.3",
+# Megatron-DeepSpeed's "TFLOPs: 123.45"
+REPORTED_TFLOPS = re.compile(r"(?:throughput per GPU \(TFLOP/s/GPU\)|TFLOPs):\s*" + NUMBER)
 NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE) for key in ("mbs", "gas", "pp", "dp", "tp")}
 NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
@@ -161,13 +164,14 @@ def parse_launch(text: str) -> dict:
             events.append(("iteration", {"step": int(step.group(1)) if step else None, "s": float(time.group(1)) / 1000,
                                          "gbs": int(batch.group(1)) if batch else None, "loss": _number(LM_LOSS, line),
                                          "grad_norm": _number(GRAD_NORM, line), "lr": _number(LEARNING_RATE, line),
-                                         "samples": int(consumed.group(1)) if consumed else None}))
+                                         "samples": int(consumed.group(1)) if consumed else None,
+                                         "tflops": _number(REPORTED_TFLOPS, line)}))
         elif validation and "test" not in line:
             events.append(("eval", {"step": int(validation.group(1)), "loss": float(validation.group(2)),
                                     "perplexity": _number(PERPLEXITY, line)}))
     iterations = [e for kind, e in events if kind == "iteration"]
     return {"iteration_s": [e["s"] for e in iterations], "iteration_gbs": [e["gbs"] for e in iterations],
-            "events": events, "header": parse_header(text)}
+            "iterations": iterations, "events": events, "header": parse_header(text)}
 
 
 def parse_log(text: str) -> dict:
@@ -301,16 +305,16 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))
     # a ramp-up: only iterations at the final global batch size are the run's speed (per-line GBS when logged); the
     # first of each launch carry its start-up
-    at_final = [[t for t, b in zip(launch["iteration_s"], launch["iteration_gbs"]) if b in (None, gbs)]
-                for launch in launches]
-    measured = [t for times in at_final for t in times[skip_first:]] or [t for times in at_final for t in times]
+    at_final = [[e for e in launch["iterations"] if e["gbs"] in (None, gbs)] for launch in launches]
+    measured = [e for its in at_final for e in its[skip_first:]] or [e for its in at_final for e in its]
     if not measured:
         record.status, record.error = ("OOM", log["oom"][:300]) if log["oom"] else (
             "fail", "no 'elapsed time per iteration' line in the log")
         return record
     if not gbs:
         raise HfscaleError(f"{path.name}: no global batch size in the log or MBS/GAS in the name; rename or pass them")
-    s_per_iter = sum(measured) / len(measured)
+    s_per_iter = sum(e["s"] for e in measured) / len(measured)
+    reported = [e["tflops"] for e in measured if e["tflops"] is not None]
     tokens_per_s = gbs * seq / s_per_iter
     days, gpu_days = days_to_train(token_budget, tokens_per_s, world)
     record.status = "ok"
@@ -321,7 +325,9 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                              days_to_budget=days, gpu_days_to_budget=gpu_days,
                              extra={"iterations_averaged": len(measured),
                                     "iterations_skipped": len(log["iteration_s"]) - len(measured),
-                                    "launches": len(log["launches"])})
+                                    "launches": len(log["launches"]),
+                                    # the log's own figure over the same iterations (None: it prints none)
+                                    "tflops_per_gpu_reported": sum(reported) / len(reported) if reported else None})
     return record
 
 
