@@ -132,9 +132,9 @@ def test_a_log_appended_by_a_restart_skips_each_launchs_start_up_and_keeps_the_l
     assert [(p["step"], p["loss"]) for p in record["loss_history"]] == [
         (10, 10.91), (20, 9.84), (30, 8.97), (40, 8.5), (50, 8.1), (60, 7.9)]
     assert record["config"]["world_size"] == 16
-    out = tmp_path / "out"
-    proc = hfscale("import-logs", log, "--out", out)
-    assert proc.returncode == 0 and "6 iterations of 2 launches" in proc.stdout, proc.stdout + proc.stderr
+    if header:  # the row's Notes, through the command once
+        proc = hfscale("import-logs", log, "--out", tmp_path / "out")
+        assert proc.returncode == 0 and "6 iterations of 2 launches" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_has(tmp_path):
@@ -199,8 +199,9 @@ def test_the_logs_own_tflops_are_averaged_over_the_measured_iterations_and_noted
     log.write_text("\n".join(lines) + "\n")
     record = imported(log, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
     assert record["perf"]["tflops_per_gpu_reported"] == pytest.approx(405.0)
-    proc = hfscale("import-logs", log, "--out", tmp_path / "out")
-    assert proc.returncode == 0 and "the log says 405.0 TFLOPs/GPU" in proc.stdout, proc.stdout + proc.stderr
+    if said.startswith("TFLOPs"):  # the row's Notes, through the command once
+        proc = hfscale("import-logs", log, "--out", tmp_path / "out")
+        assert proc.returncode == 0 and "the log says 405.0 TFLOPs/GPU" in proc.stdout, proc.stdout + proc.stderr
     assert imported(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)[
         "perf"]["tflops_per_gpu_reported"] is None  # a log that prints none: nothing made up
 
