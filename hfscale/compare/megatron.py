@@ -364,7 +364,8 @@ def thinned(points: list, limit: int = TENSORBOARD_POINTS) -> list:
 
 def main(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale import-logs", description="Turn Megatron-LM/Megatron-DeepSpeed logs into "
-                            "report rows (one results.json per log under --out).")
+                            "report rows: one results.json and TensorBoard events per log under --out (launchers' line prefixes and "
+                            "logs several launches appended to are read as such).")
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("runs/megatron"), help="default runs/megatron")
     parser.add_argument("--gpus", type=int, help="total GPUs (default TP x PP x DP from the file name)")
