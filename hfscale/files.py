@@ -36,10 +36,10 @@ LOCK = "_hfscale.lock"  # `_*`: the Trainer's push_to_hub leaves it out
 
 
 @contextmanager
-def exclusive_dir(path, flag: str):
-    """Hold `path/_hfscale.lock` for the block: while it is held, a second run into the same folder is refused in one
-    line naming the holder. The kernel drops the lock of a process that dies however it dies, so a crashed run never
-    keeps its folder from the run that resumes it. The lock file goes with the block, and the folder too when the block
+def exclusive_dir(path, flag: str, what: str = "run"):
+    """Hold `path/_hfscale.lock` for the block: while it is held, a second run (or sweep, tune, parity check: `what`)
+    into the same folder is refused in one line naming the holder. The kernel drops the lock of a process that dies
+    however it dies, so a crashed run never keeps its folder from the run that resumes it. The lock file goes with the block, and the folder too when the block
     created it and left nothing in it (a run refused before it wrote anything). flock: NFSv4 and Lustre carry it across
     nodes; on a file system without locks nothing is refused."""
     import fcntl
@@ -55,10 +55,10 @@ def exclusive_dir(path, flag: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
+            holder = os.read(fd, 512).decode(errors="replace").strip() or "process"
             os.close(fd)
-            raise HfscaleError(f"{flag} {path} is in use by a running run ({holder}); wait for it to end, or choose "
-                               "another folder") from None
+            raise HfscaleError(f"{flag} {path} is in use by a running {holder}; wait for it to end, or choose another "
+                               "folder") from None
         except OSError:  # no locks on this file system (ENOLCK, EINVAL)
             pass
         try:  # the file we locked is still the one at `lock` (the holder before us removes it as it lets go)
@@ -69,7 +69,8 @@ def exclusive_dir(path, flag: str):
         os.close(fd)
     try:
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        os.write(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()}, since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')})".encode())
         yield
     finally:
         lock.unlink(missing_ok=True)  # before the lock is let go: whoever takes it next creates a new file

@@ -146,6 +146,35 @@ def test_the_console_script_refuses_in_one_line_too(case, tmp_path):
     _check_refused(run([sys.executable, "-m", "hfscale", "train", *flags, "--output_dir", str(out)]), expected, out)
 
 
+@pytest.mark.parametrize("command", [
+    ["sweep", "--strategy", "ddp", "--num_processes", "1", "--", "--model", "tiny", "--max_steps", "1"],
+    ["tune", "--model", "tiny", "--num_processes", "1", "--", "--max_steps", "1"],
+    ["parity", "--strategy", "zero1", "--max_steps", "1", "--", "--model", "tiny"]], ids=lambda c: c[0])
+def test_a_sweep_tune_or_parity_into_a_folder_in_use_is_refused_before_it_launches(tmp_path, command):
+    """Two sweeps (tunes, parity checks) into one --out recorded each other's runs: the second wrote its outcome over
+    the first's running results.json and truncated its launch log. The one that comes second is refused, naming
+    what holds the folder; the holder's files are untouched."""
+    import subprocess
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "sweep.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom hfscale.files import exclusive_dir\n"
+                               f"with exclusive_dir({str(busy)!r}, '--out', 'sweep'):\n    print('held', flush=True)\n"
+                               "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p.name: p.read_bytes() for p in busy.iterdir()}
+        proc = run([sys.executable, "-m", "hfscale", command[0], "--out", str(busy), *command[1:]], timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert f"--out {busy} is in use by a running sweep (pid {holder.pid} on " in lines[0], lines
+        assert {p.name: p.read_bytes() for p in busy.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_folder_in_use_by_a_running_run_is_refused_and_a_late_refusal_leaves_no_folder(tmp_path):
     """Rank 0 holds its --output_dir for the run (files.exclusive_dir): a second run into it (the same command started
     twice, a requeued job while the first still runs) is refused in one line, the first run's files untouched. A

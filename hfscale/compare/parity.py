@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text, check_writable_dir
+from ..files import atomic_write_text, check_writable_dir, exclusive_dir
 from ..flags import comma_list, positive, refuse_renamed
 from ..launch import finished_status, flag_value, run_training, split_train_args
 from ..parallel.optimizers import get_optimizer
@@ -186,13 +186,14 @@ def main(argv: list[str]) -> int:
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
     check_writable_dir(opts.out, "--out")
-    comparisons = run_parity(strategies, steps=opts.max_steps, nproc=opts.num_processes, fixed=fixed, out=opts.out,
-                             tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)
-    text = table(comparisons, opts.tolerance)
-    atomic_write_text(opts.out / "parity.md", text)
-    atomic_write_text(opts.out / "parity.json", json.dumps({"tolerance": opts.tolerance, "steps": opts.max_steps,
-                                                            "nproc": opts.num_processes, "train_args": fixed,
-                                                            "comparisons": [asdict(c) for c in comparisons]}, indent=2) + "\n")
+    with exclusive_dir(opts.out, "--out", "parity check"):  # another one into it would launch into the same run folders
+        comparisons = run_parity(strategies, steps=opts.max_steps, nproc=opts.num_processes, fixed=fixed, out=opts.out,
+                                 tolerance=opts.tolerance, lossy_tolerance=opts.lossy_tolerance, timeout=opts.timeout)
+        text = table(comparisons, opts.tolerance)
+        atomic_write_text(opts.out / "parity.md", text)
+        atomic_write_text(opts.out / "parity.json", json.dumps(
+            {"tolerance": opts.tolerance, "steps": opts.max_steps, "nproc": opts.num_processes, "train_args": fixed,
+             "comparisons": [asdict(c) for c in comparisons]}, indent=2) + "\n")
     print(text)
     failed = [c.strategy for c in comparisons if c.verdict in ("FAIL", "error")]
     judged = [c for c in comparisons if c.verdict != "info"]

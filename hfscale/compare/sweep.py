@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text, check_writable_dir, load_yaml
+from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed
 from ..launch import STATUSES, STOPPED, RunSpec, run_one, split_train_args
 from ..parallel.optimizers import OPTIMIZERS
@@ -164,7 +164,8 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
 def main(argv: list[str]) -> None:
     spec, opts = parse_sweep(argv)
     check_writable_dir(spec.out, "--out")
-    rows = run_sweep(spec, retry_failed=opts.retry_failed)
+    with exclusive_dir(spec.out, "--out", "sweep"):  # a second sweep into it would record its runs over this one's
+        rows = run_sweep(spec, retry_failed=opts.retry_failed)
     counts = {s: sum(r["status"] == s for r in rows) for s in (*STATUSES, STOPPED)}
     print(f"sweep {spec.out}: {len(rows)} runs · " + " · ".join(f"{n} {s}" for s, n in counts.items() if n))
     for row in rows:

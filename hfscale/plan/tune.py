@@ -29,7 +29,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
-from ..files import atomic_write_text, check_writable_dir, load_yaml
+from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, positive, refuse_renamed
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
@@ -235,6 +235,12 @@ def main(argv: list[str]) -> int:
         opts.num_processes = default_num_processes()
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
     check_writable_dir(opts.out, "--out")
+    with exclusive_dir(opts.out, "--out", "tune"):  # a second tune into it would record its trials over this one's
+        return tune(opts, fixed)
+
+
+def tune(opts, fixed: list[str]) -> int:
+    """Plan the candidates, run the ones the estimate lets through, rank them, hand back the winner."""
     cands, shape, seq = candidates(opts, fixed)
     check_something_runs(cands, opts)
     flags = [*model_flags(opts), "--seq_len", str(seq), *(["--bf16"] if opts.bf16 else []),
