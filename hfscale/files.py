@@ -39,15 +39,16 @@ LOCK = "_hfscale.lock"  # `_*`: the Trainer's push_to_hub leaves it out
 def exclusive_dir(path, flag: str, what: str = "run"):
     """Hold `path/_hfscale.lock` for the block: while it is held, a second run (or sweep, tune, parity check: `what`)
     into the same folder is refused in one line naming the holder. The kernel drops the lock of a process that dies
-    however it dies, so a crashed run never keeps its folder from the run that resumes it. The lock file goes with the block, and the folder too when the block
-    created it and left nothing in it (a run refused before it wrote anything). flock: NFSv4 and Lustre carry it across
-    nodes; on a file system without locks nothing is refused."""
+    however it dies, so a crashed run never keeps its folder from the run that resumes it. The lock file goes with the
+    block, and the folder too (with the parents it had to make) when the block created it and left nothing in it (a
+    run refused before it wrote anything). flock: NFSv4 and Lustre carry it across nodes; on a file system without
+    locks nothing is refused."""
     import fcntl
     import socket
     import time
 
     path = Path(path)
-    created = not path.exists()
+    created = [p for p in (path, *path.parents) if not p.exists()]  # this folder, and its parents it has to make
     path.mkdir(parents=True, exist_ok=True)
     lock = path / LOCK
     while True:
@@ -75,8 +76,10 @@ def exclusive_dir(path, flag: str, what: str = "run"):
     finally:
         lock.unlink(missing_ok=True)  # before the lock is let go: whoever takes it next creates a new file
         os.close(fd)
-        if created and not any(path.iterdir()):
-            path.rmdir()
+        for folder in created:  # innermost first; one still holding something stops it
+            if any(folder.iterdir()):
+                break
+            folder.rmdir()
 
 
 def check_writable_file(path, flag: str) -> None:

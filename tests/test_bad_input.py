@@ -315,6 +315,7 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
+    (["import-logs", "."], ". is a directory, not a log file"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
     (["report", ".", "--target_loss", "nan"], "--target_loss must be a positive, finite loss, got nan"),
     (["report", ".", "--target_loss", "-1"], "--target_loss must be a positive, finite loss, got -1.0"),

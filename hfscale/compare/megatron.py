@@ -263,6 +263,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     from the log's header, else 2048 / on (the BigScience runs' settings). Warnings are appended to `warnings`."""
     path = Path(path)
     warnings = [] if warnings is None else warnings
+    if path.is_dir():
+        raise HfscaleError(f"{path} is a directory, not a log file")
     if not path.is_file():
         raise HfscaleError(f"{path}: log file not found")
     name = parse_name(path.name)
