@@ -175,14 +175,12 @@ def parse_launch(text: str) -> dict:
 
 
 def parse_log(text: str) -> dict:
-    """Every launch in the log (`launches`, each its header and iterations), and the whole log's: iterations in
-    order, the first launch's header, the final global batch size."""
+    """Every launch in the log (`launches`, each its header and iterations), the whole log's iteration times in order,
+    the first launch's header, and its out-of-memory line if any."""
     launches = [parse_launch(part) for part in split_launches(text)]
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
-    batches = [b for launch in launches for b in launch["iteration_gbs"]]
-    return {"iteration_s": [t for launch in launches for t in launch["iteration_s"]], "iteration_gbs": batches,
-            "launches": launches, "global_batch_size": next((b for b in reversed(batches) if b), None), "oom": oom,
-            "header": launches[0]["header"]}
+    return {"iteration_s": [t for launch in launches for t in launch["iteration_s"]], "launches": launches,
+            "oom": oom, "header": launches[0]["header"]}
 
 
 def histories(launches: list[dict], seq_len: int, log_interval: int | None) -> tuple[list[dict], list[dict]]:
