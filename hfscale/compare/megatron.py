@@ -166,7 +166,7 @@ def parse_launch(text: str) -> dict:
                                          "grad_norm": _number(GRAD_NORM, line), "lr": _number(LEARNING_RATE, line),
                                          "samples": int(consumed.group(1)) if consumed else None,
                                          "tflops": _number(REPORTED_TFLOPS, line)}))
-        elif validation and "test" not in line:
+        elif validation and not re.search(r"\btest (?:set|data)\b", line):
             events.append(("eval", {"step": int(validation.group(1)), "loss": float(validation.group(2)),
                                     "perplexity": _number(PERPLEXITY, line)}))
     iterations = [e for kind, e in events if kind == "iteration"]
