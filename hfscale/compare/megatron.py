@@ -169,9 +169,8 @@ def parse_launch(text: str) -> dict:
         elif validation and not re.search(r"\btest (?:set|data)\b", line):
             events.append(("eval", {"step": int(validation.group(1)), "loss": float(validation.group(2)),
                                     "perplexity": _number(PERPLEXITY, line)}))
-    iterations = [e for kind, e in events if kind == "iteration"]
-    return {"iteration_s": [e["s"] for e in iterations], "iteration_gbs": [e["gbs"] for e in iterations],
-            "iterations": iterations, "events": events, "header": parse_header(text)}
+    return {"iterations": [e for kind, e in events if kind == "iteration"], "events": events,
+            "header": parse_header(text)}
 
 
 def parse_log(text: str) -> dict:
@@ -179,7 +178,7 @@ def parse_log(text: str) -> dict:
     the first launch's header, and its out-of-memory line if any."""
     launches = [parse_launch(part) for part in split_launches(text)]
     oom = next((line.strip() for line in text.splitlines() if any(m in line for m in OOM_MARKERS)), None)
-    return {"iteration_s": [t for launch in launches for t in launch["iteration_s"]], "launches": launches,
+    return {"iteration_s": [e["s"] for launch in launches for e in launch["iterations"]], "launches": launches,
             "oom": oom, "header": launches[0]["header"]}
 
 
@@ -287,7 +286,7 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     ckpt = True if ckpt is None else ckpt  # the BigScience runs recomputed activations
     mbs = _pick("mbs", header, name, None, path, warnings)
     gas = name.get("gas")
-    final = next((b for launch in reversed(launches) for b in reversed(launch["iteration_gbs"]) if b), None)
+    final = next((e["gbs"] for launch in reversed(launches) for e in reversed(launch["iterations"]) if e["gbs"]), None)
     gbs = final or header.get("gbs") or (mbs * gas * dp if mbs and gas else None)
     if gbs and mbs and gas is None:
         gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
