@@ -164,11 +164,12 @@ def test_sections_are_chosen_before_anything_runs(monkeypatch, capsys, tmp_path)
 def lease_sections(script) -> list[tuple[str, list[str]]]:
     """The `suite NAME ARGS` sections of a lease script, each deadline `$(left N)` read as N."""
     text = script.read_text().replace("\\\n", " ")
-    return [(words[1], words[2:]) for line in text.splitlines() if line.startswith("suite ")
+    sections = [re.sub(r"^(\w+=\S+ )*", "", line) for line in text.splitlines()]  # an environment put first
+    return [(words[1], words[2:]) for line in sections if line.startswith("suite ")
             for words in [shlex.split(re.sub(r"\$\(left (\d+)\)", r"\1", line), comments=True)]]
 
 
-@pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh"])
+@pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh", "gpu_call_offload.sh"])
 def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
     """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
     Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than
@@ -183,3 +184,35 @@ def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
         assert opts.budget_s != default, f"{name}: no deadline"
         deadlines.append(opts.budget_s)
     assert deadlines == sorted(set(deadlines)) and deadlines[-1] < 560
+
+
+def test_an_in_process_item_gives_the_device_back_before_the_runs_after_it(monkeypatch):
+    """The suite steps the hand-written reference (and the grid's points) in its own process, then launches runs in
+    others: on one H100 the 1.3B runs after a 1.3B reference ran out of memory beside the 35-55 GB the suite's process
+    still reserved - freed tensors stay in torch's caching allocator until empty_cache. On a (faked) CUDA device
+    release_device hands them back; on a CPU there is nothing to hand back."""
+    import torch
+
+    suite, emptied = _suite(), []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    suite.release_device("cpu")
+    assert emptied == []
+    suite.release_device("cuda:0")
+    assert emptied == [True]
+
+
+def test_a_failed_run_is_kept_out_of_the_hand_written_ratios():
+    """A run that failed (out of memory) is recorded with its error and no step: the ratios skip it instead of stopping
+    the suite (2026-11-26: a KeyError there ended two sections of an H100 lease)."""
+    suite = _suite()
+    report = {"references": [{"reference": "by hand", "compiled": True, "tokens_per_s": 100.0,
+                              "per_device_train_batch_size": 8, "vocab": 50257}],
+              "runs": [{"run": "ddp-adamw-compiled-mbs2x", "status": "fail", "error": "OutOfMemoryError"},
+                       {"run": "ddp-adamw-compiled", "status": "ok", "strategy": "ddp", "optim": "adamw",
+                        "compiled": True, "variant": "", "tokens_per_s": 97.0, "s_per_iter": 0.08, "tflops_per_gpu": 1.0,
+                        "mfu": None, "estimate_allocated_gb": 1.0, "device_allocated_gb": 1.0,
+                        "plan": {"per_device_train_batch_size": 8, "vocab": 50257}}]}
+    suite.hand_written_ratios(report, 1)
+    assert report["runs"][1]["hand_written_ratio"] == 0.97 and "hand_written_ratio" not in report["runs"][0]
+    assert "| ddp-adamw-compiled-mbs2x | fail" in suite.markdown({**report, "machine": "GPU", "date": "today",
+                                                                   "command": "c", "grid": [], "skipped": []})
