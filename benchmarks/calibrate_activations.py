@@ -11,7 +11,7 @@ checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
-    python benchmarks/calibrate_activations.py --fit benchmarks/results/h100_2026-11-23/cuda_activations.jsonl
+    python benchmarks/calibrate_activations.py --fit benchmarks/results/h100_*/cuda_activations.jsonl
     python benchmarks/calibrate_activations.py --forward fused --modes gpt2/sdpa/autocast_bf16/0   # the fused loss
                                                                       # against its estimate (no fit)
 """
@@ -102,6 +102,21 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
               f"peak {r['peak'] / peak:.2f}")
 
 
+def without_kv_cache(row: dict) -> dict:
+    """A row measured with transformers' KV cache (the H100 grid of 2026-11-23, from before run/forward.py: rows
+    without a "kv_cache" key kept it) in the terms of hfscale's training step, which keeps none: the cache's bytes
+    (memory.kv_cache_bytes) taken off what it kept and off its peak."""
+    if not row.get("kv_cache", True) or "error" in row:
+        return row
+    from hfscale.formulas.memory import kv_cache_bytes
+    from hfscale.formulas.metrics import ModelShape
+
+    family = row["mode"].split("/")[0]
+    shape = ModelShape(family, row["n_layer"], row["hidden"], row["heads"], row["vocab"], max(row["seq"], 256))
+    cache = kv_cache_bytes(shape, row["seq"], row["mbs"], "/".join(row["mode"].split("/")[:4]))
+    return {**row, "activations": row["activations"] - cache, "peak": row["peak"] - cache, "kv_cache": False}
+
+
 def fit_rows(rows: list[dict]) -> dict:
     """Least-squares coefficients per mode from measured rows ({"mode", n_layer, hidden, heads, vocab, seq, mbs,
     activations, peak}), and the recompute term of checkpointing: what a recomputed block's backward adds beyond its
@@ -112,13 +127,15 @@ def fit_rows(rows: list[dict]) -> dict:
     sys.path.insert(0, str(REPO))
     from hfscale.formulas.memory import activation_features
 
+    rows = [without_kv_cache(r) for r in rows]  # every row in the terms of hfscale's training step
+
     def features(r):
         return activation_features(r["n_layer"], r["hidden"], r["heads"], r["vocab"], r["seq"], r["mbs"])
 
     others = [r for r in rows if r.get("fused_loss") or r["mode"].split("/")[4:] == ["1"]]
     report_other_rows(others)
     rows = [r for r in rows if r not in others]  # the coefficients are the eager, unfused step's
-    table, recompute = {}, []
+    table, quality, peaks, recompute, set_aside = {}, {}, {}, {}, []
     modes = sorted({"/".join(r["mode"].split("/")[:4]) for r in rows})
     for mode in modes:
         mine = [r for r in rows if r["mode"].startswith(mode + "/") or r["mode"] == mode]
@@ -126,23 +143,74 @@ def fit_rows(rows: list[dict]) -> dict:
             print(f"{mode:28s} {len(mine)} row(s): too few to fit 6 coefficients, left to the estimate's fallback")
             continue
         X, y = np.array([features(r) for r in mine], float), np.array([r["activations"] for r in mine], float)
+        if mode.split("/")[1] == "sdpa":  # SDPA's kernels keep no b·a·s² matrix (0.005 in every unfolded fit): a column
+            X[:, 1] = 0               # left free only makes the fit unstable where heads vary in one shape alone
+        coef, outlier, worst, loo = fit_mode(X, y)
+        if outlier is not None:
+            set_aside.append(mine[outlier])
+            print(f"{mode:28s} set aside (its mode's other rows agree, it does not): {mine[outlier]}")
+        table[mode] = [round(float(c), 3) for c in coef]
+        quality[mode] = (worst, loo)
+        print(f"{mode:28s} {table[mode]}  worst fit {worst:.1%}, leave-one-out {loo:.1%}")
+    for mode in table:  # the recompute term of each checkpointed mode, against every peak of the mode
+        if mode.endswith("/1") and mode[:-1] + "0" in table:
+            mine = [r for r in rows if r["mode"].startswith(mode + "/") and r not in set_aside]
+            recompute[mode], peaks[mode] = recompute_term(mine, table[mode], table[mode[:-1] + "0"], features)
+    print(f"recompute term, bytes per b·s·h: {recompute}; its worst peak error: {peaks}")
+    print("\nACTIVATION_COEFFICIENTS[device] = {")
+    for mode, coef in table.items():
+        print(f"    {mode!r}: {tuple(coef)},")
+    print("}")
+    return {"coefficients": table, "quality": quality, "recompute_bytes": recompute, "peak_error": peaks, "set_aside": set_aside}
+
+
+def recompute_term(rows: list[dict], coef, full, features) -> tuple[float, tuple]:
+    """What a checkpointed backward holds beyond one recomputed block's activations, bytes per b·s·h: the value
+    (0-150, 0.1 apart) whose estimated peaks - the fitted kept plus the larger of the logits' gradients and the block
+    with that term, as memory.activations computes them - miss the mode's measured peaks by the least at worst; where
+    the logits set every peak, the largest that leaves them so. Returns it and its worst peak error."""
+    from hfscale.formulas.memory import LOGITS_PEAK_COPIES
+
+    def worst(term: float) -> float:
+        errors = []
+        for r in rows:
+            b, s, h, a, v = r["mbs"], r["seq"], r["hidden"], r["heads"], r["vocab"]
+            kept = sum(c * x for c, x in zip(coef, features(r)))
+            block = (full[0] + term) * b * s * h + full[1] * b * a * s * s
+            errors.append(abs(kept + max(LOGITS_PEAK_COPIES * 4 * b * s * v, block) - r["peak"]) / r["peak"])
+        return max(errors)
+
+    misses = [(round(worst(t / 10), 4), t / 10) for t in range(1501)]
+    best = min(m for m, _ in misses)
+    term = max(t for m, t in misses if m <= best)
+    return term, best
+
+
+def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
+    """(coefficients, the row set aside or None, worst in-sample error, worst leave-one-out error) of one mode's rows.
+    A row is set aside - at most one per mode, and named - when the fit of the mode's other rows misses it by more than
+    `tolerance` while those rows predict each other within `agreement`: one measurement that disagrees with the rest of
+    its mode, not a shape the model cannot describe (two H100 grids measured the same checkpointed shape 0.41 GB apart,
+    one embedding matrix's size in the step's baseline; docs/estimate.md)."""
+    import numpy as np
+
+    def fit(X, y):
         coef = np.linalg.lstsq(X, y, rcond=None)[0]
         loo = [abs(X[i] @ np.linalg.lstsq(np.delete(X, i, 0), np.delete(y, i), rcond=None)[0] - y[i]) / y[i]
-               for i in range(len(mine))]
-        table[mode] = [round(float(c), 3) for c in coef]
-        print(f"{mode:28s} {table[mode]}  worst fit {max(abs(X @ coef - y) / y):.1%}, leave-one-out {max(loo):.1%}")
-    for mode in table:
-        if not mode.endswith("/1") or mode[:-1] + "0" not in table:
-            continue
-        full = table[mode[:-1] + "0"]
-        for r in (r for r in rows if r["mode"].startswith(mode + "/")):
-            b, s, h, a, v = r["mbs"], r["seq"], r["hidden"], r["heads"], r["vocab"]
-            block = full[0] * b * s * h + full[1] * b * a * s * s
-            extra = r["peak"] - r["activations"]
-            if block > 2 * 4 * b * s * v:  # the recomputed block, not the logits, sets this row's peak
-                recompute.append((extra - block) / (b * s * h))
-    print(f"recompute term: {[round(x, 1) for x in recompute]} bytes per b·s·h")
-    return {"coefficients": table, "recompute_bytes": recompute}
+               for i in range(len(y))]
+        return coef, loo
+
+    coef, loo = fit(X, y)
+    outlier = None
+    if max(loo) > tolerance and len(y) > X.shape[1] + 1:
+        rests = [(max(rest_loo), i, rest_coef) for i in range(len(y))
+                 for rest_coef, rest_loo in [fit(np.delete(X, i, 0), np.delete(y, i))]]
+        agree, candidate, rest_coef = min(rests, key=lambda r: r[0])
+        if agree <= agreement and abs(X[candidate] @ rest_coef - y[candidate]) / y[candidate] > tolerance:
+            outlier, coef = candidate, rest_coef
+            X, y = np.delete(X, candidate, 0), np.delete(y, candidate)
+            loo = fit(X, y)[1]
+    return coef, outlier, float(max(abs(X @ coef - y) / y)), float(max(loo))
 
 
 def main() -> None:
@@ -152,11 +220,11 @@ def main() -> None:
     parser.add_argument("--forward", default="training", choices=FORWARDS,
                         help="training: hfscale's (fitted); fused: with --fused_linear_cross_entropy, measured against "
                              "the estimate, not fitted; model: the model's own forward (its KV cache included)")
-    parser.add_argument("--fit", type=Path, help="only fit: the rows of a JSON-lines file measured elsewhere (a GPU: "
-                        "benchmarks/gpu_suite.py writes them), no measuring")
+    parser.add_argument("--fit", type=Path, nargs="+", help="only fit: the rows of JSON-lines files measured elsewhere "
+                        "(a GPU: benchmarks/gpu_suite.py writes them), together, no measuring")
     opts = parser.parse_args()
     if opts.fit:
-        rows = [json.loads(line) for line in opts.fit.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for path in opts.fit for line in path.read_text().splitlines() if line.strip()]
         fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
         return
     import numpy as np

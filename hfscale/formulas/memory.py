@@ -48,10 +48,12 @@ FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator
 # no s x s matrix and autocast keeps other copies), so each device has its own table:
 # - cpu: 7 shapes per mode measured on the 2-core CI machine with hfscale's training forward (no KV cache; torch 2.13,
 #   benchmarks/results/activations_2026-11-25.json);
-# - cuda: 8 shapes per mode measured on one H100, with the KV cache (FITTED_WITH_KV_CACHE; torch 2.11,
-#   benchmarks/results/h100_2026-11-23/cuda_activations.jsonl;
-#   worst fit 0.1%, leave-one-out 0.7%, except checkpointing: 2.4% / 16%). A mode with no CUDA measurement yet falls
-#   back to the CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
+# - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, 13 modes) and
+#   with the KV cache (2026-11-23, 6 modes; memory.kv_cache_bytes taken off each row before the fit),
+#   benchmarks/results/h100_2026-11-2{3,6}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.7%, except
+#   checkpointing with autocast (2% / 4-16%). Two rows disagreed with the rest of their mode and were set aside by the
+#   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
+#   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
                        "weight matrices (autocast saves their bf16 copies)")
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -75,20 +77,30 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
     'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
 },
-    "cuda": {
-        'gpt2/sdpa/fp32/0': (119.987, 0.005, 4.002, 8.264, -0.334, 0.002),
-        'gpt2/sdpa/autocast_bf16/0': (87.969, 0.005, 4.001, 6.366, -0.29, 2.003),
-        'gpt2/sdpa/autocast_bf16/1': (1.224, 0.028, 4.257, 7.024, -1.543, 0.813),
-        'gpt2/sdpa/bf16/0': (59.986, 0.005, 4.004, 4.224, -0.319, 0.003),
-        'gpt2/eager/autocast_bf16/0': (83.941, 6.004, 4.001, 6.2, -0.218, 2.005),
+    "cuda": {  # both H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
+        'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
+        'gpt2/sdpa/fp32/1': (4.008, 0.0, 4.002, 7.843, -0.012, 0.005),
+        'gpt2/sdpa/autocast_bf16/0': (84.046, 0.0, 4.004, 5.955, 0.012, 2.004),
+        'gpt2/sdpa/autocast_bf16/1': (1.5, 0.0, 4.267, 5.075, 0.111, 0.857),
+        'gpt2/sdpa/bf16/0': (56.075, 0.0, 4.006, 3.808, -0.021, 0.003),
+        'gpt2/sdpa/bf16/1': (2.019, 0.0, 4.006, 4.252, -0.263, -0.007),
+        'gpt2/eager/fp32/0': (112.002, 4.002, 4.001, 7.975, -0.124, 0.004),
+        'gpt2/eager/autocast_bf16/0': (83.961, 6.002, 4.001, 6.118, -0.142, 2.005),
+        'gpt2/eager/autocast_bf16/1': (1.224, 0.028, 4.257, 7.024, 2.457, 0.813),
+        'gpt2/eager/bf16/0': (55.982, 2.001, 4.001, 4.037, -0.065, 0.005),
+        'gpt2/eager/bf16/1': (1.985, 0.002, 4.001, 3.971, 1.885, 0.005),
         'bloom/eager/autocast_bf16/0': (36.028, 5.999, 4.0, 10.055, 0.085, 2.002),
     },
 }
 # Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
 # the logits' gradients and one block's full activations plus its backward's gradients, RECOMPUTE_GRADIENT_BYTES per
-# b·s·h element (fitted on CUDA from the measured row where the block, not the logits, sets the peak; the CPU
-# calibration had no such row).
-RECOMPUTE_GRADIENT_BYTES = {"cpu": 0.0, "cuda": 34.1}
+# b·s·h element - per mode on CUDA, the value that misses the mode's measured H100 peaks by the least at worst
+# (calibrate_activations.recompute_term: within 1%, except gpt2/eager/autocast_bf16/1 at 10.6%, whose score gradients
+# one b·s·h term cannot follow); the other modes take the first fit's 34.1. The CPU calibration had no such row.
+RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {"gpt2/eager/autocast_bf16/1": 54.0, "gpt2/eager/bf16/1": 34.7,
+                                                "gpt2/sdpa/autocast_bf16/1": 40.1, "gpt2/sdpa/bf16/1": 7.9,
+                                                "gpt2/sdpa/fp32/1": 28.2}}
+RECOMPUTE_GRADIENT_DEFAULT = {"cpu": 0.0, "cuda": 34.1}
 # torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): the activation peak of
 # a compiled run over the eager estimate, measured on CUDA from two whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
 # benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
@@ -107,10 +119,10 @@ LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and
 # compute dtype's bytes per layer b·s·h (measured on CPU, the fits with and without it: gpt2/sdpa fp32 7.95,
 # autocast_bf16 4.08); eager attention's matmuls copy the keys and values anyway (no difference, 0.04), and under
 # checkpointing transformers turns the cache off. hfscale trains without it (run/forward.py) since 2026-11-25. The
-# devices whose table was fitted on steps that kept it - the H100 rows, measured before - have it taken off (and a
-# step that keeps it, kv_cache=True, has it added where the fit lacks it). A refit on rows measured without the cache
-# (gpu_suite.py's grid now runs hfscale's training forward) takes its device out of this set.
-FITTED_WITH_KV_CACHE = ("cuda",)
+# devices whose table was fitted on steps that kept it have it taken off (and a step that keeps it, kv_cache=True, has it
+# added). None since the CUDA refit of 2026-11-26: the rows measured with it had it taken off before the fit, and the
+# fit then predicted the rows measured without it (1.00 in every unfolded mode).
+FITTED_WITH_KV_CACHE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -557,7 +569,8 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
         full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
         bsh = micro_batch * seq * shape.hidden
-        one_block = (full[0] + RECOMPUTE_GRADIENT_BYTES.get(device, 0.0)) * bsh + full[1] * micro_batch * shape.n_head * seq * seq
+        recompute = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, 0.0))
+        one_block = (full[0] + recompute) * bsh + full[1] * micro_batch * shape.n_head * seq * seq
         peak_extra = max(peak_extra, one_block)
         backward_end = kept - loss_share + one_block
     factor = 1.0
