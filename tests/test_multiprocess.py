@@ -260,6 +260,9 @@ def test_metrics_reach_tensorboard_and_results():
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/grad_norm", "train/lr", "perf/tokens_per_s", "perf/tflops_per_gpu", "perf/mfu"} <= tags
     assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(losses(res), rel=1e-6)
+    # the same loss against tokens and training time, each its own curve though written in one event per log
+    assert [e.step for e in acc.Scalars("train_by_tokens/loss")] == [p["tokens"] for p in res["loss_history"]]
+    assert [e.value for e in acc.Scalars("train_by_time_ms/loss")] == pytest.approx(losses(res), rel=1e-6)
     model = res["model"]
     assert model["params_formula"] == model["params_model"] == model["params_trainable"]
     assert res["perf"]["peak_source"].startswith("measured")  # a CPU never gets a GPU datasheet peak

@@ -271,11 +271,20 @@ class TensorBoardWriter:
         for summary in hparams_summary(self.hparams, {"perf/tokens_per_s": 0.0, "train/loss": 0.0}):
             self.writer.file_writer.add_summary(summary)
 
-    def scalars(self, values: dict, step: int) -> None:
-        for name, value in values.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(name, value, step)
-        self.writer.flush()
+    def scalars(self, values: dict, step: int, flush: bool = True) -> None:
+        """The numbers among `values` at `step`, as one event holding every tag (TensorBoard reads each as its own
+        curve, as from TF1's merged summaries): a logging step's host time is a gap in a GPU's queue, and one event
+        per tag - a protobuf, a queue put and a wake of the writer's thread each - took 0.87 ms for a log's 22 tags
+        on the 2-core CI machine, against 0.26 ms as one event per x value with one flush (on_log)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import scalar
+
+        tags = [value for name, number in values.items() if isinstance(number, (int, float))
+                for value in scalar(name, number).value]
+        if tags:
+            self.writer.file_writer.add_summary(Summary(value=tags), step)
+        if flush:
+            self.writer.flush()
 
     def histories(self, loss_history: list[dict], eval_history: list[dict]) -> None:
         """A finished record's curves under the tags a live run writes (an imported log's: compare/megatron.py)."""
@@ -364,11 +373,14 @@ class MeasureCallback(TrainerCallback):
         if "eval_loss" in logs:
             self.record.add_eval(state.global_step, logs)
         if self.tb and self.is_main:
-            self.tb.scalars(values, state.global_step)
+            by_step = {state.global_step: values}
             for key, split in (("loss", "train"), ("eval_loss", "eval")):  # the same loss against tokens and time
                 point = {"loss": logs.get(key), "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")}
                 for tag, value, step in curve_scalars(split, point):
-                    self.tb.scalars({tag: value}, step)
+                    by_step.setdefault(step, {})[tag] = value
+            for step, tags in by_step.items():  # one event per x value, one wait for the writer's thread per log
+                self.tb.scalars(tags, step, flush=False)
+            self.tb.writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.tb:  # closed by close(), after the final evaluation (which logs after on_train_end)
