@@ -119,9 +119,10 @@ def without_kv_cache(row: dict) -> dict:
 
 def fit_rows(rows: list[dict]) -> dict:
     """Least-squares coefficients per mode from measured rows ({"mode", n_layer, hidden, heads, vocab, seq, mbs,
-    activations, peak}), and the recompute term of checkpointing: what a recomputed block's backward adds beyond its
-    activations, per b·s·h element, from the rows where it - not the logits - sets the peak. Prints the worst error
-    and the worst leave-one-out error of each mode (how far the fit would miss a shape it was not fitted on)."""
+    activations, peak}, with the KV cache taken off rows that kept it), a row that disagrees with the rest of its mode
+    set aside and named (fit_mode), and each checkpointed mode's recompute term: what a recomputed block's backward
+    adds beyond its activations, per b·s·h element (recompute_term). Prints the worst error and the worst
+    leave-one-out error of each mode (how far the fit would miss a shape it was not fitted on), and the table."""
     import numpy as np
 
     sys.path.insert(0, str(REPO))
@@ -164,7 +165,7 @@ def fit_rows(rows: list[dict]) -> dict:
     return {"coefficients": table, "quality": quality, "recompute_bytes": recompute, "peak_error": peaks, "set_aside": set_aside}
 
 
-def recompute_term(rows: list[dict], coef, full, features) -> tuple[float, tuple]:
+def recompute_term(rows: list[dict], coef, full, features) -> tuple[float, float]:
     """What a checkpointed backward holds beyond one recomputed block's activations, bytes per b·s·h: the value
     (0-150, 0.1 apart) whose estimated peaks - the fitted kept plus the larger of the logits' gradients and the block
     with that term, as memory.activations computes them - miss the mode's measured peaks by the least at worst; where
