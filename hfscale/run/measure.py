@@ -142,7 +142,10 @@ class StepMemory:
             return {}
         return {"step_peak_gb": max(p for _, _, p in steps) / GB, "step_delta_gb": max(p - b for _, b, p in steps) / GB,
                 "step_delta_gb_median": sorted(p - b for _, b, p in steps)[len(steps) // 2] / GB,
-                "step_memory_source": "cuda allocator" if self.on_cuda else "VmHWM (process RSS)"}
+                "step_memory_source": "cuda allocator" if self.on_cuda else "VmHWM (process RSS)",
+                # a run of `skip_first` steps or fewer has only steps that create the gradients and optimizer states
+                # inside them: their delta is not the steady step's (memory_line says so rather than compare)
+                "steps_measured": len(steps), "first_steps_only": len(self.steps) <= skip_first}
 
 
 class Meter:
@@ -488,12 +491,15 @@ def memory_line(results) -> str:
     measured_states = max((sum(v or 0 for v in r.values()) for r in ranks), default=None)
     est_states = est.get("model_states", 0) + est.get("host_offload", 0) if est else None
     step = max((r["step_delta_gb"] for r in steps), default=None)
+    first_only = bool(steps) and all(r.get("first_steps_only") for r in steps)
 
     def gb(x, scale=GB):
         return f"{x / scale:.3f}" if isinstance(x, (int, float)) else "n/a"
 
+    measured_step = ("n/a (the run's only step created the gradients and optimizer states: run 2 or more to compare)"
+                     if first_only else f"{gb(step, 1)} GB")
     return (f"  memory per rank, estimated / measured: model states {gb(est_states)} / {gb(measured_states)} GB · "
-            f"step peak above the states {gb(est.get('step_peak', est.get('activation_peak')))} / {gb(step, 1)} GB")
+            f"step peak above the states {gb(est.get('step_peak', est.get('activation_peak')))} / {measured_step}")
 
 
 def print_summary(results) -> None:
