@@ -195,6 +195,9 @@ def test_estimate_command_table_and_json():
     assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
     assert rows["zero3_offload"]["memory"]["host_offload"] > 0 and rows["zero3_offload"]["host_per_node"] > 8 * rows["zero3_offload"]["memory"]["host_offload"]
     assert any("GB = 1e9" in line for line in report["assumptions"])
+    # no GPU has measured BLOOM with checkpointing: the notes say whose activations are the CPU fit's, and which mode
+    assert any(line.startswith("activations of ddp, ddp_powersgd") and "the CPU fit" in line
+               and "no cuda measurement of bloom/eager/autocast_bf16/1" in line for line in report["assumptions"])
     # HSDP on 4 nodes x 8 shards over a node's 8 GPUs: its model states are fsdp's on 8 GPUs, not on 32
     one_node = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "fsdp,fsdp_hybrid",
                     "--optim", "adamw", "--gpus", "8", "--gpus_per_node", "8", "--device", "A100-80GB", "--bf16",
@@ -230,6 +233,18 @@ def test_estimate_command_table_and_json():
     assert accumulating["zero3"]["gradients"] < accumulating["fsdp"]["gradients"] / 4
     # ZeRO-2's busiest rank also holds the whole embedding (14.5% of bloom-7b1, more than a 1/8 slice) that its slice cuts
     assert accumulating["zero2"]["gradients"] < accumulating["fsdp"]["gradients"] / 2
+
+
+def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsys):
+    """GPT-2 with SDPA, compiled on an H100: every strategy's activations come from the CUDA fit (scaled for
+    torch.compile), and the printed notes say so rather than leave the reader to guess."""
+    from hfscale.plan import estimate
+
+    estimate.main(["--model", "gpt2-350m", "--strategy", "ddp,zero2", "--per_device_train_batch_size", "8",
+                   "--seq_len", "1024", "--device", "H100-80GB", "--bf16", "--torch_compile"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- activations of")]
+    assert notes == ["- activations of ddp, zero2: fitted on CUDA measurements, x 0.51 compiled "
+                     "(benchmarks/results/h100_*/cuda_activations.jsonl)"]
 
 
 @pytest.mark.parametrize("argv,expected", [

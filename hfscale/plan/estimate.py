@@ -182,11 +182,27 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
          if opts.tp or opts.pp else [])
 
 
+def calibration_notes(rows: list[Row]) -> list[str]:
+    """Which measurements each row's activations come from: the device's own fit, or the CPU fit where no GPU has
+    measured that mode yet (memory.activations says which) - one note per calibration, naming its strategies."""
+    by_calibration: dict[str, list[str]] = {}
+    for r in rows:
+        calibration = (r.memory or {}).get("activation_calibration")
+        if calibration and not r.refused and r.strategy not in by_calibration.setdefault(calibration, []):
+            by_calibration[calibration].append(r.strategy)
+    return [f"activations of {', '.join(strategies)}: "
+            + (f"fitted on CUDA measurements{calibration[4:]} (benchmarks/results/h100_*/cuda_activations.jsonl)"
+               if calibration.startswith("cuda") else
+               f"{calibration} - the CPU fit, not yet checked on a GPU (benchmarks/gpu_suite.py --only grid)"
+               if calibration.startswith("cpu") else calibration)
+            for calibration, strategies in by_calibration.items()]
+
+
 def main(argv: list[str]) -> None:
     refuse_renamed(argv)
     opts = build_parser().parse_args(argv)
     shape, seq, device_bytes, rows = estimate_rows(opts)
-    notes = assumptions(opts, shape, seq, device_bytes)
+    notes = assumptions(opts, shape, seq, device_bytes) + calibration_notes(rows)
     if opts.json:
         print(json.dumps({"assumptions": notes, "device_memory_bytes": device_bytes,
                           "rows": [r.__dict__ for r in rows]}, indent=2))
