@@ -278,7 +278,8 @@ class TensorBoardWriter:
         """The numbers among `values` at `step`, as one event holding every tag (TensorBoard reads each as its own
         curve, as from TF1's merged summaries): a logging step's host time is a gap in a GPU's queue, and one event
         per tag - a protobuf, a queue put and a wake of the writer's thread each - took 0.87 ms for a log's 22 tags
-        on the 2-core CI machine, against 0.26 ms as one event per x value with one flush (on_log)."""
+        on the 2-core CI machine, against 0.24 ms as one event per x value with one flush (on_log;
+        benchmarks/log_cost.py)."""
         from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard.summary import scalar
 
