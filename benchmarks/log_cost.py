@@ -20,26 +20,25 @@ LOGS = {"loss": 3.2, "grad_norm": 1.1, "learning_rate": 3e-4, "tokens": 40960, "
         **{f"perf/figure_{i}": float(i) for i in range(14)}, "memory/step_peak_gb": 1.0, "memory/step_delta_gb": 0.5}
 
 
-def by_step(step: int) -> dict[int, dict]:
-    values = {TRAIN_SCALARS[k]: v for k, v in LOGS.items() if k in TRAIN_SCALARS}
-    values.update({k: v for k, v in LOGS.items() if k.startswith(("perf/", "memory/"))})
-    out = {step: values}
-    for tag, value, x in curve_scalars("train", {"loss": LOGS["loss"], "tokens": LOGS["tokens"],
-                                                 "elapsed_s": LOGS["elapsed_s"]}):
-        out.setdefault(x, {})[tag] = value
-    return out
+VALUES = {TRAIN_SCALARS[k]: v for k, v in LOGS.items() if k in TRAIN_SCALARS}
+VALUES.update({k: v for k, v in LOGS.items() if k.startswith(("perf/", "memory/"))})
+CURVES = [("train", {"loss": LOGS["loss"], "tokens": LOGS["tokens"], "elapsed_s": LOGS["elapsed_s"]})]
 
 
 def per_tag(tb: TensorBoardWriter, step: int) -> None:
-    for x, tags in by_step(step).items():
-        for name, value in tags.items():
-            tb.writer.add_scalar(name, value, x)
-        tb.writer.flush()
+    """As hfscale wrote a log before: an event per tag, a flush per x value."""
+    for name, value in VALUES.items():
+        tb.writer.add_scalar(name, value, step)
+    tb.writer.flush()
+    for split, point in CURVES:
+        for tag, value, x in curve_scalars(split, point):
+            tb.writer.add_scalar(tag, value, x)
+            tb.writer.flush()
 
 
 def merged(tb: TensorBoardWriter, step: int) -> None:
-    for x, tags in by_step(step).items():
-        tb.scalars(tags, x, flush=False)
+    """As MeasureCallback.on_log writes it now."""
+    tb.points(VALUES, step, CURVES)
     tb.writer.flush()
 
 
@@ -53,7 +52,7 @@ def main() -> None:
                 for i in range(logs):
                     write(writers[name], round_ * logs + i)
                 print(f"round {round_}: {name:8s} {(time.perf_counter() - start) / logs * 1e3:.3f} ms per log "
-                      f"({sum(len(t) for t in by_step(0).values())} tags)", flush=True)
+                      f"({len(VALUES) + 2} tags)", flush=True)
         for tb in writers.values():
             tb.close()
 

@@ -290,16 +290,22 @@ class TensorBoardWriter:
         if flush:
             self.writer.flush()
 
+    def points(self, values: dict, step: int, curves: list[tuple[str, dict]]) -> None:
+        """`values` at `step`, and each (split, loss point)'s loss against tokens and time (curve_scalars) at theirs:
+        one event per x value, unflushed."""
+        by_step = {step: dict(values)}
+        for split, point in curves:
+            for tag, value, x in curve_scalars(split, point):
+                by_step.setdefault(x, {})[tag] = value
+        for x, tags in by_step.items():
+            self.scalars(tags, x, flush=False)
+
     def histories(self, loss_history: list[dict], eval_history: list[dict]) -> None:
         """A finished record's curves under the tags a live run writes (an imported log's: compare/megatron.py)."""
         for split, history, tags in (("train", loss_history, HISTORY_SCALARS["train"]),
                                      ("eval", eval_history, HISTORY_SCALARS["eval"])):
             for point in history:
-                for key, tag in tags.items():
-                    if point.get(key) is not None:
-                        self.writer.add_scalar(tag, point[key], point["step"])
-                for tag, value, step in curve_scalars(split, point):
-                    self.writer.add_scalar(tag, value, step)
+                self.points({tag: point.get(key) for key, tag in tags.items()}, point["step"], [(split, point)])
         self.writer.flush()
 
     def close(self) -> None:
@@ -376,14 +382,10 @@ class MeasureCallback(TrainerCallback):
             self.record.add_loss(state.global_step, logs)
         if "eval_loss" in logs:
             self.record.add_eval(state.global_step, logs)
-        if self.tb and self.is_main:
-            by_step = {state.global_step: values}
-            for key, split in (("loss", "train"), ("eval_loss", "eval")):  # the same loss against tokens and time
-                point = {"loss": logs.get(key), "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")}
-                for tag, value, step in curve_scalars(split, point):
-                    by_step.setdefault(step, {})[tag] = value
-            for step, tags in by_step.items():  # one event per x value, one wait for the writer's thread per log
-                self.tb.scalars(tags, step, flush=False)
+        if self.tb and self.is_main:  # the same loss against tokens and time; one wait for the writer's thread
+            self.tb.points(values, state.global_step,
+                           [(split, {"loss": logs.get(key), "tokens": logs.get("tokens"), "elapsed_s": logs.get("elapsed_s")})
+                            for key, split in (("loss", "train"), ("eval_loss", "eval"))])
             self.tb.writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
