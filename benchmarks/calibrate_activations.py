@@ -120,8 +120,8 @@ def without_kv_cache(row: dict) -> dict:
 def fit_rows(rows: list[dict]) -> dict:
     """Least-squares coefficients per mode from measured rows ({"mode", n_layer, hidden, heads, vocab, seq, mbs,
     activations, peak}, with the KV cache taken off rows that kept it), a row that disagrees with the rest of its mode
-    set aside and named (fit_mode), and each checkpointed mode's recompute term: what a recomputed block's backward
-    adds beyond its activations, per b·s·h element (recompute_term). Prints the worst error and the worst
+    set aside and named (fit_mode), and each checkpointed mode's recompute terms: what a recomputed block's backward
+    adds beyond its activations, per b·s·h and per b·a·s² element (recompute_term). Prints the worst error and the worst
     leave-one-out error of each mode (how far the fit would miss a shape it was not fitted on), and the table."""
     import numpy as np
 
@@ -156,8 +156,9 @@ def fit_rows(rows: list[dict]) -> dict:
     for mode in table:  # the recompute term of each checkpointed mode, against every peak of the mode
         if mode.endswith("/1") and mode[:-1] + "0" in table:
             mine = [r for r in rows if r["mode"].startswith(mode + "/") and r not in set_aside]
-            recompute[mode], peaks[mode] = recompute_term(mine, table[mode], table[mode[:-1] + "0"], features)
-    print(f"recompute term, bytes per b·s·h: {recompute}; its worst peak error: {peaks}")
+            recompute[mode], peaks[mode] = recompute_term(mine, table[mode], table[mode[:-1] + "0"], features,
+                                                          scores=mode.split("/")[1] == "eager")
+    print(f"recompute terms, bytes per b·s·h and per b·a·s²: {recompute}; their worst peak error: {peaks}")
     print("\nACTIVATION_COEFFICIENTS[device] = {")
     for mode, coef in table.items():
         print(f"    {mode!r}: {tuple(coef)},")
@@ -165,26 +166,31 @@ def fit_rows(rows: list[dict]) -> dict:
     return {"coefficients": table, "quality": quality, "recompute_bytes": recompute, "peak_error": peaks, "set_aside": set_aside}
 
 
-def recompute_term(rows: list[dict], coef, full, features) -> tuple[float, float]:
-    """What a checkpointed backward holds beyond one recomputed block's activations, bytes per b·s·h: the value
-    (0-150, 0.1 apart) whose estimated peaks - the fitted kept plus the larger of the logits' gradients and the block
-    with that term, as memory.activations computes them - miss the mode's measured peaks by the least at worst; where
-    the logits set every peak, the largest that leaves them so. Returns it and its worst peak error."""
+def recompute_term(rows: list[dict], coef, full, features, scores: bool = True) -> tuple[tuple[float, float], float]:
+    """What a checkpointed backward holds beyond one recomputed block's activations: bytes per b·s·h element and per
+    b·a·s² element (eager attention's score gradients; `scores` False - SDPA, which keeps no score matrix - holds the
+    second at 0). The pair (0-150 0.1 apart, 0-20 0.25 apart) whose estimated peaks - the fitted kept plus the larger
+    of the logits' gradients and the block with those terms, as memory.activations computes them - miss the mode's
+    measured peaks by the least at worst; among pairs that miss alike, the smallest score term, then the largest
+    b·s·h term (where the logits set every peak, the largest that leaves them so). Returns it and its worst peak
+    error."""
+    import numpy as np
+
     from hfscale.formulas.memory import LOGITS_PEAK_COPIES
 
-    def worst(term: float) -> float:
-        errors = []
-        for r in rows:
-            b, s, h, a, v = r["mbs"], r["seq"], r["hidden"], r["heads"], r["vocab"]
-            kept = sum(c * x for c, x in zip(coef, features(r)))
-            block = (full[0] + term) * b * s * h + full[1] * b * a * s * s
-            errors.append(abs(kept + max(LOGITS_PEAK_COPIES * 4 * b * s * v, block) - r["peak"]) / r["peak"])
-        return max(errors)
-
-    misses = [(round(worst(t / 10), 4), t / 10) for t in range(1501)]
-    best = min(m for m, _ in misses)
-    term = max(t for m, t in misses if m <= best)
-    return term, best
+    kept = np.array([sum(c * x for c, x in zip(coef, features(r))) for r in rows])
+    bsh = np.array([r["mbs"] * r["seq"] * r["hidden"] for r in rows], float)
+    bas = np.array([r["mbs"] * r["heads"] * r["seq"] ** 2 for r in rows], float)
+    logits = np.array([LOGITS_PEAK_COPIES * 4 * r["mbs"] * r["seq"] * r["vocab"] for r in rows], float)
+    peak = np.array([r["peak"] for r in rows], float)
+    per_bsh = np.arange(1501) / 10
+    best = (float("inf"), (0.0, 0.0))
+    for per_bas in (np.arange(81) / 4 if scores else [0.0]):
+        block = (full[0] + per_bsh[:, None]) * bsh + (full[1] + per_bas) * bas
+        worst = np.round((np.abs(kept + np.maximum(logits, block) - peak) / peak).max(axis=1), 4)
+        if worst.min() < best[0]:
+            best = (float(worst.min()), (float(per_bsh[worst == worst.min()].max()), float(per_bas)))
+    return best[1], best[0]
 
 
 def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:

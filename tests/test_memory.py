@@ -195,9 +195,10 @@ def test_estimate_command_table_and_json():
     assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
     assert rows["zero3_offload"]["memory"]["host_offload"] > 0 and rows["zero3_offload"]["host_per_node"] > 8 * rows["zero3_offload"]["memory"]["host_offload"]
     assert any("GB = 1e9" in line for line in report["assumptions"])
-    # no GPU has measured BLOOM with checkpointing: the notes say whose activations are the CPU fit's, and which mode
-    assert any(line.startswith("activations of ddp, ddp_powersgd") and "the CPU fit" in line
-               and "no cuda measurement of bloom/eager/autocast_bf16/1" in line for line in report["assumptions"])
+    # BLOOM with checkpointing under autocast is measured on CUDA (results/h100_2026-11-26b): the notes say so
+    assert any(line.startswith("activations of ddp, ddp_powersgd") and "fitted on CUDA measurements" in line
+               for line in report["assumptions"]) and not any("the CPU fit" in line for line in report["assumptions"])
+
     # HSDP on 4 nodes x 8 shards over a node's 8 GPUs: its model states are fsdp's on 8 GPUs, not on 32
     one_node = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "fsdp,fsdp_hybrid",
                     "--optim", "adamw", "--gpus", "8", "--gpus_per_node", "8", "--device", "A100-80GB", "--bf16",
@@ -233,6 +234,21 @@ def test_estimate_command_table_and_json():
     assert accumulating["zero3"]["gradients"] < accumulating["fsdp"]["gradients"] / 4
     # ZeRO-2's busiest rank also holds the whole embedding (14.5% of bloom-7b1, more than a 1/8 slice) that its slice cuts
     assert accumulating["zero2"]["gradients"] < accumulating["fsdp"]["gradients"] / 2
+
+
+def test_a_mode_no_gpu_has_measured_falls_back_to_the_cpu_fit_and_the_estimate_says_so(monkeypatch):
+    """Every eager mode is measured on CUDA now; a mode that is not (a new family, attention or precision) takes the CPU
+    fit, and `hfscale estimate`'s notes name the strategies and the mode."""
+    from hfscale.plan.estimate import build_parser, calibration_notes, estimate_rows
+
+    mode = "bloom/eager/autocast_bf16/1"
+    cuda = {m: c for m, c in memory.ACTIVATION_COEFFICIENTS["cuda"].items() if m != mode}
+    monkeypatch.setitem(memory.ACTIVATION_COEFFICIENTS, "cuda", cuda)
+    opts = build_parser().parse_args(["--model", "bloom-560m", "--strategy", "ddp,ddp_powersgd", "--gpus", "8", "--bf16",
+                                      "--activation_checkpointing", "--device", "A100-80GB"])
+    notes = calibration_notes(estimate_rows(opts)[3])
+    assert notes == [f"activations of ddp, ddp_powersgd: cpu (no cuda measurement of {mode}) - the CPU fit, not yet checked "
+                     "on a GPU (benchmarks/gpu_suite.py --only grid)"], notes
 
 
 def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsys):
@@ -273,6 +289,7 @@ def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
 # ---- the estimate on CUDA, against what GPUs measured (benchmarks/results/h100_2026-11-2{3,6}/, h200_2026-11-25/) ------
 H100 = REPO / "benchmarks" / "results" / "h100_2026-11-23"
 H100_NO_CACHE = REPO / "benchmarks" / "results" / "h100_2026-11-26"  # the grid of hfscale's training forward
+H100_BLOOM = REPO / "benchmarks" / "results" / "h100_2026-11-26b"  # ... and its BLOOM modes; the ZeRO bucket runs
 H200 = REPO / "benchmarks" / "results" / "h200_2026-11-25"
 
 
@@ -283,7 +300,7 @@ def _compiled(row: dict) -> bool:
 def _cuda_rows(compiled: bool | None = False) -> list[dict]:
     """The measured rows (the grid also records what could not run: BLOOM with SDPA, which transformers refuses -
     the estimate takes BLOOM's attention as eager whatever is asked, memory.activation_mode); eager, compiled or all."""
-    rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H200)
+    rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200)
             for line in (folder / "cuda_activations.jsonl").read_text().splitlines() if line.strip()]
     assert all("error" in r for r in rows if r["mode"].startswith("bloom/sdpa"))
     return [r for r in rows if "error" not in r and compiled in (None, _compiled(r))]
@@ -298,9 +315,6 @@ def _fit(rows: list[dict]) -> dict:
         return load_benchmark("calibrate_activations").fit_rows(rows)
 
 
-# The one mode whose measured peaks one recompute term per mode cannot all hold within 10%: eager attention's backward
-# also holds the scores' gradients (b·a·s²), and its two rows that set the peak pull the term apart (docs/estimate.md)
-PEAK_TOLERANCE = {"gpt2/eager/autocast_bf16/1": 0.11}
 SET_ASIDE = _fit(_cuda_rows(None))["set_aside"]  # rows in the fit's terms: their KV cache taken off
 
 
@@ -353,7 +367,7 @@ def test_the_activation_estimate_holds_on_cuda_for_every_measured_row(row):
         assert estimate.kept != pytest.approx(row["activations"], rel=0.10), row
         return
     assert estimate.kept == pytest.approx(row["activations"], rel=0.10), row
-    assert estimate.peak == pytest.approx(row["peak"], rel=PEAK_TOLERANCE.get(mode, 0.10)), row
+    assert estimate.peak == pytest.approx(row["peak"], rel=0.10), row
 
 
 def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitted_on():
@@ -363,13 +377,13 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
     fit = _fit(_cuda_rows())
     assert {mode: tuple(coef) for mode, coef in fit["coefficients"].items()} == memory.ACTIVATION_COEFFICIENTS["cuda"]
     assert fit["recompute_bytes"] == memory.RECOMPUTE_GRADIENT_BYTES["cuda"]
-    assert all(error <= PEAK_TOLERANCE.get(mode, 0.10) for mode, error in fit["peak_error"].items()), fit["peak_error"]
+    assert all(error <= 0.10 for error in fit["peak_error"].values()), fit["peak_error"]
     for mode, (worst, leave_one_out) in fit["quality"].items():
         assert worst <= 0.025 and leave_one_out <= (0.16 if mode.endswith("/1") else 0.02), (mode, worst, leave_one_out)
 
 
 GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],
-            *({**r, "run": f"{gpu} {r['model']} {r['run']}"} for gpu, folder in (("h200", H200), ("h100", H100_NO_CACHE))
+            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in (H200, H100_NO_CACHE, H100_BLOOM)
               for r in json.loads((folder / "suite.json").read_text())["runs"] if r["status"] == "ok")]
 
 
@@ -378,13 +392,17 @@ def test_the_estimate_holds_for_every_gpu_run(run):
     """The plan of each run measured on a GPU (one process): the allocator's peak within 10% of the estimate's -
     eager and compiled, ddp, ZeRO-1/2/3, fsdp, offload, 8-bit, fp16, checkpointing, the README's tiny zero1 run
     (DeepSpeed's 2 GB reduce bucket, allocated whatever the model's size) on the H100; on the H200, ddp at 350M and
-    1.3B eager and compiled, with twice the micro-batch, the padded vocabulary and the fused linear cross-entropy."""
+    1.3B eager and compiled, with twice the micro-batch, the padded vocabulary and the fused linear cross-entropy;
+    ZeRO runs with the buckets of the JSON they ran with (recorded in their plan: the shipped JSONs' changed since)."""
     from hfscale.parallel.strategies import get_strategy
     from hfscale.runplan import RunPlan
 
     p = run["plan"]
     shape = replace(PRESETS[p["model"]], vocab=p.get("vocab", PRESETS[p["model"]].vocab))  # a padded vocabulary
-    plan = RunPlan(get_strategy(p["strategy"]), get_optimizer(p["optim"]), shape, p["seq_len"],
+    strategy = get_strategy(p["strategy"])
+    deepspeed = {**strategy.shipped_deepspeed_config, "zero_optimization": p["zero_optimization"]} \
+        if "zero_optimization" in p else None
+    plan = RunPlan(strategy, get_optimizer(p["optim"]), shape, p["seq_len"], deepspeed_config=deepspeed,
                    per_device_train_batch_size=p["per_device_train_batch_size"], world_size=p["world_size"],
                    precision=p["precision"], activation_checkpointing=p["activation_checkpointing"],
                    attention=p["attention"], torch_compile=p["torch_compile"], device_type="cuda",

@@ -48,9 +48,9 @@ FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator
 # no s x s matrix and autocast keeps other copies), so each device has its own table:
 # - cpu: 7 shapes per mode measured on the 2-core CI machine with hfscale's training forward (no KV cache; torch 2.13,
 #   benchmarks/results/activations_2026-11-25.json);
-# - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, 13 modes) and
-#   with the KV cache (2026-11-23, 6 modes; memory.kv_cache_bytes taken off each row before the fit),
-#   benchmarks/results/h100_2026-11-2{3,6}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.7%, except
+# - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
+#   all 18 modes) and with the KV cache (2026-11-23, 6 modes; memory.kv_cache_bytes taken off each row before the fit),
+#   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.7%, except
 #   checkpointing with autocast (2% / 4-16%). Two rows disagreed with the rest of their mode and were set aside by the
 #   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
 #   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
@@ -77,7 +77,7 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
     'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
 },
-    "cuda": {  # both H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
+    "cuda": {  # the H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
         'gpt2/sdpa/fp32/1': (4.008, 0.0, 4.002, 7.843, -0.012, 0.005),
         'gpt2/sdpa/autocast_bf16/0': (84.046, 0.0, 4.004, 5.955, 0.012, 2.004),
@@ -85,22 +85,31 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
         'gpt2/sdpa/bf16/0': (56.075, 0.0, 4.006, 3.808, -0.021, 0.003),
         'gpt2/sdpa/bf16/1': (2.019, 0.0, 4.006, 4.252, -0.263, -0.007),
         'gpt2/eager/fp32/0': (112.002, 4.002, 4.001, 7.975, -0.124, 0.004),
+        'gpt2/eager/fp32/1': (3.983, 0.002, 4.002, 7.933, 3.894, 0.006),
         'gpt2/eager/autocast_bf16/0': (83.961, 6.002, 4.001, 6.118, -0.142, 2.005),
         'gpt2/eager/autocast_bf16/1': (1.224, 0.028, 4.257, 7.024, 2.457, 0.813),
         'gpt2/eager/bf16/0': (55.982, 2.001, 4.001, 4.037, -0.065, 0.005),
         'gpt2/eager/bf16/1': (1.985, 0.002, 4.001, 3.971, 1.885, 0.005),
-        'bloom/eager/autocast_bf16/0': (36.028, 5.999, 4.0, 10.055, 0.085, 2.002),
+        'bloom/eager/fp32/0': (64.0, 4.002, 4.002, 11.937, -0.114, 0.005),
+        'bloom/eager/fp32/1': (3.973, 0.003, 4.001, 12.103, 3.808, 0.004),
+        'bloom/eager/autocast_bf16/0': (36.005, 6.0, 4.0, 10.049, 0.009, 2.004),
+        'bloom/eager/autocast_bf16/1': (1.212, 0.029, 4.257, 11.156, 2.38, 0.812),
+        'bloom/eager/bf16/0': (32.003, 6.002, 4.001, 5.981, -0.126, 0.004),
+        'bloom/eager/bf16/1': (1.964, 0.001, 4.002, 6.144, 1.882, 0.004),
     },
 }
 # Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
-# the logits' gradients and one block's full activations plus its backward's gradients, RECOMPUTE_GRADIENT_BYTES per
-# b·s·h element - per mode on CUDA, the value that misses the mode's measured H100 peaks by the least at worst
-# (calibrate_activations.recompute_term: within 1%, except gpt2/eager/autocast_bf16/1 at 10.6%, whose score gradients
-# one b·s·h term cannot follow); the other modes take the first fit's 34.1. The CPU calibration had no such row.
-RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {"gpt2/eager/autocast_bf16/1": 54.0, "gpt2/eager/bf16/1": 34.7,
-                                                "gpt2/sdpa/autocast_bf16/1": 40.1, "gpt2/sdpa/bf16/1": 7.9,
-                                                "gpt2/sdpa/fp32/1": 28.2}}
-RECOMPUTE_GRADIENT_DEFAULT = {"cpu": 0.0, "cuda": 34.1}
+# the logits' gradients and one block's full activations plus what its backward holds beside them,
+# RECOMPUTE_GRADIENT_BYTES per b·s·h element and per b·a·s² element (eager attention's score gradients; SDPA keeps no
+# score matrix: 0) - per mode on CUDA, the pair that misses the mode's measured H100 peaks by the least at worst
+# (calibrate_activations.recompute_term: SDPA and GPT-2 eager bf16 within 1%, the other eager modes within 5.5-8.2%,
+# where a b·s·h term alone missed by 9.5-10.6%); a mode without CUDA rows takes the first fit's 34.1. The CPU
+# calibration had no such row.
+RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {
+    "bloom/eager/autocast_bf16/1": (22.0, 5.75), "bloom/eager/bf16/1": (9.8, 6.0), "bloom/eager/fp32/1": (26.3, 6.5),
+    "gpt2/eager/autocast_bf16/1": (1.8, 3.75), "gpt2/eager/bf16/1": (34.7, 0.0), "gpt2/eager/fp32/1": (2.6, 4.75),
+    "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0)}}
+RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
 # torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): the activation peak of
 # a compiled run over the eager estimate, measured on CUDA from two whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
 # benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
@@ -569,8 +578,9 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
         full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
         bsh = micro_batch * seq * shape.hidden
-        recompute = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, 0.0))
-        one_block = (full[0] + recompute) * bsh + full[1] * micro_batch * shape.n_head * seq * seq
+        per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
+            mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
+        one_block = (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq
         peak_extra = max(peak_extra, one_block)
         backward_end = kept - loss_share + one_block
     factor = 1.0
