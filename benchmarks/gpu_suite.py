@@ -18,7 +18,7 @@ Sections (--only), run in this order:
   naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step), compiled
   with twice the micro-batch (mbs2x), with the vocabulary padded to a multiple of 128 (vocab128) and with the fused
   linear cross-entropy (flce); then zero2
-  and zero3 with DeepSpeed's own bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
+  and zero3 with other bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
   MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
   one step of every run (the busiest device ops and the device's idle share of each strategy).
 - `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
@@ -115,6 +115,9 @@ DDP_VARIANTS = [("", True, []),
                                          "--accelerator_config", '{"non_blocking": false}']),
                 ("gc0", True, ["--gc_freq", "0"]),
                 ("cudagraphs", True, ["--torch_compile_mode", "reduce-overhead"]),  # CUDA graphs: no launch overhead
+                # the batches collated and pinned by 2 worker processes, off the host thread that launches the kernels (a
+                # 350M compiled step is host-bound on an H100: results/h100_2026-11-26b/record.md)
+                ("workers2", True, ["--dataloader_num_workers", "2"]),
                 ("host-syncs", False, ["--count_host_syncs"]),
                 ("profile", True, ["--profile_step", "PROFILED"]),  # PROFILED: the steps' last but 2 (after compiling)
                 ("mbs2x", True, ["--per_device_train_batch_size", "MBS2X"]),
@@ -145,24 +148,29 @@ def variant_names(asked: str) -> set[str]:
 
     names = [variant or "compiled" for variant, _, _ in DDP_VARIANTS]
     return set() if asked == "none" else set(comma_list(asked, "--ddp_variants", valid=names, what="ddp variant"))
-# The shipped ZeRO JSONs leave their buckets "auto", which transformers fills from the model (reduce_bucket_size
-# hidden^2, stage3_prefetch_bucket_size 0.9 hidden^2, stage3_param_persistence_threshold 10 hidden: 1M, 0.9M and 10k
-# elements at 350M); DeepSpeed's own defaults are 5e8, 5e7 and 1e5. zero2 ran at 0.67 and zero3 at 0.31 of zero1's
-# speed on one H100: each variant runs the strategy with DeepSpeed's values beside the shipped JSON (before/after).
-ZERO_VARIANTS = [("zero2", "deepspeed-buckets", {"reduce_bucket_size": 500_000_000}),
-                 ("zero3", "deepspeed-buckets", {"reduce_bucket_size": 500_000_000,
-                                                 "stage3_prefetch_bucket_size": 50_000_000,
-                                                 "stage3_param_persistence_threshold": 100_000})]
+# zero2.json and zero3.json carry DeepSpeed's own bucket sizes (reduce_bucket_size 5e8, stage3_prefetch_bucket_size
+# 5e7, stage3_param_persistence_threshold 1e5): on one H100 they ran zero2 1.34x and zero3 1.57x faster than the
+# "auto" values they shipped with before, which transformers fills from the model (hidden^2, 0.9 hidden^2, 10 hidden:
+# 1M, 0.9M and 10k elements at 350M; 195 reductions a step; results/h100_2026-11-26b). Each variant runs the strategy
+# beside its shipped JSON: "auto-buckets" the values before (the before/after), "5e7-buckets" a tenth of DeepSpeed's
+# reduce bucket, which still cuts a 350M model's gradients into 8 reductions a step that several GPUs can overlap with
+# the backward (one 5e8 bucket reduces it all after the backward) and allocates 0.2 GB where 5e8 allocates 2 GB.
+ZERO_VARIANTS = [("zero2", "auto-buckets", {"reduce_bucket_size": "auto"}),
+                 ("zero2", "5e7-buckets", {"reduce_bucket_size": 50_000_000}),
+                 ("zero3", "auto-buckets", {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                            "stage3_param_persistence_threshold": "auto"}),
+                 ("zero3", "5e7-buckets", {"reduce_bucket_size": 50_000_000})]
 
 
-def deepspeed_variant(strategy: str, overrides: dict, out: Path) -> Path:
-    """The strategy's shipped DeepSpeed JSON with `overrides` in its zero_optimization, written to out/ds_configs/."""
+def deepspeed_variant(strategy: str, variant: str, overrides: dict, out: Path) -> Path:
+    """The strategy's shipped DeepSpeed JSON with `overrides` in its zero_optimization, written to
+    out/ds_configs/STRATEGY-VARIANT.json."""
     from hfscale.files import atomic_write_text
     from hfscale.parallel.strategies import get_strategy
 
     config = json.loads(Path(get_strategy(strategy).deepspeed_config_path).read_text())
     config["zero_optimization"].update(overrides)
-    path = out / "ds_configs" / f"{strategy}-{'-'.join(sorted(overrides))}.json"
+    path = out / "ds_configs" / f"{strategy}-{variant}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(config, indent=2) + "\n")
     return path
@@ -210,7 +218,17 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
                 "vocab": int(flag_value(extra, "--vocab_size") or PRESETS[opts.model].vocab), "world_size": gpus,
                 "kv_cache": False, "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
-                "attention": est.get("attention") or "sdpa"}}
+                "attention": est.get("attention") or "sdpa", **zero_optimization(strategy, extra)}}
+
+
+def zero_optimization(strategy: str, extra) -> dict:
+    """{"zero_optimization": ...} of the DeepSpeed JSON a ZeRO run used (its --deepspeed, else the shipped one), so its
+    estimate can be checked later with the buckets it ran with; {} for the other engines."""
+    from hfscale.launch import flag_value
+    from hfscale.parallel.strategies import get_strategy
+
+    path = flag_value(extra, "--deepspeed") or get_strategy(strategy).deepspeed_config_path
+    return {"zero_optimization": json.loads(Path(path).read_text())["zero_optimization"]} if path else {}
 
 
 # ---- the hand-written reference ---------------------------------------------------------------------------------------
@@ -380,8 +398,16 @@ def machine(device: str) -> dict:
             versions[name] = None
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     return {"machine": torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({platform.machine()})",
-            "gpus": torch.cuda.device_count(), "versions": {**versions, "hfscale": head.strip() or None},
-            "command": " ".join(["python", *sys.argv])}
+            "host": host_cpu(), "gpus": torch.cuda.device_count(),
+            "versions": {**versions, "hfscale": head.strip() or None}, "command": " ".join(["python", *sys.argv])}
+
+
+def host_cpu() -> dict:
+    """The host's CPU model and cores: a step bound by the host (350M compiled) runs at the host's speed."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+             if line.startswith("model name")]
+    return {"cpu": names[0] if names else platform.processor() or None, "cores": os.cpu_count()}
 
 
 def hand_written_ratios(report: dict, gpus: int) -> None:
@@ -543,7 +569,7 @@ def main() -> None:
                          if (variant or "compiled") in chosen]
         if not opts.dry_run:
             todo += [(strategy, "adamw", False, variant,
-                      ["--deepspeed", str(deepspeed_variant(strategy, values, opts.out))])
+                      ["--deepspeed", str(deepspeed_variant(strategy, variant, values, opts.out))])
                      for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, _ in chosen_pairs}]
         if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
             todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])

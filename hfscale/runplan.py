@@ -154,6 +154,13 @@ class RunPlan:
         return memory_layout(self.strategy, self.shape.hidden, self.deepspeed_config)
 
     @property
+    def zero_optimization(self) -> dict | None:
+        """The zero_optimization block of a ZeRO run's DeepSpeed JSON (its own, else the shipped one); None otherwise."""
+        if self.strategy.engine != "deepspeed":
+            return None
+        return (self.deepspeed_config or self.strategy.shipped_deepspeed_config or {}).get("zero_optimization")
+
+    @property
     def optimizer_memory_rule(self) -> str:
         return self.optimizer.memory_rule_for(self.strategy.engine)
 
@@ -185,5 +192,8 @@ class RunPlan:
         return self.processes_per_node * per_rank
 
     def but(self, **changes) -> "RunPlan":
-        """The same plan with some inputs changed (the derived facts follow)."""
+        """The same plan with some inputs changed (the derived facts follow). A DeepSpeed JSON belongs to its strategy:
+        another strategy takes its own shipped JSON unless one is given."""
+        if changes.get("strategy", self.strategy) != self.strategy:
+            changes.setdefault("deepspeed_config", None)
         return replace(self, **changes)

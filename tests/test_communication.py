@@ -10,6 +10,7 @@ from conftest import bf16_args, bf16_result
 from hfscale.formulas import comm
 from hfscale.formulas.memory import block_numel, parameter_tensors
 from hfscale.run.collectives import bytes_by_kind, collectives_of, tally
+from hfscale.parallel.strategies import get_strategy
 
 
 def event(name, start, shapes, dtypes):
@@ -67,6 +68,8 @@ def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
     from hfscale.train import check_args
 
     res = bf16_result(strategy)
+    shipped = get_strategy(res["strategy"]).shipped_deepspeed_config  # the run records its buckets for `project`
+    assert res["config"]["zero_optimization"] == (shipped["zero_optimization"] if shipped else None)
     # zero2's run takes its strategy from its launcher config; name it here
     args = [*bf16_args(strategy, Path("unused")), "--strategy", res["strategy"]]
     plan = check_args(args)[3].plan.but(world_size=2, processes_per_node=2)
@@ -81,7 +84,8 @@ def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
         assert any({k: c[k] for k in token_count} == token_count for c in counted)
     params = res["model"]["params_model"]
     root = params - plan.shape.n_layer * block_numel(plan.shape)
-    persistent = sum(t.numel for t in parameter_tensors(plan.shape) if t.numel <= 10 * plan.shape.hidden)
+    persistent = sum(t.numel for t in parameter_tensors(plan.shape)  # zero3.json's stage3_param_persistence_threshold
+                     if t.numel <= plan.memory_layout.persistence_threshold)
     assert modelled == {"ddp": {"all_reduce": 4 * params},
                         "fsdp": {"all_gather": 2 * 2 * (2 * params - root), "reduce_scatter": 2 * params,
                                  "all_reduce": 4 * len(parameter_tensors(plan.shape))},  # clipping's norms

@@ -19,6 +19,7 @@ def test_the_gpu_suite_runs_end_to_end_and_writes_what_the_fixtures_hold(tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert report["versions"]["torch"] and report["command"].startswith("python benchmarks/gpu_suite.py")
+    assert report["host"]["cores"] >= 1 and report["host"]["cpu"]  # what a host-bound step runs on
     ddp = report["runs"][0]
     assert ddp["status"] == "ok" and ddp["tokens_per_s"] > 0 and ddp["estimate_allocated_gb"] > 0
     assert ddp["warmup_steps"] + ddp["measured_steps"] == 4 and ddp["perf_history"]  # the span the speed is timed over
@@ -55,30 +56,41 @@ def _suite():
 
 def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
-    assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "host-syncs", "profile",
+    assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "workers2", "host-syncs", "profile",
                                           "mbs2x", "vocab128", "flce", "mbs2x+vocab128", "per-step"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
 
 
-def test_the_zero_variants_carry_deepspeeds_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
-    """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with DeepSpeed's own bucket
-    sizes, accepted by hfscale for its strategy, and the run's plan (its memory estimate) reads those sizes."""
+def test_the_zero_variants_carry_their_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
+    """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with other bucket sizes
+    (transformers' "auto", filled from the model as the estimate fills it; a tenth of DeepSpeed's reduce bucket),
+    accepted by hfscale for its strategy, and the run's plan (its memory estimate) reads those sizes; the run records
+    the JSON's zero_optimization in its plan."""
     suite = _suite()
     from hfscale.train import check_args
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    for strategy, _, values in suite.ZERO_VARIANTS:
-        path = suite.deepspeed_variant(strategy, values, tmp_path)
+    variants = [(strategy, variant) for strategy, variant, _ in suite.ZERO_VARIANTS]
+    assert len(set(variants)) == len(variants) and {s for s, _ in variants} == {"zero2", "zero3"}
+    for strategy, variant, values in suite.ZERO_VARIANTS:
+        path = suite.deepspeed_variant(strategy, variant, values, tmp_path)
+        assert path.name == f"{strategy}-{variant}.json"
         zero = json.loads(path.read_text())["zero_optimization"]
         assert {k: zero[k] for k in values} == values and zero["stage"] == int(strategy[-1])
-        shipped = check_args(["--strategy", strategy])[3].plan.memory_layout
+        assert suite.zero_optimization(strategy, ["--deepspeed", str(path)]) == {"zero_optimization": zero}
+        shipped = check_args(["--strategy", strategy])[3].plan
         layout = check_args(["--strategy", strategy, "--deepspeed", str(path)])[3].plan.memory_layout
-        assert layout.reduce_bucket == values["reduce_bucket_size"] != shipped.reduce_bucket
+        hidden = shipped.shape.hidden
+        auto = {"reduce_bucket_size": hidden ** 2, "stage3_prefetch_bucket_size": int(0.9 * hidden ** 2),
+                "stage3_param_persistence_threshold": 10 * hidden}
+        expected = {k: auto[k] if v == "auto" else v for k, v in values.items()}
+        assert layout.reduce_bucket == expected["reduce_bucket_size"] != shipped.memory_layout.reduce_bucket
         if "stage3_prefetch_bucket_size" in values:
-            assert layout.prefetch_bucket == values["stage3_prefetch_bucket_size"] != shipped.prefetch_bucket
-            assert layout.persistence_threshold == values["stage3_param_persistence_threshold"]
+            assert layout.prefetch_bucket == expected["stage3_prefetch_bucket_size"]
+            assert layout.persistence_threshold == expected["stage3_param_persistence_threshold"]
+    assert suite.zero_optimization("ddp", []) == {}
 
 
 def test_past_its_budget_the_suite_starts_nothing_and_says_what_it_skipped(tmp_path):

@@ -258,19 +258,27 @@ def test_ring_collective_time():
 
 
 def test_deepspeed_cuts_gpt2_350m_gradients_into_the_195_messages_counted():
-    """zero2/zero3 at the shipped `auto` reduce_bucket_size (hidden² = 1,048,576 elements) sent 195 gradient messages
-    per reduction in a real gpt2-350m step (`--count_collectives`, docs/strategies.md): DeepSpeed flushes its bucket
-    before a gradient that would overflow it. DDP's rule (flush once full) would give 98."""
+    """zero2/zero3 at transformers' `auto` reduce_bucket_size (hidden² = 1,048,576 elements, what the shipped JSONs
+    held before 2026-11-26) sent 195 gradient messages per reduction in a real gpt2-350m step (`--count_collectives`,
+    docs/strategies.md): DeepSpeed flushes its bucket before a gradient that would overflow it. DDP's rule (flush once
+    full) would give 98. The shipped JSONs now hold DeepSpeed's 5e8: the whole gradient in one message; a 5e7 bucket
+    cuts it in 8."""
     from hfscale.plan.project import pattern_of
 
     shape = PRESETS["gpt2-350m"]
     backward = [t.numel for t in reversed(parameter_tensors(shape))]
     assert comm.bucket_pieces(backward, shape.hidden ** 2, flush_before_overflow=True) == 195
     assert comm.bucket_pieces(backward, shape.hidden ** 2) == 98
+    assert comm.bucket_pieces(backward, 5e7, flush_before_overflow=True) == 8
     for name in ("zero2", "zero3"):
-        plan = RunPlan(get_strategy(name), get_optimizer("adamw"), shape, 1024, world_size=8, processes_per_node=8,
-                       precision="bf16")
-        assert {c.units for c in pattern_of(plan).collectives if "gradients" in c.what} == {195}
+        strategy = get_strategy(name)
+        shipped = RunPlan(strategy, get_optimizer("adamw"), shape, 1024, world_size=8, processes_per_node=8,
+                          precision="bf16")
+        auto = shipped.but(deepspeed_config={**strategy.shipped_deepspeed_config, "zero_optimization": {
+            **shipped.zero_optimization, "reduce_bucket_size": "auto"}})
+        for plan, pieces in ((auto, 195), (shipped, 1)):
+            assert {c.units for c in pattern_of(plan).collectives if "gradients" in c.what} == {pieces}
+        assert auto.but(strategy=get_strategy("zero1")).deepspeed_config is None  # a JSON belongs to its strategy
 
 
 def test_each_piece_pays_the_meeting_measured_after_the_compute_before_it():
