@@ -29,6 +29,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # (tests/test_gpu_route.py); real GPU figures come from benchmarks/gpu_suite.py.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# Nothing reaches the Hub: these machines have no route to it, and a name the Hub would be asked about (a fuzzed
+# --model_name_or_path) waited out huggingface_hub's retries, about 23 s each (71 s of test_fuzz_args once a test
+# before it had imported huggingface_hub without this; its own setenv came too late, the library reads it at import).
+# Set before anything imports huggingface_hub, and inherited by every run; tests/test_hub.py turns it off for its own.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 # One fresh folder per test session, made by the first process (pytest, or pytest-xdist's controller) and inherited
 # by its workers: the data cache, set before hfscale is imported - no test passes on tokenizers or packed blocks an
 # older checkout built (~/.cache/hfscale is left alone), and within the session the runs share it, as a user's do -
