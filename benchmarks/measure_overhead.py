@@ -1,11 +1,17 @@
 """Does hfscale's live measurement slow training? Prints the ratio side by side, measured in one run.
 
-Three variants of the same training (same model, data, seed, TrainingArguments), interleaved REPEATS times so
-that machine noise hits them alike, compared by the Trainer's own `train_runtime` (the whole training loop):
+Four variants of the same training (same model, data, seed), interleaved REPEATS times so that machine noise hits
+them alike, compared by the Trainer's own `train_runtime` (the whole training loop; the hand-written loop times its
+loop the same way):
 
   hfscale            hfscale/train.py (measurement on: the default)
   hfscale-nomeasure  hfscale/train.py --measure false
   plain-trainer      benchmarks/plain_trainer.py: HF's plain Trainer, no hfscale code in the loop
+  hand-written       benchmarks/hand_written_loop.py: no Trainer either (torch DataLoader, AdamW, clipping, schedule)
+
+hfscale against the hand-written loop is host work per step (the same forward: neither builds transformers' KV
+cache, which the plain Trainer's model still does): the Trainer's loop, accelerate's wrappers, hfscale's callbacks
+and the data path, the work a host-bound GPU step pays in full.
 
     python benchmarks/measure_overhead.py                 # tiny GPT-2, 300 steps, 5 repeats, 1 process
     python benchmarks/measure_overhead.py --steps 100 --repeats 3 --model gpt2-124m --seq_len 256 --per_device_train_batch_size 2
@@ -27,12 +33,13 @@ VARIANTS = {
     "hfscale": [str(REPO / "hfscale" / "train.py"), "--optim", "adamw"],
     "hfscale-nomeasure": [str(REPO / "hfscale" / "train.py"), "--optim", "adamw", "--measure", "false"],
     "plain-trainer": [str(REPO / "benchmarks" / "plain_trainer.py"), "--optim", "adamw_torch", "--report_to", "tensorboard"],
+    "hand-written": [str(REPO / "benchmarks" / "hand_written_loop.py"), "--report_to", "none"],
 }
 
 
 def runtime(variant: str, out: Path) -> float:
-    if variant == "plain-trainer":
-        return json.loads((out / "plain.json").read_text())["train_runtime"]
+    if variant in ("plain-trainer", "hand-written"):
+        return json.loads((out / ("plain.json" if variant == "plain-trainer" else "hand.json")).read_text())["train_runtime"]
     return json.loads((out / "results.json").read_text())["trainer_metrics"]["train_runtime"]
 
 
@@ -100,6 +107,8 @@ def main() -> None:
         print(f"{v:18s} {med[v]:9.3f} {min(times[v]):8.3f} {med[v] / opts.steps:8.4f}")
     print(f"\nmeasurement overhead  hfscale / hfscale-nomeasure = {med['hfscale'] / med['hfscale-nomeasure']:.4f}  (target <= 1.01)")
     print(f"hfscale vs plain      hfscale / plain-trainer     = {med['hfscale'] / med['plain-trainer']:.4f}")
+    print(f"the Trainer's and hfscale's host work per step: {(med['hfscale'] - med['hand-written']) / opts.steps * 1e3:+.2f} "
+          "ms (hfscale - hand-written: both forwards without the KV cache, which the plain Trainer's model builds)")
     per_step = direct_cost(logging_steps=opts.logging_steps)
     step_s = med["hfscale-nomeasure"] / opts.steps
     print(f"measurement code itself: {per_step * 1e6:.1f} us per step = {per_step / step_s:.5f} of a {step_s * 1e3:.1f} ms step "
