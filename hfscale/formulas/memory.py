@@ -50,7 +50,7 @@ FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator
 #   benchmarks/results/activations_2026-11-25.json);
 # - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
 #   all 18 modes) and with the KV cache (2026-11-23, 6 modes; memory.kv_cache_bytes taken off each row before the fit),
-#   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.7%, except
+#   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except
 #   checkpointing with autocast (2% / 4-16%). Two rows disagreed with the rest of their mode and were set aside by the
 #   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
 #   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
