@@ -400,8 +400,7 @@ def test_the_estimate_holds_for_every_gpu_run(run):
     p = run["plan"]
     shape = replace(PRESETS[p["model"]], vocab=p.get("vocab", PRESETS[p["model"]].vocab))  # a padded vocabulary
     strategy = get_strategy(p["strategy"])
-    deepspeed = {**strategy.shipped_deepspeed_config, "zero_optimization": p["zero_optimization"]} \
-        if "zero_optimization" in p else None
+    deepspeed = strategy.deepspeed_config_with(p["zero_optimization"]) if "zero_optimization" in p else None
     plan = RunPlan(strategy, get_optimizer(p["optim"]), shape, p["seq_len"], deepspeed_config=deepspeed,
                    per_device_train_batch_size=p["per_device_train_batch_size"], world_size=p["world_size"],
                    precision=p["precision"], activation_checkpointing=p["activation_checkpointing"],

@@ -274,8 +274,8 @@ def test_deepspeed_cuts_gpt2_350m_gradients_into_the_195_messages_counted():
         strategy = get_strategy(name)
         shipped = RunPlan(strategy, get_optimizer("adamw"), shape, 1024, world_size=8, processes_per_node=8,
                           precision="bf16")
-        auto = shipped.but(deepspeed_config={**strategy.shipped_deepspeed_config, "zero_optimization": {
-            **shipped.zero_optimization, "reduce_bucket_size": "auto"}})
+        auto = shipped.but(deepspeed_config=strategy.deepspeed_config_with(
+            {**shipped.zero_optimization, "reduce_bucket_size": "auto"}))
         for plan, pieces in ((auto, 195), (shipped, 1)):
             assert {c.units for c in pattern_of(plan).collectives if "gradients" in c.what} == {pieces}
         assert auto.but(strategy=get_strategy("zero1")).deepspeed_config is None  # a JSON belongs to its strategy

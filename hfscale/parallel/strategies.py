@@ -68,6 +68,11 @@ class Strategy:
         """Its ds_configs/ JSON, parsed once and checked (the ZeRO stage and offload the strategy claims)."""
         return load_deepspeed_config(self.deepspeed_config_path, self) if self.deepspeed_config else None
 
+    def deepspeed_config_with(self, zero_optimization: dict) -> dict:
+        """Its shipped JSON with another zero_optimization block: what a run recorded it ran with (results.json
+        config.zero_optimization; its buckets), for a plan that has to model that run."""
+        return {**self.shipped_deepspeed_config, "zero_optimization": zero_optimization}
+
     @property
     def accelerate_config_path(self) -> Path:
         return config_dir("accelerate_configs") / self.accelerate_config

@@ -358,7 +358,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
                        fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy),
                        device_type=env.device_type or "cuda",  # a ZeRO run's buckets, as it ran (else the shipped)
-                       deepspeed_config={**strategy.shipped_deepspeed_config, "zero_optimization": cfg.zero_optimization}
+                       deepspeed_config=strategy.deepspeed_config_with(cfg.zero_optimization)
                        if strategy.engine == "deepspeed" and isinstance(cfg.zero_optimization, dict) else None)
     except (TypeError, ValueError) as err:
         raise HfscaleError(f"{path}: not an hfscale results file with measured throughput ({err})") from None
