@@ -225,10 +225,13 @@ def zero_optimization(strategy: str, extra) -> dict:
     """{"zero_optimization": ...} of the DeepSpeed JSON a ZeRO run used (its --deepspeed, else the shipped one), so its
     estimate can be checked later with the buckets it ran with; {} for the other engines."""
     from hfscale.launch import flag_value
-    from hfscale.parallel.strategies import get_strategy
+    from hfscale.parallel.strategies import get_strategy, load_deepspeed_config
 
-    path = flag_value(extra, "--deepspeed") or get_strategy(strategy).deepspeed_config_path
-    return {"zero_optimization": json.loads(Path(path).read_text())["zero_optimization"]} if path else {}
+    chosen, path = get_strategy(strategy), flag_value(extra, "--deepspeed")
+    if chosen.engine != "deepspeed":
+        return {}
+    config = load_deepspeed_config(Path(path), chosen) if path else chosen.shipped_deepspeed_config
+    return {"zero_optimization": config["zero_optimization"]}
 
 
 # ---- the hand-written reference ---------------------------------------------------------------------------------------

@@ -37,9 +37,12 @@ VARIANTS = {
 }
 
 
+BASELINE_FILES = {"plain-trainer": "plain.json", "hand-written": "hand.json"}  # {"train_runtime": s} each
+
+
 def runtime(variant: str, out: Path) -> float:
-    if variant in ("plain-trainer", "hand-written"):
-        return json.loads((out / ("plain.json" if variant == "plain-trainer" else "hand.json")).read_text())["train_runtime"]
+    if variant in BASELINE_FILES:
+        return json.loads((out / BASELINE_FILES[variant]).read_text())["train_runtime"]
     return json.loads((out / "results.json").read_text())["trainer_metrics"]["train_runtime"]
 
 

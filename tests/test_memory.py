@@ -198,7 +198,6 @@ def test_estimate_command_table_and_json():
     # BLOOM with checkpointing under autocast is measured on CUDA (results/h100_2026-11-26b): the notes say so
     assert any(line.startswith("activations of ddp, ddp_powersgd") and "fitted on CUDA measurements" in line
                for line in report["assumptions"]) and not any("the CPU fit" in line for line in report["assumptions"])
-
     # HSDP on 4 nodes x 8 shards over a node's 8 GPUs: its model states are fsdp's on 8 GPUs, not on 32
     one_node = run([sys.executable, "-m", "hfscale", "estimate", "--model", "bloom-7b1", "--strategy", "fsdp,fsdp_hybrid",
                     "--optim", "adamw", "--gpus", "8", "--gpus_per_node", "8", "--device", "A100-80GB", "--bf16",
