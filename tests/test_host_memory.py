@@ -1,5 +1,5 @@
 """Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model; ddp (and
-zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~150M-parameter GPT-2 shape with 2
+zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~87M-parameter GPT-2 shape with 2
 processes: the resident-set high-water marks over building the model, and from then until training begins (after the
 engine has sharded it)."""
 
@@ -12,15 +12,15 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def runs():
-    """The ~153M-parameter shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
-    optimizer: the two zero3 runs step with adafactor and adamw_8bit, and are also those pairs' runs in the
-    strategy x optimizer matrix."""
+    """The ~87M-parameter shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
+    optimizer: ddp and the two zero3 runs step with adafactor and adamw_8bit, and the zero3 runs are also those pairs'
+    runs in the strategy x optimizer matrix."""
     return {name: host_memory_run(name) for name in HOST_RUNS}
 
 
 def full_copy(runs) -> int:
     full = 4 * runs["ddp"]["model"]["params_model"]  # bytes of one fp32 copy
-    assert full > 0.6e9
+    assert full > 0.3e9  # large beside what a process moves for anything else (~0.07 GB)
     return full
 
 
@@ -47,10 +47,11 @@ def test_zero3_builds_partitioned_under_zero_init(runs):
     built = peaks(runs["zero3"], "build")
     assert built[0] > 0.95 * full, (built, full)  # rank 0 builds the model, then partitions it out
     assert built[1] < 0.7 * full, (built, full)  # rank 1: its partitions and one parameter in flight
-    # DeepSpeed then adds its own per-rank states (fp32 masters, gradient partitions) but never a whole copy
+    # DeepSpeed then adds its own per-rank states (fp32 masters, gradient partitions) but never a whole copy: beyond
+    # them rank 1 holds a fixed ~0.07 GB (0.20 of this copy), where one more copy would put it above 1
     states = runs["zero3"]["memory"]["model_states_per_rank"][1]
     engine_states = states["parameters"] + states["master_weights"] + states["gradients"]
-    assert peaks(runs["zero3"], "construction")[1] - engine_states < 0.3 * full, (states, full)
+    assert peaks(runs["zero3"], "construction")[1] - engine_states < 0.5 * full, (states, full)
 
 
 def test_zero3_init_flag_false_builds_the_whole_model_on_every_rank(runs):

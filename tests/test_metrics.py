@@ -265,3 +265,25 @@ def test_a_one_step_run_does_not_compare_its_step_with_the_steady_estimate():
     meter.steps.append((2, 2.45e9, 3.0e9))
     results.memory.step_per_rank = [meter.summary()]
     assert "step peak above the states 0.610 / 0.550 GB" in memory_line(results)
+
+
+def test_the_build_window_opens_with_the_freed_heap_handed_back():
+    """What a rank freed before the build (the first run's tokenizing and packing) but glibc still holds would be
+    reused by the build without growing the resident set: the window would show that much less than the model.
+    ConstructionMemory.start hands it back first (release_freed_memory)."""
+    from hfscale.run.measure import _proc_status_bytes, release_freed_memory
+
+    chunks, pins = [], []
+    for _ in range(2000):
+        chunks.append(b"\x01" * 40_000)  # written, so resident; below glibc's mmap threshold, so from its heap
+        # above each chunk (too large for the small holes glibc fills first): the chunks never reach the heap's top,
+        # so free() alone returns nothing
+        pins.append(b"\x02" * 8_000)
+    held = _proc_status_bytes("RssAnon")
+    del chunks
+    freed = _proc_status_bytes("RssAnon")
+    release_freed_memory()
+    released = _proc_status_bytes("RssAnon")
+    assert held - freed < 20e6, (held, freed)  # 80 MB freed, still resident
+    assert freed - released > 50e6, (freed, released)
+    del pins

@@ -41,6 +41,25 @@ def _proc_status_bytes(key: str) -> int:
     return 0
 
 
+def release_freed_memory() -> None:
+    """Hand the memory the allocators hold freed back to the kernel now (Linux): glibc's heap (malloc_trim) and
+    pyarrow's pool. The rank that tokenized and packed the data - the first run on a machine - left ~0.1 GB freed in
+    them; the model's build then reused it without growing the resident set, and its build window showed that much
+    less: ddp's rank 0 measured 0.89 of a copy where rank 1 measured 1.02 (12 layers x 768, 0.35 GB), 1.02 and 1.02
+    since."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim  # glibc; other C libraries have no such call
+    except (OSError, AttributeError):
+        trim = None
+    if trim is not None:
+        trim(0)
+    pyarrow = sys.modules.get("pyarrow")  # its pool (mimalloc or jemalloc) returns freed buffers on its own schedule
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()
+
+
 class ConstructionMemory:
     """Host memory a rank needs to build its model and shard it (Linux; None where /proc cannot be reset), above the
     resident set before the build:
@@ -58,6 +77,7 @@ class ConstructionMemory:
 
     def start(self) -> None:
         if StepMemory.on_linux_with_reset():
+            release_freed_memory()
             self.before = _proc_status_bytes("VmRSS")
 
     def read(self, built: bool = False) -> None:
