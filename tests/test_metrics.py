@@ -276,9 +276,9 @@ def test_the_build_window_opens_with_the_freed_heap_handed_back():
     chunks, pins = [], []
     for _ in range(2000):
         chunks.append(b"\x01" * 40_000)  # written, so resident; below glibc's mmap threshold, so from its heap
-        # above each chunk (too large for the small holes glibc fills first): the chunks never reach the heap's top,
-        # so free() alone returns nothing
-        pins.append(b"\x02" * 8_000)
+        # one as large above each chunk (too large for the holes an earlier test left): the chunks never reach the
+        # heap's top or one another, so free() alone returns nothing
+        pins.append(b"\x02" * 40_000)
     held = _proc_status_bytes("RssAnon")
     del chunks
     freed = _proc_status_bytes("RssAnon")
