@@ -5,6 +5,15 @@ config's `use_cache` is true for generation): every layer's keys and values are 
 per layer that nothing in training reads, about 7% of what a GPT-2 step keeps. A training forward here passes
 `use_cache=False` (the model's config is untouched: a saved or exported model generates with its cache as before).
 
+**The loss alone.** A training forward with labels returns the loss and nothing else: the Trainer reads only the
+loss, and the b·s·V logits the model also returns cost twice over. accelerate's mixed precision converts every
+floating output of the model to fp32 (`convert_outputs_to_fp32`: a 4-byte copy of the logits, 1.65 GB at 350M,
+micro-batch 8); and under torch.compile an output the loss does not use still gets a gradient - AOTAutograd hands the
+backward a zero tensor of its shape, which the first backward kernel reads. On one H200 (350M compiled, bf16) hfscale's
+step spent 2.1 ms more on the device than the same step written by hand (54.4 against 52.4 ms busy), in the loss's
+two kernels (benchmarks/results/h200_2026-11-26/). Evaluation (the model in eval mode) and calls without labels get
+the model's own output, logits included.
+
 **The fused linear cross-entropy** (`--fused_linear_cross_entropy`): the language-model head and its loss in one step
 that never holds the whole logits. HF's GPT-2/BLOOM compute logits = hidden @ W^T for every token (b·s·V, GPT-2's V =
 50257, BLOOM's 250880), upcast them to fp32 and keep log-softmax's fp32 output for the backward; the backward's first
@@ -100,7 +109,8 @@ def _head_forward(head, hidden, labels=None, num_items_in_batch=None):
 
 def use_training_forward(model, fused_linear_cross_entropy: bool = False):
     """Make `model` (a GPT-2 or BLOOM causal LM) compute its loss without a KV cache, and with the fused linear
-    cross-entropy if asked. A call without labels (generation, a request for logits) is the model's own forward.
+    cross-entropy if asked; in training, return the loss alone. A call without labels (generation, a request for
+    logits) is the model's own forward.
     The forward keeps the model's signature (the Trainer reads it). Returns the model."""
     own = type(model).forward
     if fused_linear_cross_entropy:
@@ -115,7 +125,8 @@ def use_training_forward(model, fused_linear_cross_entropy: bool = False):
             return own(self, *args, **kwargs)
         kwargs["use_cache"] = False
         if not fused_linear_cross_entropy:
-            return own(self, *args, labels=labels, **kwargs)
+            out = own(self, *args, labels=labels, **kwargs)
+            return CausalLMOutputWithCrossAttentions(loss=out.loss) if self.training else out  # the loss alone
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("logits_to_keep", None)
         hidden = self.base_model(*args, **kwargs)[0]
