@@ -189,7 +189,7 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
     """Whole-run figures, peak memory over all ranks, final weights fingerprint; then the results file."""
     results, plan = record.results, trainer.plan
     figures, steps = meter.whole_run() if meter else (None, 0)
-    memory = memory_now(results.environment.device_type == "cuda")
+    memory = memory_now(results.environment.device_type == "cuda", trainer.step_memory)
     my_steps = trainer.step_memory.summary()
     per_rank = [my_steps]
     if torch.distributed.is_initialized():

@@ -267,6 +267,26 @@ def test_a_one_step_run_does_not_compare_its_step_with_the_steady_estimate():
     assert "step peak above the states 0.610 / 0.550 GB" in memory_line(results)
 
 
+def test_the_run_peak_outlives_the_per_step_resets():
+    """StepMemory resets the process's peaks at every step (the kernel's high-water mark here, the allocator's peak
+    statistics on CUDA); the run's peak in results.json is still the largest of the run, not the last step's. A
+    200 MB tensor held through one step and freed: the last step's peak forgets it, the run's does not."""
+    from hfscale.formulas.metrics import GB
+    from hfscale.run.measure import StepMemory, _proc_status_bytes, memory_now
+
+    steps = StepMemory(on_cuda=False)
+    assert steps.available  # Linux, with /proc/self/clear_refs: what CI runs on
+    steps.begin()
+    held = torch.ones(50_000_000)  # 200 MB, every page touched
+    level = _proc_status_bytes("VmRSS") / GB
+    steps.end(1)
+    del held
+    steps.begin()  # the next step: the high-water mark reset to the level after the free
+    steps.end(2)
+    assert memory_now(False)["peak_rss_gb"] < level - 0.15  # what the run read before: its last step's peak
+    assert memory_now(False, steps)["peak_rss_gb"] > level - 0.01  # (ru_maxrss and VmRSS count a few pages apart)
+
+
 def test_the_build_window_opens_with_the_freed_heap_handed_back():
     """What a rank freed before the build (the first run's tokenizing and packing) but glibc still holds would be
     reused by the build without growing the resident set: the window would show that much less than the model.
