@@ -11,7 +11,7 @@ checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
-    python benchmarks/calibrate_activations.py --fit benchmarks/results/h100_*/cuda_activations.jsonl
+    python benchmarks/calibrate_activations.py --fit benchmarks/results/h*_*/cuda_activations.jsonl
     python benchmarks/calibrate_activations.py --forward fused --modes gpt2/sdpa/autocast_bf16/0   # the fused loss
                                                                       # against its estimate (no fit)
 """
@@ -100,6 +100,56 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
         what = "fused loss" if r.get("fused_loss") else "compiled / eager estimate"
         print(f"{r['mode']:30s} {what}: measured / estimated kept {r['activations'] / kept:.2f}, "
               f"peak {r['peak'] / peak:.2f}")
+
+
+def logits_bytes(mode: str) -> int:
+    """The bytes of one logit element the model returns in `mode`: fp32 where it computes in fp32, else bf16."""
+    return 4 if mode.split("/")[2] == "fp32" else 2
+
+
+def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
+    """A compiled step in terms of the eager estimate, from the compiled rows (unfused, not checkpointed): per mode, the
+    factor on what the eager estimate keeps (least squares through the origin over the mode's rows), and what the step's
+    peak adds above what it keeps, in bytes per b·s·V logit element, by the bytes of the logits the model returns (its
+    gradient is one of the tensors there) - from rows whose vocabulary is not a multiple of inductor's alignment
+    ("ragged": the grid's rows; the aligned figure is one whole run's, memory.COMPILED_LOGITS_PEAK_BYTES). Prints each
+    row against the fit. Rows measured on a step that returned its logits (every row before run/forward.py returned the
+    loss alone: no "logits_output" key) are fitted apart from rows of hfscale's loss-only step."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from hfscale.formulas.memory import COMPILED_ALIGNMENT_ELEMENTS, activations
+    from hfscale.formulas.metrics import ModelShape
+
+    rows = [without_kv_cache(r) for r in rows if "error" not in r and not r.get("fused_loss")
+            and r["mode"].split("/")[3:5] == ["0", "1"] and r["vocab"] % COMPILED_ALIGNMENT_ELEMENTS]
+    factors, peaks = {}, {}
+    for returned in (True, False):
+        mine = [r for r in rows if r.get("logits_output", True) == returned]
+        by_mode: dict[str, list] = {}
+        for r in mine:
+            mode = "/".join(r["mode"].split("/")[:4])
+            shape = ModelShape(mode.split("/")[0], r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
+            eager = activations(shape, r["seq"], r["mbs"], mode, device, kv_cache=False).kept
+            by_mode.setdefault(mode, []).append((r, eager))
+        table = {}
+        for mode, pairs in sorted(by_mode.items()):
+            measured, eager = (np.array(column, float) for column in zip(*((r["activations"], e) for r, e in pairs)))
+            table[mode] = round(float(measured @ eager / (eager @ eager)), 3)
+        extra: dict[int, list] = {}
+        for mode, pairs in sorted(by_mode.items()):
+            for r, e in pairs:
+                bsv = r["mbs"] * r["seq"] * r["vocab"]
+                extra.setdefault(logits_bytes(mode), []).append((r["peak"] - r["activations"]) / bsv)
+                print(f"{r['mode']:30s} l{r['n_layer']} h{r['hidden']} s{r['seq']} b{r['mbs']} logits returned "
+                      f"{returned}: kept / eager estimate {r['activations'] / e:.3f} (x {table[mode]}: "
+                      f"{table[mode] * e / r['activations']:.3f}), peak above kept {(r['peak'] - r['activations']) / bsv:.2f}"
+                      " bytes per logit")
+        key = "returned" if returned else "loss_only"
+        if table:
+            factors[key], peaks[key] = table, {n: round(float(np.mean(v)), 1) for n, v in sorted(extra.items())}
+    print(f"compiled factors: {factors}; peak above kept, bytes per logit element by the logits' bytes: {peaks}")
+    return {"factors": factors, "ragged_logits_peak": peaks}
 
 
 def without_kv_cache(row: dict) -> dict:
@@ -233,6 +283,7 @@ def main() -> None:
     if opts.fit:
         rows = [json.loads(line) for path in opts.fit for line in path.read_text().splitlines() if line.strip()]
         fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
+        fit_compiled(rows)
         return
     import numpy as np
 

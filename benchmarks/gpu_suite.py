@@ -216,7 +216,8 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
                 "per_device_train_batch_size": int(flag_value(extra, "--per_device_train_batch_size")
                                                    or opts.per_device_train_batch_size),
                 "vocab": int(flag_value(extra, "--vocab_size") or PRESETS[opts.model].vocab), "world_size": gpus,
-                "kv_cache": False, "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
+                "kv_cache": False, "logits_output": False,  # run/forward.py: the loss alone, since 2026-11-26
+                "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
                 "attention": est.get("attention") or "sdpa", **zero_optimization(strategy, extra)}}
 
@@ -340,7 +341,7 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss:
     fam, attn, prec, ck = mode.split("/")
     l, h, a, v, s, b = shape
     row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
-           "fused_loss": fused_loss, "kv_cache": False}
+           "fused_loss": fused_loss, "kv_cache": False, "logits_output": False}  # run/forward.py: the loss alone
     try:
         model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn).to(device)
     except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it

@@ -258,8 +258,9 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     estimate.main(["--model", "gpt2-350m", "--strategy", "ddp,zero2", "--per_device_train_batch_size", "8",
                    "--seq_len", "1024", "--device", "H100-80GB", "--bf16", "--torch_compile"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- activations of")]
-    assert notes == ["- activations of ddp, zero2: fitted on CUDA measurements, x 0.51 compiled "
-                     "(benchmarks/results/h100_*/cuda_activations.jsonl)"]
+    assert notes == [  # ddp's --bf16 is autocast, DeepSpeed's is bf16 weights: each mode's own compiled factor
+        "- activations of ddp: fitted on CUDA measurements, x 0.497 compiled (benchmarks/results/h*_*/cuda_activations.jsonl)",
+        "- activations of zero2: fitted on CUDA measurements, x 0.554 compiled (benchmarks/results/h*_*/cuda_activations.jsonl)"]
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -290,6 +291,7 @@ H100 = REPO / "benchmarks" / "results" / "h100_2026-11-23"
 H100_NO_CACHE = REPO / "benchmarks" / "results" / "h100_2026-11-26"  # the grid of hfscale's training forward
 H100_BLOOM = REPO / "benchmarks" / "results" / "h100_2026-11-26b"  # ... and its BLOOM modes; the ZeRO bucket runs
 H200 = REPO / "benchmarks" / "results" / "h200_2026-11-25"
+H200_COMPILED = REPO / "benchmarks" / "results" / "h200_2026-11-26"  # the compiled grid rows; 350M compiled, ZeRO buckets
 
 
 def _compiled(row: dict) -> bool:
@@ -299,7 +301,7 @@ def _compiled(row: dict) -> bool:
 def _cuda_rows(compiled: bool | None = False) -> list[dict]:
     """The measured rows (the grid also records what could not run: BLOOM with SDPA, which transformers refuses -
     the estimate takes BLOOM's attention as eager whatever is asked, memory.activation_mode); eager, compiled or all."""
-    rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200)
+    rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED)
             for line in (folder / "cuda_activations.jsonl").read_text().splitlines() if line.strip()]
     assert all("error" in r for r in rows if r["mode"].startswith("bloom/sdpa"))
     return [r for r in rows if "error" not in r and compiled in (None, _compiled(r))]
@@ -381,8 +383,26 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
         assert worst <= 0.025 and leave_one_out <= (0.16 if mode.endswith("/1") else 0.02), (mode, worst, leave_one_out)
 
 
+def test_the_compiled_factors_are_what_the_fit_gives():
+    """memory.py's compiled factors (per mode) and the bytes a compiled step's peak adds per logit element (per the
+    logits' bytes, ragged rows) are calibrate_activations.fit_compiled's fit of the committed compiled rows, as they
+    stand; a mode with no compiled row takes the whole runs' fallback, and says so."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        fit = load_benchmark("calibrate_activations").fit_compiled(_cuda_rows(True))
+    assert fit["factors"]["returned"] == memory.COMPILED_ACTIVATION_FACTOR["cuda"]
+    assert fit["ragged_logits_peak"]["returned"] == memory.COMPILED_LOGITS_PEAK_BYTES["cuda"]["ragged"]
+    shape = ModelShape("bloom", 4, 1024, 16, 50257, 1024)
+    fallback = memory.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda", compiled=True)
+    eager = memory.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda")
+    assert fallback.kept == int(eager.kept * memory.COMPILED_FACTOR_FALLBACK["cuda"])
+    assert "two whole runs' factor: no compiled row of bloom/eager/autocast_bf16/0" in fallback.calibration
+
+
 GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],
-            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in (H200, H100_NO_CACHE, H100_BLOOM)
+            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in (H200, H100_NO_CACHE, H100_BLOOM, H200_COMPILED)
               for r in json.loads((folder / "suite.json").read_text())["runs"] if r["status"] == "ok")]
 
 

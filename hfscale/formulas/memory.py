@@ -110,17 +110,25 @@ RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {
     "gpt2/eager/autocast_bf16/1": (1.8, 3.75), "gpt2/eager/bf16/1": (34.7, 0.0), "gpt2/eager/fp32/1": (2.6, 4.75),
     "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0)}}
 RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
-# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): the activation peak of
-# a compiled run over the eager estimate, measured on CUDA from two whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
-# benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU run was measured: there the eager estimate stands.
-COMPILED_ACTIVATION_FACTOR = {"cuda": 0.51}
-# ... and adds, at the start of the backward, bytes per b·s·V logit element that depend on whether the vocabulary's rows
-# are a multiple of inductor's 128-byte stride alignment (64 bf16 elements), where eager adds two fp32 copies
-# (LOGITS_PEAK_COPIES). Measured on one H200 (benchmarks/results/h200_2026-11-25/): GPT-2's 50257 rows, 6.02 and 6.02 in
-# both compiled grid rows (gpt2/sdpa/autocast_bf16, 4 and 8 layers), 6.2 and 5.7 in the 350M and 1.3B runs; padded
-# to 50304, 1.1 (the 1.3B run, whose step peak fell 1.44 GB with 47 more rows). Scaling the eager peak by the factor
-# instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
-COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"ragged": 6.0, "aligned": 1.1}}
+# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): what a compiled step
+# keeps, as a factor on the eager estimate, per mode - calibrate_activations.fit_compiled over the CUDA grid's compiled
+# rows (GPT-2 SDPA, 3 shapes each, one H200: benchmarks/results/h200_2026-11-2{5,6}/; every row within 7%). A mode with
+# no compiled row takes the factor of the two compiled whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
+# benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU step was measured: there the eager estimate stands.
+COMPILED_ACTIVATION_FACTOR = {"cuda": {
+    "gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696}}
+COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
+# ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
+# returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
+# rows are a multiple of inductor's 128-byte stride alignment (64 bf16 elements), where eager adds two fp32 copies
+# (LOGITS_PEAK_COPIES). Ragged: GPT-2's 50257 rows, fit_compiled over the same rows (6.01-6.02 and 8.00-8.01); 5.7-6.2
+# in the whole 350M and 1.3B runs. Aligned: padded to 50304, 1.1 (one 1.3B run, bf16 logits, whose step peak fell
+# 1.44 GB with 47 more rows); fp32 logits on aligned rows were not measured and take the ragged figure. Scaling the eager
+# peak by the factor instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
+# Every one of these steps returned its logits. hfscale's training forward returns the loss alone since 2026-11-26
+# (run/forward.py): on CPU that took a compiled step's peak above what it keeps from 4.0 to 0.25 bytes per logit
+# (autocast) and from 8.0 to 0.34 (fp32); on CUDA it is not measured yet, and these figures stand as its upper bound.
+COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}}}
 COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
 # transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
@@ -585,12 +593,19 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         backward_end = kept - loss_share + one_block
     factor = 1.0
     if compiled and device in COMPILED_ACTIVATION_FACTOR:
-        factor = COMPILED_ACTIVATION_FACTOR[device]
-        calibration += f", x {factor:g} compiled"
+        factor = COMPILED_ACTIVATION_FACTOR[device].get(mode)
+        if factor is None:
+            factor = COMPILED_FACTOR_FALLBACK[device]
+            calibration += f", x {factor:g} compiled (two whole runs' factor: no compiled row of {mode})"
+        else:
+            calibration += f", x {factor:g} compiled"
         peak_extra *= factor
         if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
+            by_rows = COMPILED_LOGITS_PEAK_BYTES[device]
+            itemsize = 4 if mode.split("/")[2] == "fp32" else 2
             rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
-            logits = COMPILED_LOGITS_PEAK_BYTES[device][rows] * micro_batch * seq * shape.vocab
+            per_logit = by_rows[rows].get(itemsize, by_rows["ragged"][itemsize])
+            logits = per_logit * micro_batch * seq * shape.vocab
             peak_extra = max(logits, peak_extra if mode.endswith("/1") else 0.0)
     return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)
 

@@ -191,7 +191,7 @@ def calibration_notes(rows: list[Row]) -> list[str]:
         if calibration and not r.refused and r.strategy not in by_calibration.setdefault(calibration, []):
             by_calibration[calibration].append(r.strategy)
     return [f"activations of {', '.join(strategies)}: "
-            + (f"fitted on CUDA measurements{calibration[4:]} (benchmarks/results/h100_*/cuda_activations.jsonl)"
+            + (f"fitted on CUDA measurements{calibration[4:]} (benchmarks/results/h*_*/cuda_activations.jsonl)"
                if calibration.startswith("cuda") else
                f"{calibration} - the CPU fit, not yet checked on a GPU (benchmarks/gpu_suite.py --only grid)"
                if calibration.startswith("cpu") else calibration)
