@@ -2,18 +2,20 @@
 # The first 15-minute lease of the `device` tool, in one call (benchmarks/gpu_lease.sh): what the last lease
 # (results/h200_2026-11-26) left unmeasured, the most important first.
 # Run there as:  bash benchmarks/gpu_call_15min.sh   (carry: .whl, timeout_s 590)
-# Sized from 2026-11-26 (H200): the wheels' install about 25 s; a compiled 350M reference 70 s and a 40-step compiled
+# Sized from 2026-11-26 (H200): the wheels' install about 25 s; a compiled 350M reference 70 s (each) and a 40-step compiled
 # 350M run 40-80 s; a 1.3B compiled run about 90 s; a compiled grid point 11-29 s. The machine's start is on top.
 source "$(dirname "$0")/gpu_lease.sh"  # left, suite, pack
 # 1. 350M compiled ran at 0.948 of the hand-written step on an H200 because its step returned the b x s x V logits
 #    (accelerate converted them to fp32; torch.compile gave the unused output a zero gradient the backward read: 2.1 ms
-#    more device time). The training forward returns the loss alone since: the ratio now, and one step profiled
-suite a350 --only reference,runs --strategy ddp --optim adamw --references compiled --no-pairs \
-  --ddp_variants compiled,profile --steps 40 --budget_s $(left 260)
+#    more device time). The training forward returns the loss alone since: the ratio now, to the hand-written step as
+#    a user writes it with the HF model (its logits returned) and to the same step with hfscale's forward (loss-only:
+#    the ratio that is the Trainer's and hfscale's own cost), and one of hfscale's steps profiled
+suite a350 --only reference,runs --strategy ddp --optim adamw --references compiled,loss-only --no-pairs \
+  --ddp_variants compiled,profile --steps 40 --budget_s $(left 300)
 # 2. 1.3B compiled with both MFU levers (MBS 16, the vocabulary padded to 50304): 47.6% on an H100 and 49.6% on an
 #    H200 (MBS 16 alone) with the logits returned; the goal is 50%
 suite b13 --model gpt2-1.3b --only runs --strategy ddp --optim adamw --no-pairs --ddp_variants mbs2x+vocab128 \
-  --steps 20 --budget_s $(left 380)
+  --steps 20 --budget_s $(left 410)
 # 3. the compiled grid rows of the loss-only step ("logits_output": false), 3 shapes per mode: on CPU its peak above
 #    what it keeps fell from 4.0 to 0.25 bytes per logit (autocast), from 8.0 to 0.34 (fp32); memory.py's compiled
 #    figures (measured with the logits returned) stand as an upper bound until these rows are fitted apart

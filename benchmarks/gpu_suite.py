@@ -12,7 +12,9 @@ install the packages on a machine without a registry.
 Sections (--only), run in this order:
 - `reference` (first, so that a call cut short still has it): the same model stepped by hand (bf16 autocast over fp32
   weights, SDPA, fused AdamW, clipping 1.0, random tokens on the device, the steps after warm-up timed as one window
-  with no per-step sync; eager and torch.compile), and one of its steps profiled.
+  with no per-step sync; eager and torch.compile), and one of its steps profiled. It returns the model's logits, as a
+  loop written with the HF model does; `loss-only` is the compiled step with hfscale's training forward (the loss
+  alone, run/forward.py), so that hfscale's ratio to it is the Trainer's and hfscale's own cost and nothing else.
 - `runs`: `hfscale launch` of each pair, eager; then ddp's variants (DDP_VARIANTS): compiled (hfscale's GPU default),
   compiled with the Trainer's per-micro-batch syncs put back, compiled with --gc_freq 0, with CUDA graphs, eager
   naming every host sync of a step (--count_host_syncs), compiled with one step profiled (--profile_step), compiled
@@ -24,7 +26,7 @@ Sections (--only), run in this order:
 - `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
   checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
   benchmarks/calibrate_activations.py --fit takes).
-`--references eager|compiled`, `--no-pairs` (ddp's and the ZeRO variants only) and `--grid_filter REGEX` pick parts of
+`--references eager,compiled,loss-only`, `--no-pairs` (ddp's and the ZeRO variants only) and `--grid_filter REGEX` pick parts of
 a section; an item that raises is recorded with its error and the suite goes on (a lease is 15 minutes).
 `--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped; the
 JSON and the table are rewritten (atomically) after every item, so a call stopped from outside keeps what it measured.
@@ -50,6 +52,7 @@ GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4,
 DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
+REFERENCES = ("eager", "compiled", "loss-only")  # the hand-written steps, in the order they run
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
 # --fused_linear_cross_entropy's modes (the estimate's fused_loss_bytes, structural until measured): the first shapes
 FUSED_MODES = ("gpt2/sdpa/autocast_bf16/0", "gpt2/sdpa/bf16/0", "bloom/eager/autocast_bf16/0")
@@ -237,15 +240,19 @@ def zero_optimization(strategy: str, extra) -> dict:
 
 # ---- the hand-written reference ---------------------------------------------------------------------------------------
 
-def reference_step(opts, compiled: bool, device: str) -> dict:
-    """tokens/s of the same model stepped by hand: no Trainer, no accelerate, no hfscale code in the loop."""
+def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -> dict:
+    """tokens/s of the same model stepped by hand: no Trainer, no accelerate, no hfscale code in the loop. The model
+    returns its logits beside the loss, unless `loss_only` (hfscale's training forward: the loss alone)."""
     import torch
 
     from hfscale.models import PRESETS, build_model
+    from hfscale.run.forward import use_training_forward
 
     shape = PRESETS[opts.model]
     model = build_model(shape, seed=0, attn_implementation="sdpa").to(device)
     model.train()
+    if loss_only:
+        use_training_forward(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
     step_fn = torch.compile(model) if compiled else model
     ids = torch.randint(0, shape.vocab, (opts.per_device_train_batch_size, opts.seq_len), device=device)
@@ -274,8 +281,9 @@ def reference_step(opts, compiled: bool, device: str) -> dict:
     per_step = (time.perf_counter() - start) / max(opts.steps - warmup, 1)
     tokens = opts.per_device_train_batch_size * opts.seq_len
     profile = profile_reference(step, sync, device.startswith("cuda"))
-    return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else ""),
-            "compiled": compiled, "s_per_step": per_step, "tokens_per_s": tokens / per_step, "warmup_steps": warmup_steps,
+    return {"reference": "transformers model, by hand" + (", torch.compile" if compiled else "")
+            + (", the loss alone" if loss_only else ""), "compiled": compiled, "loss_only": loss_only,
+            "s_per_step": per_step, "tokens_per_s": tokens / per_step, "warmup_steps": warmup_steps,
             "per_device_train_batch_size": opts.per_device_train_batch_size, "vocab": shape.vocab,
             "profile": profile}
 
@@ -427,9 +435,10 @@ def hand_written_ratios(report: dict, gpus: int) -> None:
                 r["plan"][k] == ref[k] for k in ("per_device_train_batch_size", "vocab") if k in ref)
             if (r["strategy"] == "ddp" and r["optim"] == "adamw" and same_step
                     and not set(r["variant"].split("+")) & set(NOT_SPEED)):
-                r["hand_written_ratio"] = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+                ratio = round(r["tokens_per_s"] / gpus / ref["tokens_per_s"], 3)
+                r["loss_only_ratio" if ref.get("loss_only") else "hand_written_ratio"] = ratio
                 if not r["variant"]:
-                    ref["hfscale_ratio"] = r["hand_written_ratio"]
+                    ref["hfscale_ratio"] = ratio
 
 
 def markdown(report: dict) -> str:
@@ -437,6 +446,7 @@ def markdown(report: dict) -> str:
              "| run | s/it | tokens/s | TFLOPs/GPU | MFU | allocated GB (est / measured) | / hand-written |",
              "|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
+        loss_only = f" ({r['loss_only_ratio']} of the loss-only step)" if "loss_only_ratio" in r else ""
         if r["status"] != "ok":
             lines.append(f"| {r['run']} | {r['status']} | | | | | |")
             continue
@@ -444,7 +454,7 @@ def markdown(report: dict) -> str:
         alloc = r["device_allocated_gb"]
         lines.append(f"| {r['run']} | {r['s_per_iter']:.4f} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
                      f"{mfu} | {r['estimate_allocated_gb']:.2f} / {alloc if alloc is None else f'{alloc:.2f}'} | "
-                     f"{r.get('hand_written_ratio', '')} |")
+                     f"{r.get('hand_written_ratio', '')}{loss_only} |")
     lines += ["", "| reference | tokens/s | hfscale ddp / reference |", "|---|---|---|"]
     for r in report["references"]:
         speed = "fail" if r.get("status") == "fail" else f"{r['tokens_per_s']:,.0f}"
@@ -496,7 +506,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
                         f"list of {', '.join(v or 'compiled' for v, _, _ in DDP_VARIANTS)}; all (default) or none")
     parser.add_argument("--references", default="eager,compiled", help="which hand-written steps the reference "
-                        "section times: eager, compiled or both (default)")
+                        "section times, a comma list of eager, compiled (default: both) and loss-only (compiled, "
+                        "hfscale's training forward: the loss alone)")
     parser.add_argument("--pairs", action=argparse.BooleanOptionalAction, default=True, help="run the eager strategy "
                         "x optimizer pairs (--no-pairs: only ddp's variants and the ZeRO variants)")
     parser.add_argument("--grid_filter", default="", help="only the grid points whose label (mode, then ' compiled' "
@@ -508,7 +519,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     try:
         resolve_shape(opts.model)
-        opts.references = set(comma_list(opts.references, "--references", valid=("eager", "compiled"),
+        opts.references = set(comma_list(opts.references, "--references", valid=REFERENCES,
                                          what="reference"))
         re.compile(opts.grid_filter)
         variant_names(opts.ddp_variants)
@@ -547,15 +558,16 @@ def main() -> None:
         atomic_write_text(opts.out / "gpu_suite.md", markdown(report))
 
     if "reference" in sections:  # first: a call cut short still has what every ddp run is compared with
-        for compiled in (False, True) if not opts.dry_run else (False,):
-            label = f"reference step{' (compiled)' if compiled else ''}"
-            if ("compiled" if compiled else "eager") not in opts.references:
+        for name in REFERENCES if not opts.dry_run else ("eager",):
+            compiled, loss_only = name != "eager", name == "loss-only"
+            label = f"reference step{' (compiled)' if compiled else ''}{' (the loss alone)' if loss_only else ''}"
+            if name not in opts.references:
                 continue
             if not clock.left():
                 report["skipped"].append(label)
                 continue
             clock.say(label)
-            ref, error = attempt(reference_step, opts, compiled, device)
+            ref, error = attempt(reference_step, opts, compiled, device, loss_only)
             release_device(device)
             report["references"].append(ref or {"reference": label, "compiled": compiled, "status": "fail",
                                                 "error": error})

@@ -229,3 +229,34 @@ def test_a_failed_run_is_kept_out_of_the_hand_written_ratios():
     assert report["runs"][1]["hand_written_ratio"] == 0.97 and "hand_written_ratio" not in report["runs"][0]
     assert "| ddp-adamw-compiled-mbs2x | fail" in suite.markdown({**report, "machine": "GPU", "date": "today",
                                                                    "command": "c", "grid": [], "skipped": []})
+
+
+def test_the_loss_only_reference_steps_hfscales_forward_and_gets_its_own_ratio(monkeypatch):
+    """`--references loss-only`: the hand-written step with hfscale's training forward (the loss alone), so that
+    hfscale's ratio to it is the Trainer's and hfscale's cost alone; the plain reference returns the logits, as a loop
+    written with the HF model does. Each run gets one ratio to each."""
+    import torch
+
+    from hfscale.run import forward as training_forward
+
+    suite = _suite()
+    opts = suite.options(["--references", "compiled,loss-only"])
+    assert opts.references == {"compiled", "loss-only"}
+    opts.model, opts.seq_len, opts.per_device_train_batch_size, opts.steps = "tiny", 64, 2, 4  # as --dry_run sets them
+    calls = []
+    original = training_forward.use_training_forward
+    monkeypatch.setattr(training_forward, "use_training_forward",
+                        lambda model: calls.append(type(model).__name__) or original(model))
+    torch.manual_seed(0)
+    ref = suite.reference_step(opts, False, "cpu", loss_only=True)
+    plain = suite.reference_step(opts, False, "cpu")
+    assert calls == ["GPT2LMHeadModel"] and ref["loss_only"] and not plain["loss_only"]
+    assert ref["reference"].endswith("the loss alone") and ref["tokens_per_s"] > 0
+    run = {"run": "ddp-adamw", "status": "ok", "strategy": "ddp", "optim": "adamw", "compiled": False, "variant": "",
+           "tokens_per_s": 90.0, "plan": {"per_device_train_batch_size": 2, "vocab": ref["vocab"]}}
+    report = {"references": [{**plain, "tokens_per_s": 100.0}, {**ref, "tokens_per_s": 120.0}], "runs": [run]}
+    suite.hand_written_ratios(report, 1)
+    assert run["hand_written_ratio"] == 0.9 and run["loss_only_ratio"] == 0.75
+    run.update(s_per_iter=0.1, tflops_per_gpu=1.0, mfu=None, estimate_allocated_gb=1.0, device_allocated_gb=1.0)
+    table = suite.markdown({**report, "machine": "CPU", "date": "today", "command": "c", "grid": [], "skipped": []})
+    assert "| 0.9 (0.75 of the loss-only step) |" in table
