@@ -102,11 +102,6 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
               f"peak {r['peak'] / peak:.2f}")
 
 
-def logits_bytes(mode: str) -> int:
-    """The bytes of one logit element the model returns in `mode`: fp32 where it computes in fp32, else bf16."""
-    return 4 if mode.split("/")[2] == "fp32" else 2
-
-
 def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
     """A compiled step in terms of the eager estimate, from the compiled rows (unfused, not checkpointed): per mode, the
     factor on what the eager estimate keeps (least squares through the origin over the mode's rows), and what the step's
@@ -118,7 +113,7 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import COMPILED_ALIGNMENT_ELEMENTS, activations
+    from hfscale.formulas.memory import COMPILED_ALIGNMENT_ELEMENTS, activations, logits_bytes
     from hfscale.formulas.metrics import ModelShape
 
     rows = [without_kv_cache(r) for r in rows if "error" not in r and not r.get("fused_loss")
@@ -132,12 +127,10 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
             shape = ModelShape(mode.split("/")[0], r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
             eager = activations(shape, r["seq"], r["mbs"], mode, device, kv_cache=False).kept
             by_mode.setdefault(mode, []).append((r, eager))
-        table = {}
+        table, extra = {}, {}
         for mode, pairs in sorted(by_mode.items()):
             measured, eager = (np.array(column, float) for column in zip(*((r["activations"], e) for r, e in pairs)))
             table[mode] = round(float(measured @ eager / (eager @ eager)), 3)
-        extra: dict[int, list] = {}
-        for mode, pairs in sorted(by_mode.items()):
             for r, e in pairs:
                 bsv = r["mbs"] * r["seq"] * r["vocab"]
                 extra.setdefault(logits_bytes(mode), []).append((r["peak"] - r["activations"]) / bsv)

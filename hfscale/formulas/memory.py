@@ -547,6 +547,12 @@ class Activations:
     calibration: str
 
 
+def logits_bytes(mode: str) -> int:
+    """The bytes of one logit element the model returns in `mode` (family/attention/precision/...): 4 where it computes
+    in fp32, else 2 (bf16 weights, or autocast's bf16 head)."""
+    return 4 if mode.split("/")[2] == "fp32" else 2
+
+
 def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
                 tp: int = 1, fused_loss: bool = False, kv_cache: bool = False) -> Activations:
     """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
@@ -602,7 +608,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         peak_extra *= factor
         if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
             by_rows = COMPILED_LOGITS_PEAK_BYTES[device]
-            itemsize = 4 if mode.split("/")[2] == "fp32" else 2
+            itemsize = logits_bytes(mode)
             rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
             per_logit = by_rows[rows].get(itemsize, by_rows["ragged"][itemsize])
             logits = per_logit * micro_batch * seq * shape.vocab
