@@ -475,7 +475,10 @@ def slurm_train(fake_slurm, workdir: Path, strategy: str, nodes: int, gpus_per_n
     return results
 
 
-HSDP_STEPS = 20
+# HSDP's 2 x 2 job steps the parity runs' global batch: MBS 2 on each of its 4 ranks is the 8 samples a step of the
+# parity suite's ddp run (2 ranks x MBS 4), its reference, for as many steps.
+HSDP_STEPS = PARITY_STEPS
+HSDP_MBS = ["--per_device_train_batch_size", "2"]
 
 
 def hsdp_8bit_job() -> dict:
@@ -490,14 +493,14 @@ def hsdp_8bit_job() -> dict:
 
 
 def hsdp_job() -> dict:
-    """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, 20 steps, weights
+    """fsdp_hybrid on 2 "nodes" x 2 processes, from the script `hfscale slurm` generates (fp32, MBS 2, 20 steps, weights
     fingerprinted, a checkpoint at step 10; its folder is `output_dir`): shared by the multi-node checks and the
     strategy x optimizer matrix, in whichever worker asks first."""
     def make(folder):
         folder.mkdir(parents=True, exist_ok=True)
         saving = [a for a in TINY if a not in ("--save_strategy", "no")] + ["--save_strategy", "steps", "--save_steps", "10"]
         return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_hybrid", 2, 2,
-                           [*saving, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir",
+                           [*saving, *HSDP_MBS, "--max_steps", str(HSDP_STEPS), "--fingerprint_weights", "--output_dir",
                             str(folder / "run")])
 
     return shared_run("hsdp-2x2", make)

@@ -13,7 +13,7 @@ import pytest
 
 import torch
 
-from conftest import REPO, TINY, run
+from conftest import REPO, TINY, run, shared_run
 from hfscale.run.host_syncs import HostReads, is_host_sync
 from hfscale.run.profile import busy_time
 
@@ -63,10 +63,11 @@ def _loop_reads(results: dict) -> dict:
     return {s["step"]: {site: n for site, n in s["sites"].items() if site.startswith(LOOP)} for s in steps}
 
 
-@pytest.fixture(scope="module")
-def hfscale_run(tmp_path_factory):
-    """One run of hfscale's defaults, its host syncs counted and step 5 profiled (a step without logging)."""
-    return _run(tmp_path_factory.mktemp("hfscale"), "--profile_step", "5")
+@pytest.fixture()
+def hfscale_run():
+    """One run of hfscale's defaults, its host syncs counted and step 5 profiled (a step without logging): made once
+    per session, whichever pytest-xdist worker asks first (a module fixture would be made once per worker)."""
+    return shared_run("step-profile", lambda folder: _run(folder, "--profile_step", "5"))
 
 
 def test_the_training_loop_reads_nothing_back_between_logging_steps(hfscale_run, tmp_path):

@@ -5,7 +5,7 @@ the strategies that run it through the Trainer, tp and fsdp_tp: parity with ddp,
 
 import pytest
 
-from conftest import probe
+from conftest import probe, shared_run
 from hfscale.formulas import parallel3d as p3d
 from hfscale.models import PRESETS
 from hfscale.formulas.memory import tp_local_tensors
@@ -14,9 +14,10 @@ from hfscale.parallel.tensor_parallel import PLANS, tp_refusal
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def parity() -> dict:
-    return probe("tensor_parallel_parity")["ranks"]
+    """The probe's 2-process TP world, run once per session by whichever pytest-xdist worker asks first."""
+    return shared_run("tensor-parallel-probe", lambda folder: probe("tensor_parallel_parity")["ranks"])
 
 
 @pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom")])
