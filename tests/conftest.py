@@ -414,8 +414,29 @@ for ((i=0; i<SLURM_NNODES; i++)); do echo 127.0.0.1; done
 """
 
 
-def slurm(*argv) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "hfscale", "slurm", *map(str, argv)], timeout=120)
+def hfscale_here(*argv) -> subprocess.CompletedProcess:
+    """`hfscale ARGV` run in this process, as `run` returns a launch of it: its exit code, stdout and stderr. For the
+    commands that only read and write files (`slurm`, `import-logs`), where a launch is ~2 CPU-s of imports; each
+    such command is also launched once as the console command a user types."""
+    import io
+
+    from hfscale import cli
+
+    argv = [str(a) for a in argv]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def slurm(*argv, launched: bool = False) -> subprocess.CompletedProcess:
+    """`hfscale slurm ARGV`: in this process, or `launched` as the console command."""
+    if launched:
+        return run([sys.executable, "-m", "hfscale", "slurm", *map(str, argv)], timeout=120)
+    return hfscale_here("slurm", *argv)
 
 
 def fake_slurm_bin(bin_dir: Path) -> Path:

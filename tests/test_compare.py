@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, hfscale_here, run
 from hfscale.launch import classify
 from hfscale.compare.megatron import import_log, parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation
@@ -29,7 +29,10 @@ def imported(path, **kw) -> dict:
     return import_log(path, **kw).to_dict()
 
 
-def hfscale(*args):
+def hfscale(*args, launched: bool = True):
+    """`hfscale ARGS` as the console command, or in this process (conftest.hfscale_here)."""
+    if not launched:
+        return hfscale_here(*args)
     return run([sys.executable, "-m", "hfscale", *map(str, args)], timeout=120)
 
 
@@ -133,7 +136,7 @@ def test_a_log_appended_by_a_restart_skips_each_launchs_start_up_and_keeps_the_l
         (10, 10.91), (20, 9.84), (30, 8.97), (40, 8.5), (50, 8.1), (60, 7.9)]
     assert record["config"]["world_size"] == 16
     if header:  # the row's Notes, through the command once
-        proc = hfscale("import-logs", log, "--out", tmp_path / "out")
+        proc = hfscale("import-logs", log, "--out", tmp_path / "out", launched=False)
         assert proc.returncode == 0 and "6 iterations of 2 launches" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -159,7 +162,7 @@ def test_an_imported_curve_has_tokens_seconds_and_the_validation_loss_as_a_run_h
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for _ in range(2):  # imported again: the events are replaced, not doubled
-        proc = hfscale("import-logs", log, "--out", tmp_path / "tb")
+        proc = hfscale("import-logs", log, "--out", tmp_path / "tb", launched=False)
         assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / "tb" / log.stem).glob("events.out.tfevents.*"))) == 1
     events = EventAccumulator(str(tmp_path / "tb" / log.stem))
@@ -200,7 +203,7 @@ def test_the_logs_own_tflops_are_averaged_over_the_measured_iterations_and_noted
     record = imported(log, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)
     assert record["perf"]["tflops_per_gpu_reported"] == pytest.approx(405.0)
     if said.startswith("TFLOPs"):  # the row's Notes, through the command once
-        proc = hfscale("import-logs", log, "--out", tmp_path / "out")
+        proc = hfscale("import-logs", log, "--out", tmp_path / "out", launched=False)
         assert proc.returncode == 0 and "the log says 405.0 TFLOPs/GPU" in proc.stdout, proc.stdout + proc.stderr
     assert imported(GOOD_LOG, gpus=None, seq_len=2048, params=None, checkpointing=True, skip_first=1)[
         "perf"]["tflops_per_gpu_reported"] is None  # a log that prints none: nothing made up
@@ -245,7 +248,7 @@ def test_a_newer_megatron_lm_header_says_no_recomputation_its_precision_and_voca
 
 
 def test_every_imported_row_names_its_log_file(tmp_path):
-    proc = hfscale("import-logs", GOOD_LOG, HEADER_LOG, "--out", tmp_path / "meg")
+    proc = hfscale("import-logs", GOOD_LOG, HEADER_LOG, "--out", tmp_path / "meg", launched=False)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "megatron" in line]
     assert len(rows) == 2 and all(any(f.name in row for f in (GOOD_LOG, HEADER_LOG)) for row in rows)

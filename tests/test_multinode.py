@@ -75,7 +75,7 @@ def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(sin
 def test_the_script_expands_the_machine_rank_on_each_node():
     gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--partition", "gpu", "--time", "20:00:00", "--constraint",
                  "v100-32g", "--dry-run", "--", "--strategy", "zero3", "--model", "bloom-7b1", "--bf16",
-                 "--run_name", "a$b")
+                 "--run_name", "a$b", launched=True)
     assert gen.returncode == 0, gen.stderr
     text = gen.stdout
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
