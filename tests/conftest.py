@@ -566,10 +566,9 @@ def host_memory_run(name: str) -> dict:
             # glibc hands freed tensors back to the kernel at once, so the resident set follows the tensors
             # (otherwise freed broadcast buffers stay in the heap and count; docs/estimate.md)
             mp.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-            # and backs them with transparent huge pages where the kernel gives them on request (THP "madvise"): one
-            # fault per 2 MB instead of 512, the same high-water marks (the tensors fill their pages); the four runs
-            # took 131 CPU-s instead of 150 on the 2-core CI machine
-            mp.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+            # No huge pages on request (glibc.malloc.hugetlb=1): 131 CPU-s for the four runs against 150 once, but on
+            # 2026-11-27 the zero3 run took 30-36 CPU-s with them and 24-26 without, the difference the kernel's (THP
+            # defrag "madvise" may compact memory before each requested huge page); the same high-water marks.
             for key, value in environ.items():
                 mp.setenv(key, value)
             cache = ["--cache_dir", str(folder.with_name(f"{folder.name}-cache"))] if name in COLD_CACHE_RUNS else []
