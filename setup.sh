@@ -20,4 +20,6 @@ if [ "${HFSCALE_INSTALLER:-uv}" = uv ] && "${PIP[@]}" install uv 2>&1 | quiet &&
 else
   "${PIP[@]}" install --no-build-isolation -e ".[test]" 2>&1 | quiet
 fi
+# hfscale itself is installed editable, so neither installer compiled it: ~0.1 CPU-s per process that imports it
+.venv/bin/python -m compileall -q hfscale
 .venv/bin/python -c "import torch, hfscale; print(f'hfscale ready: torch {torch.__version__}, cuda={torch.cuda.is_available()}')"
