@@ -368,14 +368,11 @@ class ReachedLaunch(AssertionError):
 
 
 @pytest.fixture()
-def hfscale_cli(capsys, monkeypatch):
+def hfscale_cli(monkeypatch):
     """`hfscale ARGV` in this process: the console script's own entry point, exit code and stderr, without paying the
     libraries' import (seconds) for every case. For refusals made before anything starts: a case that gets as far as
     setting up processes or exec'ing accelerate fails here and belongs with the launched cases (`run`). The console
     script's own refusals, as a process: test_bad_input.py."""
-    from types import SimpleNamespace
-
-    from hfscale import cli
     from hfscale.parallel import distributed
 
     def reached(*args, **kwargs):
@@ -387,14 +384,7 @@ def hfscale_cli(capsys, monkeypatch):
     def call(argv: list, cwd: Path | None = None):
         if cwd is not None:
             monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        try:
-            cli.main([str(a) for a in argv])
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+        return hfscale_here(*argv)
 
     return call
 
@@ -415,9 +405,10 @@ for ((i=0; i<SLURM_NNODES; i++)); do echo 127.0.0.1; done
 
 
 def hfscale_here(*argv) -> subprocess.CompletedProcess:
-    """`hfscale ARGV` run in this process, as `run` returns a launch of it: its exit code, stdout and stderr. For the
-    commands that only read and write files (`slurm`, `import-logs`), where a launch is ~2 CPU-s of imports; each
-    such command is also launched once as the console command a user types."""
+    """`hfscale ARGV` run in this process, as `run` returns a launch of it: its exit code, stdout and stderr. For
+    refusals made before anything starts (`hfscale_cli`) and the commands that only read and write files (`slurm`,
+    `import-logs`), where a launch is ~2 CPU-s of imports; each such command is also launched once as the console
+    command a user types."""
     import io
 
     from hfscale import cli
