@@ -314,6 +314,7 @@ def main(argv: list[str]) -> int:
     cmd = strategy_launch(train_args, opts.num_processes, opts.config_file, opts.num_machines, flags,
                           free_main_port=opts.main_process_port is None and opts.num_machines == 1)
     check_machine_flags(opts, load_yaml(opts.config_file) if opts.config_file else {})
+    check_training_flags(train_args)  # a typo is one line here, not a traceback from every rank
     if opts.dry_run:
         print(shlex.join(cmd))
         return 0
@@ -322,6 +323,14 @@ def main(argv: list[str]) -> int:
     # would end it and, under srun, the job step with it
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
+
+
+def check_training_flags(train_args: list[str], here: bool = True) -> None:
+    """run/args.check_training_flags, imported when a command hands training flags on: it needs transformers'
+    TrainingArguments, which `hfscale launch`'s own checks do not."""
+    from .run.args import check_training_flags as check
+
+    check(train_args, here)
 
 
 # ---- one run of a sweep or of `hfscale tune` ------------------------------------------------------------------------
@@ -394,18 +403,28 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
     write_results(run_dir, results)
 
 
-def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_failed: bool = False) -> dict:
-    """One run of a sweep (or of `hfscale tune`) into out/<run name>: skipped when it already has a final status,
-    refused without launching when the strategy table refuses the pair, else launched and its outcome recorded."""
-    run_dir = out / run.name
-    done = finished_status(run_dir)
+def decided_without_launch(run: RunSpec, out: Path, retry_failed: bool = False) -> dict | None:
+    """The row of a sweep's (or `hfscale tune`'s) run that is decided without launching it - skipped when out/<run
+    name> already has a final status, refused when the strategy table refuses the pair - else None: it launches."""
+    done = finished_status(out / run.name)
     if done and not (retry_failed and done != "ok"):
         return {"run": run.name, "status": done, "skipped": True}
     try:
         check_pair(run.strategy, run.optim)
     except HfscaleError as err:
-        write_results(run_dir, stub_results(run, "refused", str(err), fixed))
         return {"run": run.name, "status": "refused", "error": str(err)}
+    return None
+
+
+def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_failed: bool = False) -> dict:
+    """One run of a sweep (or of `hfscale tune`) into out/<run name>: decided without a launch when it can be (a
+    refused one recorded as such), else launched and its outcome recorded."""
+    run_dir = out / run.name
+    row = decided_without_launch(run, out, retry_failed)
+    if row is not None:
+        if row["status"] == "refused" and not row.get("skipped"):
+            write_results(run_dir, stub_results(run, "refused", row["error"], fixed))
+        return row
     outcome = run_training(run.train_args(fixed), run_dir, run.nproc, timeout)
     record_outcome(run, run_dir, outcome.status, outcome.error, outcome.log_tail, outcome.seconds, fixed)
     return {"run": run.name, "status": outcome.status, "error": outcome.error, "wall_s": round(outcome.seconds, 1)}

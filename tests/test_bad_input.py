@@ -44,7 +44,9 @@ CASES = {
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
     "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
-    "unknown flag": (["--not_a_flag", "1"], "not_a_flag"),
+    "unknown flag": (["--not_a_flag", "1"], "unknown flag --not_a_flag; `hfscale train --help` lists every flag"),
+    "misspelled flag": (["--lerning_rate", "0.1"], "unknown flag --lerning_rate (did you mean --learning_rate?)"),
+    "stray word": (["zero1"], "unexpected argument zero1: hfscale train takes --flags, or one run file"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
     "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),
     "deepspeed json of another stage": (["--strategy", "zero1", "--deepspeed", "ds_configs/zero3.json"],
@@ -310,8 +312,24 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["parity", "--strategy", "zero1,fsdp", "--", "--optim", "adafactor"],
      "strategy 'fsdp' cannot use optimizer 'adafactor'"),  # refused before ddp is launched
     (["parity", "--", "--optim", "adam9"], "unknown optimizer 'adam9'"),
-    # refused by the training script the reference run launches: no other strategy launched, its folders removed
+    # the training flags a command hands on are checked before it writes or launches anything
     (["parity", "--num_processes", "1", "--strategy", "zero1", "--", "--model", "gpt9"], "unknown model preset 'gpt9'"),
+    (["parity", "--strategy", "zero1", "--", "--learning_rate=-1"], "--learning_rate must be >= 0, got -1.0"),
+    (["sweep", "--out", "runs/sw", "--", "--lerning_rate", "0.1"],
+     "unknown flag --lerning_rate (did you mean --learning_rate?)"),
+    (["tune", "--model", "tiny", "--num_processes", "2", "--out", "runs/tune", "--", "--max_steps", "abc"],
+     "argument --max_steps/--max-steps: invalid int value: 'abc'"),
+    (["launch", "--strategy", "zero1", "--dry_run", "--bogus"], "unknown flag --bogus"),
+    (["launch", "--strategy", "zero1", "--dry_run", "--train_files", "/nonexistent/corpus.txt"],
+     "data file not found: /nonexistent/corpus.txt"),
+    (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--out", "runs/slurm", "--", "--n_head", "5"],
+     "heads (5) must divide hidden size (64)"),
+    (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--out", "runs/slurm", "--", "--optimm", "adamw"],
+     "unknown flag --optimm (did you mean --optim"),
+    # refused by the training script the reference run launches (what depends on the run itself): no other strategy
+    # launched, its folders removed
+    (["parity", "--num_processes", "1", "--strategy", "zero1", "--", "--deepspeed", str(REPO / "ds_configs/zero1.json")],
+     "--deepspeed is for the zero* strategies"),
     (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
@@ -401,6 +419,8 @@ def test_malformed_run_file(tmp_path, hfscale_cli):
     ("per_device_train_batch_size: [1, 2]\n", "per_device_train_batch_size takes one value, got [1, 2]"),
     ("model: {name: tiny}\n", "model takes one value, got {\"name\": \"tiny\"}"),
     ("lr_scheduler_type: wobbly\n", "lr_scheduler_type: unknown value \"wobbly\"; choose one of: linear, cosine"),
+    ("lerning_rate: 0.1\nmax_stepz: 3\n", "unknown keys lerning_rate (did you mean learning_rate?), max_stepz (did you mean "
+                                          "max_steps?); `hfscale train --help` lists every flag"),
 ])
 def test_a_run_file_value_of_the_wrong_kind_is_one_line(tmp_path, hfscale_cli, text, expected):
     """A run file's values go through their flags' own types and choices, as on the command line."""

@@ -55,6 +55,21 @@ def test_a_node_never_gets_more_processes_than_gpus(gpus):
     assert _value(strategy_launch(["--strategy", "ddp"], 3), "--num_processes") == "3"  # CPU: gloo, any number
 
 
+@pytest.mark.parametrize("argv", [
+    ["sweep", "--num_processes", "1,2", "--out", "runs/sweep"],
+    ["tune", "--model", "tiny", "--num_processes", "2", "--out", "runs/tune"],
+    ["parity", "--num_processes", "2", "--out", "runs/parity"],
+    ["launch", "--num_processes", "2", "--dry_run"],
+], ids=lambda argv: argv[0])
+def test_more_processes_than_gpus_are_refused_before_anything_is_written(argv, gpus, hfscale_cli, tmp_path):
+    """A sweep, tune or parity whose runs would each be refused as they start (after the first ones had run) is one
+    line before anything starts or is written."""
+    gpus(1)
+    proc = hfscale_cli(argv, cwd=tmp_path)
+    assert proc.returncode == 2 and "2 processes per node but this node sees 1 GPU(s)" in proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_sweep_and_parity_launch_each_strategy_with_its_shipped_config(gpus, monkeypatch, tmp_path):
     """Without --config_file a user's default accelerate config (mixed precision, gpu_ids) would leak into every run."""
     import subprocess

@@ -90,8 +90,10 @@ def test_the_script_expands_the_machine_rank_on_each_node():
     # no --cpus_per_task: the cluster's default for a task, said once
     assert "warning: no --cpus_per_task: each node's launcher and its 8 processes" in gen.stderr
     # given, srun asks for it too: since Slurm 22.05 it does not inherit #SBATCH --cpus-per-task
-    gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--cpus_per_task", 64, "--dry-run", "--", "--strategy", "zero3")
+    gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--cpus_per_task", 64, "--dry-run", "--", "--strategy", "zero3",
+                "--train_files", "/cluster/corpus.txt")  # the cluster's file, not this machine's: not looked for here
     assert gen.returncode == 0 and gen.stderr == "", gen.stderr
+    assert "--train_files /cluster/corpus.txt" in next(line for line in gen.stdout.splitlines() if line.startswith("srun"))
     assert "#SBATCH --cpus-per-task=64" in gen.stdout.splitlines()
     assert next(line for line in gen.stdout.splitlines() if line.startswith("srun ")).startswith(
         "srun --ntasks-per-node=1 --cpus-per-task=64 --kill-on-bad-exit=1 bash -c ")
@@ -182,7 +184,7 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
       "--resume_from_checkpoint", "a/checkpoint-8"], "--resume_from_checkpoint a/checkpoint-8 would start every one"),
 ])
 def test_slurm_refuses_bad_input_in_one_line(argv, expected, tmp_path, hfscale_cli):
-    proc = hfscale_cli(["slurm", *argv, "--out", tmp_path / "jobs"], cwd=tmp_path)
+    proc = hfscale_cli(["slurm", "--out", tmp_path / "jobs", *argv], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr

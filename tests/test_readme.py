@@ -6,6 +6,8 @@ import re
 import shlex
 import sys
 
+import pytest
+
 from conftest import REPO, env, run
 
 
@@ -78,3 +80,49 @@ def test_every_file_the_docs_name_exists():
 def test_ci_runs_the_readme_test_command():
     test_cmd = re.search(r"<!-- test-command -->\s*```(?:bash)?\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1).strip()
     assert test_cmd in (REPO / ".ci" / "run").read_text()
+
+
+# The documented commands that plan or check without training or measuring, and how each is checked: the ones that
+# would launch runs with --dry_run (every check made, nothing launched or written), the planners as written. The
+# others read what an earlier command wrote (project's results file, report, import-logs, export), train, or measure
+# this machine (peak, bandwidth).
+CHECKED = {"launch": ["--dry_run"], "sweep": ["--dry_run"], "tune": ["--dry_run"], "parity": ["--dry_run"],
+           "estimate": [], "strategies": [], "slurm": []}
+USERS_OWN_FILES = ("--config_file", "--spec")  # a command reading a file the user brings (my_cluster.yaml) is left out
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(doc, argv) of every `hfscale <checked command>` in the README's and docs' shell blocks, as a shell reads it
+    (continued lines joined, comments and redirections dropped); `...` stands for flags left out, so it is left out."""
+    found = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                if not re.match(r"\s*(?:\.venv/bin/)?(?:python -m )?hfscale ", line):
+                    continue
+                words = shlex.split(line, comments=True)
+                words = words[words.index("hfscale") + 1 if "hfscale" in words else 1:]
+                words = words[:next((i for i, w in enumerate(words) if w in (">", "|", "&&", ";")), len(words))]
+                if (words[:1] and words[0] in CHECKED and "..." not in words
+                        and not any(flag in words for flag in USERS_OWN_FILES)):
+                    found.append((doc.name, words))
+    return found
+
+
+def test_the_docs_show_every_checked_command():
+    """The collection below is not empty by accident: each checked command is documented at least once."""
+    assert {argv[0] for _, argv in documented_commands()} == set(CHECKED)
+
+
+@pytest.mark.parametrize("doc,argv", documented_commands(), ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60])
+def test_every_documented_command_passes_its_own_checks(doc, argv, hfscale_cli, monkeypatch, tmp_path):
+    """Each as a user would paste it, on a machine without a GPU (a GPU host's own count would change the default
+    processes): it exits 0 and writes nothing (a dry run, or a planner printing to the terminal)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    command, *args = argv
+    proc = hfscale_cli([command, *CHECKED[command], *args], cwd=tmp_path)  # before any `-- TRAINING FLAGS`
+    assert proc.returncode == 0, f"{doc}: hfscale {shlex.join(argv)}\n{proc.stderr[-1500:]}"
+    assert proc.stdout.strip() and not list(tmp_path.iterdir())

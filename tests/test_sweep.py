@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SWEEP, run, sweep, swept as swept_runs
+from conftest import SWEEP, SWEEP_FIXED, hfscale_here, run, sweep, swept as swept_runs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,6 +52,29 @@ def test_interrupted_sweep_skips_what_finished(swept):
     assert again.returncode == 0
     assert again.stdout.count("(already done)") == 4
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before
+
+
+def test_a_dry_run_says_what_the_sweep_would_do_and_does_nothing(swept):
+    """On the swept folder with zero3 added: the finished runs are skipped, the refused pair is refused again
+    (--retry_failed decides it anew), each zero3 run is its launch command with zero3's shipped files; nothing is
+    written or started."""
+    out = swept[0]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    axes = ["--strategy", "ddp,zero2_offload,zero3", *SWEEP[2:]]
+    proc = hfscale_here("sweep", "--out", out, *axes, "--retry_failed", "--dry_run", "--", *SWEEP_FIXED)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and
+            not line.startswith("    ")}
+    assert rows == {"ddp-adamw-np2-mbs4-gas1": "ok", "ddp-adafactor-np2-mbs4-gas1": "ok",
+                    "zero2_offload-adamw-np2-mbs4-gas1": "ok", "zero2_offload-adafactor-np2-mbs4-gas1": "refused",
+                    "zero3-adamw-np2-mbs4-gas1": "launch", "zero3-adafactor-np2-mbs4-gas1": "launch"}
+    assert proc.stdout.count("(already done)") == 3 and "CPU Adam" in proc.stdout
+    commands = [line.split() for line in proc.stdout.splitlines() if line.startswith("    ")]
+    assert len(commands) == 2 and all("accelerate_configs/zero3.yaml" in " ".join(c) and "ds_configs/zero3.json"
+                                      in " ".join(c) and c[c.index("--num_processes") + 1] == "2" for c in commands)
+    assert {c[c.index("--output_dir") + 1] for c in commands} == {str(out / "zero3-adamw-np2-mbs4-gas1"),
+                                                                  str(out / "zero3-adafactor-np2-mbs4-gas1")}
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
 def test_report_of_a_sweep_keeps_failed_rows(swept):

@@ -13,6 +13,7 @@ tolerance to widen. A strategy x optimizer pair that cannot run is refused befor
 
 import json
 import math
+import shlex
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +21,9 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir
 from ..flags import comma_list, positive, refuse_renamed
-from ..launch import finished_status, flag_value, run_training, split_train_args
+from ..launch import (check_training_flags, finished_status, flag_value, run_training, split_train_args,
+                      strategy_launch)
+from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import all_strategies, incompatibility
 from ..run.results import Results, read_results
@@ -106,17 +109,25 @@ def compare(reference: Results, run: Results, strategy: str, optim: str, toleran
     return Comparison(strategy, "ok", len(loss), loss_dev, gn_dev, weights_dev, lossy, verdict, explanation)
 
 
+def launch_order(strategies: list[str]) -> list[str]:
+    return [REFERENCE, *[s for s in strategies if s != REFERENCE]]
+
+
+def run_args(strategy: str, steps: int, fixed: list[str]) -> list[str]:
+    """One run of the comparison: every step logged and the final weights fingerprinted, nothing saved."""
+    return ["--strategy", strategy, "--max_steps", str(steps), "--logging_steps", "1", "--fingerprint_weights",
+            "--save_strategy", "no", "--overwrite_output_dir", *fixed]
+
+
 def run_parity(strategies: list[str], *, steps: int, nproc: int, fixed: list[str], out: Path, tolerance: float,
                lossy_tolerance: float | None, timeout: float) -> list[Comparison]:
     optim = flag_value(fixed, "--optim") or "adamw"
-    base = ["--max_steps", str(steps), "--logging_steps", "1", "--fingerprint_weights", "--save_strategy", "no",
-            "--overwrite_output_dir", *fixed]
     results = {}
     reference_dir = out / REFERENCE
     created = [p for p in (reference_dir, *reference_dir.parents) if not p.exists()]  # deepest first
-    for strategy in [REFERENCE, *[s for s in strategies if s != REFERENCE]]:
+    for strategy in launch_order(strategies):
         run_dir = out / strategy
-        outcome = run_training(["--strategy", strategy, *base], run_dir, nproc, timeout)
+        outcome = run_training(run_args(strategy, steps, fixed), run_dir, nproc, timeout)
         results[strategy] = read_results(run_dir) if finished_status(run_dir) else Results(run_name=strategy)
         if outcome.status != "ok":
             results[strategy].status, results[strategy].error = outcome.status, outcome.error
@@ -167,6 +178,8 @@ def main(argv: list[str]) -> int:
                         "DeepSpeed) against this")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=Path("runs/parity"))
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print each run's launch command, and stop: nothing launched or written")
     opts = parser.parse_args(argv)
     strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
     tensor_parallel = [s for s in strategies if all_strategies()[s].tensor_parallel]
@@ -185,6 +198,16 @@ def main(argv: list[str]) -> int:
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
+    check_training_flags(fixed)
+    check_local_processes(opts.num_processes)  # every run starts on this node
+    if opts.dry_run:
+        for strategy in launch_order(strategies):
+            command = strategy_launch([*run_args(strategy, opts.max_steps, fixed), "--output_dir",
+                                       str(opts.out / strategy)], opts.num_processes)
+            print(f"  launch   {strategy}\n    {shlex.join(command)}")
+        print(f"dry run: ddp and {len(strategies) - (REFERENCE in strategies)} strategies compared with it; nothing "
+              "launched or written")
+        return 0
     check_writable_dir(opts.out, "--out")
     with exclusive_dir(opts.out, "--out", "parity check"):  # another one into it would launch into the same run folders
         comparisons = run_parity(strategies, steps=opts.max_steps, nproc=opts.num_processes, fixed=fixed, out=opts.out,

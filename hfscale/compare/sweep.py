@@ -24,7 +24,9 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed
-from ..launch import STATUSES, STOPPED, RunSpec, run_one, split_train_args
+from ..launch import (STATUSES, STOPPED, RunSpec, check_training_flags, decided_without_launch, run_one,
+                      split_train_args, strategy_launch)
+from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 
@@ -60,7 +62,7 @@ class SweepSpec:
             raise HfscaleError(f"sweep timeout must be positive seconds, got {self.timeout!r}")
         for flag in ("--strategy", "--optim", "--output_dir", "--per_device_train_batch_size",
                      "--gradient_accumulation_steps", "--activation_checkpointing", "--gradient_checkpointing"):
-            if flag in self.train_args:
+            if any(arg == flag or arg.startswith(flag + "=") for arg in self.train_args):
                 raise HfscaleError(f"{flag} is a sweep axis; set it in the sweep spec, not in the fixed train args")
 
 
@@ -137,6 +139,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--timeout", type=float, help="seconds before a run is killed and recorded as timeout (default 1800)")
     parser.add_argument("--out", help="sweep directory (default runs/sweep)")
     parser.add_argument("--retry_failed", action="store_true", help="rerun rows that ended OOM/fail/timeout/refused")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print each run's row or launch command, and stop: nothing launched or written")
     return parser
 
 
@@ -156,13 +160,32 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
             values[key] = getattr(opts, key)
     values["train_args"] = [*values.get("train_args", []), *fixed]
     try:
-        return SweepSpec(**values), opts
+        spec = SweepSpec(**values)
     except TypeError as err:
         raise HfscaleError(f"bad sweep spec: {err}") from None
+    check_training_flags(spec.train_args)
+    return spec, opts
+
+
+def dry_run(spec: SweepSpec, retry_failed: bool) -> None:
+    """What the sweep would do, run by run: the rows decided without a launch (already done, refused by the strategy
+    table), and the launch command of every other one."""
+    for run in expand(spec):
+        row = decided_without_launch(run, Path(spec.out), retry_failed)
+        if row is not None:
+            print(f"  {row['status']:<8} {run.name}" + ("  (already done)" if row.get("skipped") else f"  {row['error']}"))
+            continue
+        command = strategy_launch([*run.train_args(spec.train_args), "--output_dir", str(Path(spec.out) / run.name)],
+                                  run.nproc)
+        print(f"  launch   {run.name}\n    {shlex.join(command)}")
+    print(f"dry run: {len(expand(spec))} runs; nothing launched or written")
 
 
 def main(argv: list[str]) -> None:
     spec, opts = parse_sweep(argv)
+    check_local_processes(max(spec.num_processes))  # every run starts on this node
+    if opts.dry_run:
+        return dry_run(spec, opts.retry_failed)
     check_writable_dir(spec.out, "--out")
     with exclusive_dir(spec.out, "--out", "sweep"):  # a second sweep into it would record its runs over this one's
         rows = run_sweep(spec, retry_failed=opts.retry_failed)

@@ -1,8 +1,8 @@
 """`hfscale tune`: the best configuration for a model and a GPU count, found by short real trials, handed back as
 files that launch unchanged.
 
-    hfscale tune --model gpt2-350m --num_processes 8 --device A100-80GB --bf16 --global_batch_size 512 \
-        --out runs/tune -- --seq_len 1024 --max_steps 20
+    hfscale tune --model gpt2-350m --seq_len 1024 --num_processes 8 --device A100-80GB --bf16 \
+        --global_batch_size 512 --out runs/tune -- --max_steps 20
 
 1. Enumerate strategy x optimizer x micro-batch x activation checkpointing (x accumulation = GBS / (MBS x GPUs)),
    each axis named as the training flag it sets, with comma-separated values.
@@ -33,8 +33,9 @@ from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_y
 from ..flags import RENAMED, comma_list, positive, refuse_renamed
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
-from ..launch import TRAIN_SCRIPT, RunSpec, default_num_processes, drop_flag, run_one, split_train_args
-from ..parallel.distributed import has_accelerator
+from ..launch import (TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, drop_flag, run_one,
+                      split_train_args)
+from ..parallel.distributed import check_local_processes, has_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
@@ -84,6 +85,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
     p.add_argument("--time_budget", type=float, help="seconds for all trials; no new trial starts after it")
     p.add_argument("--out", type=Path, default=Path("runs/tune"))
+    p.add_argument("--dry_run", action="store_true", help="print the trials it would run, and the pruned and refused "
+                   "configurations with their reasons, and stop: nothing launched or written")
     return p
 
 
@@ -231,12 +234,28 @@ def main(argv: list[str]) -> int:
     for flag in AXES_SET_BY_TUNE:
         if any(a == flag or a.startswith(flag + "=") for a in fixed):
             raise HfscaleError(f"{flag} is set by hfscale tune; remove it from the training flags after `--`")
+    check_training_flags([*model_flags(opts), *fixed])
     if opts.num_processes is None:
         opts.num_processes = default_num_processes()
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
+    check_local_processes(opts.num_processes)  # the trials run on this node
+    if opts.dry_run:
+        return dry_run(opts, fixed)
     check_writable_dir(opts.out, "--out")
     with exclusive_dir(opts.out, "--out", "tune"):  # a second tune into it would record its trials over this one's
         return tune(opts, fixed)
+
+
+def dry_run(opts, fixed: list[str]) -> int:
+    """The candidates as a tune would plan them (the trials, the ones the estimate prunes, the ones the strategy table
+    refuses, each with its estimate or reason), printed; nothing launched or written."""
+    cands, _, _ = candidates(opts, fixed)
+    check_something_runs(cands, opts)
+    print(table(cands), end="")
+    counts = {status: sum(c.status == status for c in cands) for status in ("planned", "pruned", "refused")}
+    print(f"dry run: {counts['planned']} trials would run, {counts['pruned']} pruned by the memory estimate, "
+          f"{counts['refused']} refused by the strategy table; nothing launched or written")
+    return 0
 
 
 def tune(opts, fixed: list[str]) -> int:

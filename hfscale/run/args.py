@@ -10,6 +10,7 @@ state and process group, so `train.run()` does it explicitly, after `parallel.di
 """
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -469,8 +470,30 @@ def _split_by_dataclass(values: dict, where: str) -> list[dict]:
         groups.append({k: v for k, v in values.items() if k in keys})
     unused = sorted(set(values) - {k for g in groups for k in g})
     if unused:
-        raise HfscaleError(f"{where}Some keys are not used by the HfArgumentParser: {unused}")
+        known = [f.name for dtype in DATACLASSES for f in fields(dtype) if f.init]
+        raise HfscaleError(f"{where}{_unknown_names('key', unused, known)} (a key is a flag without its --)")
     return groups
+
+
+def _unknown_names(kind: str, names: list[str], known: list[str]) -> str:
+    """`unknown flag --stratgy (did you mean --strategy?); ...`: the names nothing reads, each with its closest
+    known spellings; the whole list of ~150 is `hfscale train --help`'s."""
+    named = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.8)
+        named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    return f"unknown {kind}{'s' if len(names) > 1 else ''} {', '.join(named)}; `hfscale train --help` lists every flag"
+
+
+def _refuse_leftovers(parser, remaining: list[str]) -> None:
+    """What argparse could not place: unknown flags (with any value after them) or stray words."""
+    flags = [arg.split("=", 1)[0] for arg in remaining if arg.startswith("-")]
+    if flags:
+        known = [option for option in parser._option_string_actions  # --a_b, not its twin --a-b
+                 if option.startswith("--") and "-" not in option[2:]]
+        raise HfscaleError(_unknown_names("flag", flags, known))
+    raise HfscaleError(f"unexpected argument{'s' if len(remaining) > 1 else ''} {' '.join(remaining)}: hfscale train "
+                       "takes --flags, or one run file (.json, .yaml, .yml) alone")
 
 
 def _coerce_file_values(parser, data: dict, where: str) -> dict:
@@ -529,11 +552,34 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
         return [{**d, **g} for d, g in zip(defaults, groups)], set(data)
     namespace, remaining = parser.parse_known_args(args=argv)
     if remaining:
-        raise HfscaleError(f"Some specified arguments are not used by the HfArgumentParser: {remaining}")
+        _refuse_leftovers(parser, remaining)
     given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
     values = vars(namespace)
     explicit = {name for name in given if name in values} | {name[3:] for name in given if name.startswith("no_")}
     return _split_by_dataclass(values, ""), explicit
+
+
+def check_training_flags(train_args: list[str], here: bool = True) -> None:
+    """The training flags a command hands on - to the runs it launches (`hfscale launch`, sweep, tune, parity) or
+    into a job script (`hfscale slurm`) - checked before it writes or starts anything, so that a typo is one line
+    rather than a failed run per configuration: every flag exists, each value is of its kind, a preset's shape is
+    possible, the hyperparameters are in range, and, `here` (the runs start on this machine), the files they name
+    exist. What depends on the launched world (its processes and devices, a sweep's strategy x optimizer) each run
+    checks as it starts."""
+    if here:
+        training = parse_args(train_args)[2]
+    else:
+        (model_kw, _, training), _ = _read_values(train_args)
+        _built(ModelArguments, model_kw)
+    check_hyperparameters(training)
+
+
+def _built(dataclass_type, kw: dict):
+    """One of the argument dataclasses, its __post_init__'s checks passed; a library's error becomes one line."""
+    try:
+        return dataclass_type(**kw)
+    except (ValueError, TypeError) as err:
+        raise HfscaleError(" ".join(str(err).split())) from None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, dict, set[str]]:
@@ -541,8 +587,4 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     dataclasses, each checked by its own __post_init__. Pure; raises HfscaleError (and only that)."""
     argv = sys.argv[1:] if argv is None else argv
     (model_kw, data_kw, training), explicit = _read_values(argv)
-    try:
-        model_args, data_args = ModelArguments(**model_kw), DataArguments(**data_kw)
-    except (ValueError, TypeError) as err:
-        raise HfscaleError(" ".join(str(err).split())) from None
-    return model_args, data_args, training, explicit
+    return _built(ModelArguments, model_kw), _built(DataArguments, data_kw), training, explicit
