@@ -355,6 +355,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--params must be positive, got nan"),
     (["parity", "--strategy", "zero1", "--tolerance", "nan"], "--tolerance must be positive, got nan"),
     (["parity", "--strategy", "zero1", "--timeout", "0"], "--timeout must be positive, got 0.0"),
+    (["strategies", "--matrx"], "unknown flag --matrx (did you mean --matrix?); `hfscale strategies --help` lists every flag"),
+    (["estimate", "--model", "tiny", "--gpu", "8"], "unknown flag --gpu (did you mean --gpus?)"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

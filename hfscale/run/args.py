@@ -10,7 +10,6 @@ state and process group, so `train.run()` does it explicitly, after `parallel.di
 """
 
 import argparse
-import difflib
 import json
 import math
 import os
@@ -23,7 +22,7 @@ from typing import get_type_hints
 import psutil
 from transformers import HfArgumentParser, TrainingArguments
 
-from ..errors import HfscaleError, one_of
+from ..errors import HfscaleError, one_of, unknown_names
 from ..files import check_writable_dir, load_json, load_yaml
 from ..formulas.metrics import GB, ModelShape
 from ..models import PRESETS, missing_local_path, model_shape, resolve_shape
@@ -460,6 +459,7 @@ class HfscaleArgumentParser(HfArgumentParser):
 
 
 DATACLASSES = (ModelArguments, DataArguments, HfscaleTrainingArguments)
+TRAIN_FLAGS_LISTED = "`hfscale train --help` lists every flag"
 
 
 def _split_by_dataclass(values: dict, where: str) -> list[dict]:
@@ -471,18 +471,9 @@ def _split_by_dataclass(values: dict, where: str) -> list[dict]:
     unused = sorted(set(values) - {k for g in groups for k in g})
     if unused:
         known = [f.name for dtype in DATACLASSES for f in fields(dtype) if f.init]
-        raise HfscaleError(f"{where}{_unknown_names('key', unused, known)} (a key is a flag without its --)")
+        raise HfscaleError(f"{where}{unknown_names('key', unused, known, TRAIN_FLAGS_LISTED)} (a key is a flag without "
+                           "its --)")
     return groups
-
-
-def _unknown_names(kind: str, names: list[str], known: list[str]) -> str:
-    """`unknown flag --stratgy (did you mean --strategy?); ...`: the names nothing reads, each with its closest
-    known spellings; the whole list of ~150 is `hfscale train --help`'s."""
-    named = []
-    for name in names:
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.8)
-        named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
-    return f"unknown {kind}{'s' if len(names) > 1 else ''} {', '.join(named)}; `hfscale train --help` lists every flag"
 
 
 def _refuse_leftovers(parser, remaining: list[str]) -> None:
@@ -491,7 +482,7 @@ def _refuse_leftovers(parser, remaining: list[str]) -> None:
     if flags:
         known = [option for option in parser._option_string_actions  # --a_b, not its twin --a-b
                  if option.startswith("--") and "-" not in option[2:]]
-        raise HfscaleError(_unknown_names("flag", flags, known))
+        raise unknown_names("flag", flags, known, TRAIN_FLAGS_LISTED)
     raise HfscaleError(f"unexpected argument{'s' if len(remaining) > 1 else ''} {' '.join(remaining)}: hfscale train "
                        "takes --flags, or one run file (.json, .yaml, .yml) alone")
 
