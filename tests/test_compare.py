@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, hfscale_here, run
+from hfscale.errors import HfscaleError
 from hfscale.launch import classify
 from hfscale.compare.megatron import import_log, parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation
@@ -117,6 +118,27 @@ def _iteration(step: int, ms: float, loss: float, gbs: int = 512) -> str:
 def _good_log_times() -> list[float]:
     return [float(line.split("(ms):")[1].split("|")[0]) / 1000 for line in GOOD_LOG.read_text().splitlines()
             if "(ms):" in line]
+
+
+@pytest.mark.parametrize("dress", [
+    lambda line: line + "\r",  # written on Windows, or through a terminal
+    lambda line: f"\x1b[32m{line}\x1b[0m",  # a colouring logger
+    lambda line: f"[2021-10-10 10:00:00] 3: {line}",  # a timestamp and srun --label's rank
+], ids=["crlf", "ansi-colours", "timestamp-and-rank"])
+def test_a_log_reads_the_same_whatever_each_line_is_dressed_in(tmp_path, dress):
+    log = tmp_path / GOOD_LOG.name
+    log.write_text("\n".join(dress(line) for line in GOOD_LOG.read_text().splitlines()) + "\n")
+    args = {"gpus": None, "seq_len": None, "params": None, "checkpointing": None, "skip_first": 1}
+    plain, dressed = imported(GOOD_LOG, **args), imported(log, **args)
+    assert dressed["config"] == plain["config"] and dressed["perf"] == plain["perf"]
+    assert dressed["loss_history"] == plain["loss_history"] and plain["config"]["world_size"] == 16
+
+
+def test_an_empty_log_is_one_line(tmp_path):
+    log = tmp_path / GOOD_LOG.name
+    log.write_text("\n \n")
+    with pytest.raises(HfscaleError, match=f"{log.name}: the log is empty"):
+        import_log(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
 
 
 @pytest.mark.parametrize("header", [True, False], ids=["requeued", "restarted-without-header"])

@@ -62,6 +62,7 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_mode
 # what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
 # a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
 LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a colouring logger's or terminal's escape codes
 PARAMS_DTYPE = re.compile(r"using torch\.(float16|bfloat16|float32) for parameters")
 # "> padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)": the vocabulary the model really has
 PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
@@ -265,7 +266,10 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     if not path.is_file():
         raise HfscaleError(f"{path}: log file not found")
     name = parse_name(path.name)
-    log = parse_log(path.read_text(errors="replace"))
+    text = ANSI_ESCAPE.sub("", path.read_text(errors="replace"))
+    if not text.strip():
+        raise HfscaleError(f"{path.name}: the log is empty")
+    log = parse_log(text)
     header, launches = measured_launches(log, path, warnings)
     n_params = int(params) if params else name.get("params")
     if not n_params:
