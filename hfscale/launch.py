@@ -23,7 +23,7 @@ from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
 from .parallel.distributed import check_agree, check_local_processes, config_strategy
-from .parallel.strategies import check_pair, get_strategy, tp_layout_refusal
+from .parallel.strategies import check_pair, get_strategy, layout_refusal, tp_layout_refusal
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
 from .runplan import hsdp_mesh
 
@@ -405,7 +405,9 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
 
 def decided_without_launch(run: RunSpec, out: Path, retry_failed: bool = False) -> dict | None:
     """The row of a sweep's (or `hfscale tune`'s) run that is decided without launching it - skipped when out/<run
-    name> already has a final status, refused when the strategy table refuses the pair - else None: it launches."""
+    name> already has a final status, refused when the strategy table refuses the pair or the strategy cannot run on
+    its processes, all on this one node (PowerSGD on one, HSDP and fsdp_tp on any one node) - else None: it
+    launches."""
     done = finished_status(out / run.name)
     if done and not (retry_failed and done != "ok"):
         return {"run": run.name, "status": done, "skipped": True}
@@ -413,7 +415,8 @@ def decided_without_launch(run: RunSpec, out: Path, retry_failed: bool = False) 
         check_pair(run.strategy, run.optim)
     except HfscaleError as err:
         return {"run": run.name, "status": "refused", "error": str(err)}
-    return None
+    reason = layout_refusal(get_strategy(run.strategy), run.nproc, run.nproc)
+    return {"run": run.name, "status": "refused", "error": reason} if reason else None
 
 
 def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_failed: bool = False) -> dict:

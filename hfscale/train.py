@@ -28,10 +28,9 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
 from hfscale.files import check_writable_dir, exclusive_dir  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
-from hfscale.models import check_attention, resolve_seq_len  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
-from hfscale.run.args import (RunState, build_training_arguments, check_hyperparameters,  # noqa: E402
+from hfscale.run.args import (RunState, build_training_arguments, check_hyperparameters, check_model,  # noqa: E402
                               check_model_tokenizer, parse_args, plan_training)
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
@@ -261,13 +260,11 @@ def check_args(argv: list[str] | None):
     names exist, the choices fit together, the sizes are possible - and the run's plan. Pure; raises HfscaleError (and
     only that). Returns (model args, data args, TrainingArguments keywords, RunState)."""
     model_args, data_args, training, explicit = parse_args(argv)
-    shape = model_args.shape()
-    check_attention(shape.family, model_args.attn_implementation)
+    shape, seq_len = check_model(model_args, data_args.seq_len)
     check_model_tokenizer(model_args, data_args)
     training, recipe = apply_defaults(training, explicit, param_count(shape), training["optim"])
     check_hyperparameters(training)
-    training, plan, tensorboard = plan_training(training, shape, resolve_seq_len(shape, data_args.seq_len),
-                                                model_args.attn_implementation, explicit,
+    training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
                                                 model_args.fused_linear_cross_entropy)
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,

@@ -581,17 +581,20 @@ def sweep(out, *args, fixed=SWEEP_FIXED, timeout=900) -> subprocess.CompletedPro
 
 def swept() -> dict:
     """Three sweeps into one folder: ddp and zero2_offload x adamw and adafactor (one pair refused before launch); a
-    zero1 run that cannot finish in 4 s; a ddp run whose shape is refused. {"out", "returncodes", "stderr"}."""
+    zero1 run that cannot finish in 4 s; fsdp_hybrid on one node, refused before launch, and a ddp run handed a
+    DeepSpeed JSON, which the run itself refuses as it starts (every flag is right; not for this strategy).
+    {"out", "returncodes", "stderr", "index": the rows of sweep.json right after the third sweep}."""
     def make(folder):
         folder.mkdir(parents=True, exist_ok=True)
         main = sweep(folder, *SWEEP)
         # a run that cannot finish in 4 s however fast the machine starts it: a million steps
         hung = sweep(folder, "--strategy", "zero1", "--num_processes", "2", "--timeout", "4",
                      fixed=[*SWEEP_FIXED, "--max_steps", "1000000"])
-        refused = sweep(folder, "--strategy", "ddp", "--num_processes", "1", "--per_device_train_batch_size", "3",
-                        fixed=[*SWEEP_FIXED, "--seq_len", "100000"])
+        refused = sweep(folder, "--strategy", "ddp,fsdp_hybrid", "--num_processes", "1", "--per_device_train_batch_size",
+                        "3", fixed=[*SWEEP_FIXED, "--deepspeed", str(REPO / "ds_configs" / "zero1.json")])
+        index = json.loads((folder / "sweep.json").read_text())["runs"]  # before any test sweeps again
         return {"out": str(folder), "returncodes": [p.returncode for p in (main, hung, refused)],
-                "stderr": main.stderr[-3000:]}
+                "stderr": main.stderr[-3000:], "index": {row["run"]: row["status"] for row in index}}
 
     return shared_run("sweep", make)
 

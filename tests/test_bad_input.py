@@ -312,9 +312,15 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["parity", "--strategy", "zero1,fsdp", "--", "--optim", "adafactor"],
      "strategy 'fsdp' cannot use optimizer 'adafactor'"),  # refused before ddp is launched
     (["parity", "--", "--optim", "adam9"], "unknown optimizer 'adam9'"),
+    # what cannot run on one node's processes: refused before ddp is launched (under `all`, left out)
+    (["parity", "--strategy", "zero1,fsdp_hybrid"], "fsdp_hybrid shards over a node's processes and replicates"),
+    (["parity", "--strategy", "ddp_powersgd", "--num_processes", "1"], "ddp_powersgd compresses the gradient all-reduce"),
     # the training flags a command hands on are checked before it writes or launches anything
     (["parity", "--num_processes", "1", "--strategy", "zero1", "--", "--model", "gpt9"], "unknown model preset 'gpt9'"),
     (["parity", "--strategy", "zero1", "--", "--learning_rate=-1"], "--learning_rate must be >= 0, got -1.0"),
+    (["sweep", "--out", "runs/sw", "--", "--seq_len", "100000"], "--seq_len 100000 is longer than the model's 256 positions"),
+    (["sweep", "--out", "runs/sw", "--", "--model", "tiny-bloom", "--attn_implementation", "sdpa"],
+     "BloomForCausalLM has no 'sdpa' attention"),
     (["sweep", "--out", "runs/sw", "--", "--lerning_rate", "0.1"],
      "unknown flag --lerning_rate (did you mean --learning_rate?)"),
     (["tune", "--model", "tiny", "--num_processes", "2", "--out", "runs/tune", "--", "--max_steps", "abc"],

@@ -291,6 +291,15 @@ def test_import_logs_cli_and_bad_log_name(tmp_path):
     assert not (tmp_path / "meg2").exists()  # every log is parsed before anything is written
 
 
+def test_parity_of_all_leaves_out_what_cannot_run_on_its_processes():
+    """`--strategy all` on one process: PowerSGD (needs 2+), HSDP and fsdp_tp (need nodes) and tp (its own batch) are
+    left out, as the pairs the strategy table refuses are; the others are launched after ddp."""
+    proc = hfscale_here("parity", "--strategy", "all", "--num_processes", "1", "--dry_run")
+    assert proc.returncode == 0, proc.stderr
+    launched = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  launch ")]
+    assert launched == ["ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
+
+
 # ---- outcomes of launched runs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rc,log,results,timed_out,expected", [

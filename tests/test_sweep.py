@@ -13,10 +13,6 @@ from conftest import SWEEP, SWEEP_FIXED, hfscale_here, run, sweep, swept as swep
 pytestmark = pytest.mark.multiprocess
 
 
-def statuses(out) -> dict:
-    return {row["run"]: row["status"] for row in json.loads((out / "sweep.json").read_text())["runs"]}
-
-
 @pytest.fixture()
 def swept():
     """The three sweeps into one folder (conftest.swept), made once per session: its ddp x adafactor run is also that
@@ -28,18 +24,22 @@ def swept():
 def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
     out, made = swept
     assert made["returncodes"] == [0, 0, 0], made["stderr"]
-    assert statuses(out) == {"ddp-adamw-np1-mbs3-gas1": "refused"}  # sweep.json describes the latest sweep
+    # sweep.json describes the latest sweep
+    assert made["index"] == {"ddp-adamw-np1-mbs3-gas1": "refused", "fsdp_hybrid-adamw-np1-mbs3-gas1": "refused"}
     results = {d.name: json.loads((d / "results.json").read_text()) for d in out.iterdir() if (d / "results.json").is_file()}
     assert {name: r["status"] for name, r in results.items()} == {
         "ddp-adamw-np2-mbs4-gas1": "ok", "ddp-adafactor-np2-mbs4-gas1": "ok", "zero2_offload-adamw-np2-mbs4-gas1": "ok",
         "zero2_offload-adafactor-np2-mbs4-gas1": "refused",  # the strategy table refuses it before launching
-        "zero1-adamw-np2-mbs4-gas1": "timeout", "ddp-adamw-np1-mbs3-gas1": "refused"}
+        "zero1-adamw-np2-mbs4-gas1": "timeout", "ddp-adamw-np1-mbs3-gas1": "refused",
+        "fsdp_hybrid-adamw-np1-mbs3-gas1": "refused"}  # one node: refused before launching
     ok = results["zero2_offload-adamw-np2-mbs4-gas1"]
     assert ok["config"]["world_size"] == 2 and ok["perf"]["tokens_per_s"] > 0 and ok["optim"] == "adamw"
     assert "DeepSpeedCPUAdam" in ok["strategy_check"]["optimizer_states"]["optimizer"]
     assert "CPU Adam" in results["zero2_offload-adafactor-np2-mbs4-gas1"]["error"]
-    assert "longer than the model's 256 positions" in results["ddp-adamw-np1-mbs3-gas1"]["error"]
-    assert not (out / "zero2_offload-adafactor-np2-mbs4-gas1" / "launch.log").exists()  # nothing was launched
+    assert "--deepspeed is for the zero* strategies" in results["ddp-adamw-np1-mbs3-gas1"]["error"]  # by the run
+    assert "needs 2+ nodes" in results["fsdp_hybrid-adamw-np1-mbs3-gas1"]["error"]
+    for name in ("zero2_offload-adafactor-np2-mbs4-gas1", "fsdp_hybrid-adamw-np1-mbs3-gas1"):
+        assert not (out / name / "launch.log").exists()  # nothing was launched
     # the timed-out run's whole process tree is gone
     left = subprocess.run(["pgrep", "-f", str(out / "zero1-adamw")], capture_output=True, text=True)
     assert left.stdout.strip() == ""
@@ -59,7 +59,7 @@ def test_a_dry_run_says_what_the_sweep_would_do_and_does_nothing(swept):
     (--retry_failed decides it anew), each zero3 run is its launch command with zero3's shipped files; nothing is
     written or started."""
     out = swept[0]
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")}  # (the other tests write the index, reports)
     axes = ["--strategy", "ddp,zero2_offload,zero3", *SWEEP[2:]]
     proc = hfscale_here("sweep", "--out", out, *axes, "--retry_failed", "--dry_run", "--", *SWEEP_FIXED)
     assert proc.returncode == 0, proc.stderr
@@ -74,7 +74,7 @@ def test_a_dry_run_says_what_the_sweep_would_do_and_does_nothing(swept):
                                       in " ".join(c) and c[c.index("--num_processes") + 1] == "2" for c in commands)
     assert {c[c.index("--output_dir") + 1] for c in commands} == {str(out / "zero3-adamw-np2-mbs4-gas1"),
                                                                   str(out / "zero3-adafactor-np2-mbs4-gas1")}
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before and not list(out.glob("zero3-*"))
 
 
 def test_report_of_a_sweep_keeps_failed_rows(swept):
@@ -82,8 +82,8 @@ def test_report_of_a_sweep_keeps_failed_rows(swept):
     proc = run([sys.executable, "-m", "hfscale", "report", str(out), "--html"], timeout=300)
     assert proc.returncode == 0, proc.stderr
     table = (out / "report" / "report.md").read_text().splitlines()
-    assert len(table) == 2 + 6
-    assert sum("| timeout |" in line for line in table) == 1 and sum("| refused |" in line for line in table) == 2
+    assert len(table) == 2 + 7
+    assert sum("| timeout |" in line for line in table) == 1 and sum("| refused |" in line for line in table) == 3
     assert all(p.stat().st_size > 1000 for p in (out / "report").glob("*.png"))
     assert {p.name for p in (out / "report").glob("*.png")} == {"days_vs_gpus.png", "loss_curves.png", "memory.png",
                                                                  "throughput.png", "loss_vs_tokens.png", "loss_vs_time.png"}

@@ -25,7 +25,7 @@ from ..launch import (check_training_flags, finished_status, flag_value, run_tra
                       strategy_launch)
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import get_optimizer
-from ..parallel.strategies import all_strategies, incompatibility
+from ..parallel.strategies import all_strategies, incompatibility, layout_refusal
 from ..run.results import Results, read_results
 
 REFERENCE = "ddp"
@@ -181,6 +181,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dry_run", action="store_true",
                         help="print each run's launch command, and stop: nothing launched or written")
     opts = parser.parse_args(argv)
+    positive(opts, "max_steps", "num_processes", "tolerance", "lossy_tolerance", "timeout")
     strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
     tensor_parallel = [s for s in strategies if all_strategies()[s].tensor_parallel]
     if tensor_parallel and opts.strategy != "all":  # under "all" they are left out
@@ -189,12 +190,13 @@ def main(argv: list[str]) -> int:
                            f"compare it at --per_device_train_batch_size x TP, as tests/test_tensor_parallel.py does")
     strategies = [s for s in strategies if s not in tensor_parallel]
     optim = flag_value(fixed, "--optim") or "adamw"
-    refused = {s: incompatibility(s, optim) for s in strategies}  # checked before anything is launched
+    # checked before anything is launched: the pair, and the strategy on these processes of this one node
+    refused = {s: f"strategy {s!r} cannot use optimizer {optim!r}: {why}" if (why := incompatibility(s, optim))
+               else layout_refusal(all_strategies()[s], opts.num_processes, opts.num_processes) for s in strategies}
     explicit = next((s for s, why in refused.items() if why and opts.strategy != "all"), None)
     if explicit:
-        raise HfscaleError(f"strategy {explicit!r} cannot use optimizer {optim!r}: {refused[explicit]}")
+        raise HfscaleError(refused[explicit])
     strategies = [s for s in strategies if not refused[s]]  # under "all" they are left out
-    positive(opts, "max_steps", "num_processes", "tolerance", "lossy_tolerance", "timeout")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")

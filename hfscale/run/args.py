@@ -25,7 +25,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError, one_of, unknown_names
 from ..files import check_writable_dir, load_json, load_yaml
 from ..formulas.metrics import GB, ModelShape
-from ..models import PRESETS, missing_local_path, model_shape, resolve_shape
+from ..models import PRESETS, check_attention, missing_local_path, model_shape, resolve_seq_len, resolve_shape
 from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
                                     on_accelerator, read_launcher_deepspeed_json, resolve_strategy)
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
@@ -553,16 +553,27 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
 def check_training_flags(train_args: list[str], here: bool = True) -> None:
     """The training flags a command hands on - to the runs it launches (`hfscale launch`, sweep, tune, parity) or
     into a job script (`hfscale slurm`) - checked before it writes or starts anything, so that a typo is one line
-    rather than a failed run per configuration: every flag exists, each value is of its kind, a preset's shape is
-    possible, the hyperparameters are in range, and, `here` (the runs start on this machine), the files they name
-    exist. What depends on the launched world (its processes and devices, a sweep's strategy x optimizer) each run
-    checks as it starts."""
-    if here:
-        training = parse_args(train_args)[2]
-    else:
-        (model_kw, _, training), _ = _read_values(train_args)
-        _built(ModelArguments, model_kw)
+    rather than a failed run per configuration: every flag exists, each value is of its kind, the model (a preset, or
+    a checkpoint on this machine) takes the attention and sequence length asked, the hyperparameters are in range,
+    and, `here` (the runs start on this machine), the files they name exist. What depends on the launched world (its
+    processes and devices, a sweep's strategy x optimizer) each run checks as it starts."""
+    (model_kw, data_kw, training), _ = _read_values(train_args)
+    model_args = _built(ModelArguments, model_kw)
+    data_args = _built(DataArguments, data_kw) if here else None
+    path = model_args.model_name_or_path
+    if path is None or (here and Path(path).is_dir()):  # no Hub lookup for a check
+        check_model(model_args, data_kw.get("seq_len"))
+    if data_args is not None:
+        check_model_tokenizer(model_args, data_args)
     check_hyperparameters(training)
+
+
+def check_model(model_args: ModelArguments, seq_len: int | None) -> tuple[ModelShape, int]:
+    """(the model's shape, tokens per sample): the attention asked is one the model has, the sequence fits its
+    positions."""
+    shape = model_args.shape()
+    check_attention(shape.family, model_args.attn_implementation)
+    return shape, resolve_seq_len(shape, seq_len)
 
 
 def _built(dataclass_type, kw: dict):
