@@ -8,8 +8,9 @@ activation checkpointing, each run launched through `accelerate launch` into its
 Each axis is the training flag it sets, with comma-separated values (`--per_device_train_batch_size 2,4`,
 `--activation_checkpointing false,true`); a spec file uses the same names as keys. A run that already has a final
 status in its results file is skipped, so an interrupted sweep started again goes on where it stopped
-(`--retry_failed` reruns the non-ok ones). Pairs the strategy table refuses are recorded as `refused` rows without
-launching anything.
+(`--retry_failed` reruns the non-ok ones). Pairs the strategy table refuses, and strategies that cannot run on a
+run's processes of one node, are recorded as `refused` rows without launching anything; the training flags after
+`--` are checked before anything starts (`--dry_run`: what it would do, nothing launched or written).
 """
 
 import itertools
@@ -168,8 +169,8 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
 
 
 def dry_run(spec: SweepSpec, retry_failed: bool) -> None:
-    """What the sweep would do, run by run: the rows decided without a launch (already done, refused by the strategy
-    table), and the launch command of every other one."""
+    """What the sweep would do, run by run: the rows decided without a launch (already done; refused by the strategy
+    table or by what one node's processes can run), and the launch command of every other one."""
     for run in expand(spec):
         row = decided_without_launch(run, Path(spec.out), retry_failed)
         if row is not None:
