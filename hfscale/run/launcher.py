@@ -3,12 +3,15 @@ launcher imports torch and accelerate, then one full collection and the survivor
 ~0.5 CPU-s less per launch; the same launcher, flags and process tree. The command `hfscale launch`, sweep, tune,
 parity and the SLURM script start (`launch.launch_command`); `accelerate launch` typed by hand is the stock one.
 
-It also gives every process the same share of the node's CPUs (`cpu_threads_per_process`), whatever the strategy."""
+It also gives every process the same share of the node's CPUs (`cpu_threads_per_process`), whatever the strategy,
+and ends quietly, with the ranks' exit code 2, when they refused their input: each printed its one line
+(`hfscale: error: ...`), and torch's report of a failed child (a traceback and a table) would bury it."""
 
 import gc
 import os
 import sys
 
+from hfscale.errors import EXIT_USAGE
 from hfscale.run import garbage
 
 
@@ -50,9 +53,16 @@ def main() -> None:
     gc.disable()  # this process is the launcher's: nothing of a caller's to restore
     from accelerate.commands.launch import main as accelerate_launch
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     garbage.settle()  # before collection is back on: its first young collection would walk every import again
     gc.enable()
-    accelerate_launch()
+    try:
+        accelerate_launch()
+    except ChildFailedError as err:
+        if err.get_first_failure()[1].exitcode != EXIT_USAGE:
+            raise  # a crash: torch's report names the rank, its exit code or signal, and its error file
+        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":
