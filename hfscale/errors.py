@@ -19,10 +19,12 @@ def one_of(kind: str, value, valid) -> HfscaleError:
 
 def unknown_names(kind: str, names: list[str], known, listed_by: str) -> HfscaleError:
     """`unknown flag --stratgy (did you mean --strategy?); `hfscale train --help` lists every flag`: the names nothing
-    reads, each with its closest known spellings, and where the whole list is (too long to print for train's ~150)."""
+    reads, each with its closest known spellings (or the names it begins), and where the whole list is (too long to
+    print for train's ~150)."""
     named = []
     for name in names:
-        close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.8)
+        close = (difflib.get_close_matches(name, list(known), n=3, cutoff=0.8)
+                 or sorted(k for k in known if k.startswith(name))[:3])
         named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
     return HfscaleError(f"unknown {kind}{'s' if len(names) > 1 else ''} {', '.join(named)}; {listed_by}")
 

@@ -46,6 +46,8 @@ CASES = {
     "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
     "unknown flag": (["--not_a_flag", "1"], "unknown flag --not_a_flag; `hfscale train --help` lists every flag"),
     "misspelled flag": (["--lerning_rate", "0.1"], "unknown flag --lerning_rate (did you mean --learning_rate?)"),
+    "shortened flag": (["--max_step", "3"], "unknown flag --max_step (did you mean --max_steps?)"),  # no abbreviations
+    "flag of several": (["--lr", "3"], "unknown flag --lr (did you mean --lr_scheduler_kwargs or --lr_scheduler_type?)"),
     "stray word": (["zero1"], "unexpected argument zero1: hfscale train takes --flags, or one run file"),
     "powersgd on one process": (["--strategy", "ddp_powersgd"], "launch 2 or more processes"),
     "deepspeed json for fsdp": (["--strategy", "fsdp", "--deepspeed", "ds_configs/zero1.json"], "--deepspeed is for the zero* strategies"),
@@ -321,6 +323,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["sweep", "--out", "runs/sw", "--", "--seq_len", "100000"], "--seq_len 100000 is longer than the model's 256 positions"),
     (["sweep", "--out", "runs/sw", "--", "--model", "tiny-bloom", "--attn_implementation", "sdpa"],
      "BloomForCausalLM has no 'sdpa' attention"),
+    # an abbreviation would have set the axis the run's name says otherwise
+    (["sweep", "--out", "runs/sw", "--", "--strat", "zero3"], "unknown flag --strat (did you mean --strategy?)"),
     (["sweep", "--out", "runs/sw", "--", "--lerning_rate", "0.1"],
      "unknown flag --lerning_rate (did you mean --learning_rate?)"),
     (["tune", "--model", "tiny", "--num_processes", "2", "--out", "runs/tune", "--", "--max_steps", "abc"],

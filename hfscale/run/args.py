@@ -530,7 +530,9 @@ def _coerce_one(action, item, where: str):
 
 def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     """(one {field: value} per dataclass, the fields the user set): explicit values win over hfscale's recipes."""
-    parser = HfscaleArgumentParser(DATACLASSES)
+    # no abbreviations: `--strat zero3` after a sweep's `--` would slip past its axis check and train zero3 in a run
+    # named ddp; a misspelt or shortened flag is named with its full spellings instead
+    parser = HfscaleArgumentParser(DATACLASSES, allow_abbrev=False)
     parser.prog = "hfscale train"
     document_recipe(parser)
     if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
