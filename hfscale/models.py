@@ -103,6 +103,8 @@ def validate_shape(shape: ModelShape) -> None:
 
 def resolve_seq_len(shape: ModelShape, requested: int | None) -> int:
     """Tokens per sample: as asked, else the model's positions up to 1024; never longer than the model's positions."""
+    if requested is not None and requested <= 0:
+        raise HfscaleError(f"--seq_len must be positive, got {requested}")
     seq_len = requested or min(shape.positions, 1024)
     if seq_len > shape.positions:
         raise HfscaleError(f"--seq_len {seq_len} is longer than the model's {shape.positions} positions")

@@ -169,6 +169,7 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
     (["--nodes", "2", "--gpus_per_node", "8", "--time", "tomorrow"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus_per_node", "8", "--time", "20:75:00"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus_per_node", "8", "--", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--", "--seq_len", "-3"], "--seq_len must be positive, got -3"),
     (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
     (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),
     (["--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "jobs", "--", "--output_dir",
