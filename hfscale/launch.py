@@ -56,6 +56,26 @@ def flag_value(args: list[str], name: str) -> str | None:
     return None
 
 
+RUN_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def is_run_file(args: list[str]) -> bool:
+    """The training flags are one run file (`hfscale train run.yaml`: each key a flag)."""
+    return len(args) == 1 and args[0].endswith(RUN_FILE_SUFFIXES)
+
+
+def train_flag(args: list[str], name: str) -> str | None:
+    """A training flag's value, given as `--name V` or as a key of the run file the flags are."""
+    if not is_run_file(args):
+        return flag_value(args, name)
+    path = Path(args[0])
+    if not path.is_file():
+        raise HfscaleError(f"{path}: file not found")
+    data = load_json(path) if path.suffix == ".json" else load_yaml(path)
+    value = data.get(name.lstrip("-")) if isinstance(data, dict) else None
+    return None if value is None else str(value)
+
+
 def drop_flag(args: list[str], name: str) -> list[str]:
     """args without `--name V` / `--name=V`."""
     out, skip = [], False
@@ -220,7 +240,7 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     config never leaks in) checked and agreeing with --strategy, its DeepSpeed JSON found, and `nproc` processes in all
     over `machines` machines (accelerate's --num_processes is the total; None: the config's, else every local GPU on
     each machine) - refused when a node would run more processes than it has GPUs."""
-    asked = flag_value(train_args, "--strategy")
+    asked = train_flag(train_args, "--strategy")
     if asked is not None:
         get_strategy(asked)  # an unknown name: the list of valid ones
     if nproc is not None and nproc <= 0:  # 0 would read as "not given" below
@@ -325,11 +345,16 @@ def main(argv: list[str]) -> int:
     os.execv(sys.executable, cmd)  # accelerate takes over this process: signals (SLURM, Ctrl-C) reach it directly
 
 
-def check_training_flags(train_args: list[str], here: bool = True) -> None:
+def check_training_flags(train_args: list[str], here: bool = True, appended: bool = False) -> None:
     """run/args.check_training_flags, imported when a command hands training flags on: it needs transformers'
-    TrainingArguments, which `hfscale launch`'s own checks do not."""
+    TrainingArguments, which `hfscale launch`'s own checks do not. `appended`: the command adds flags of its own to
+    them (a sweep's axes, parity's steps, slurm's strategy), so they cannot be a run file, which stands alone."""
     from .run.args import check_training_flags as check
 
+    if appended and is_run_file(train_args):
+        raise HfscaleError(f"{train_args[0]}: a run file stands alone (`hfscale train FILE`, `hfscale launch FILE`); "
+                           "this command adds flags of its own to the training flags: give the file's keys as flags "
+                           "after `--`")
     check(train_args, here)
 
 

@@ -323,6 +323,10 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["sweep", "--out", "runs/sw", "--", "--seq_len", "100000"], "--seq_len 100000 is longer than the model's 256 positions"),
     (["sweep", "--out", "runs/sw", "--", "--model", "tiny-bloom", "--attn_implementation", "sdpa"],
      "BloomForCausalLM has no 'sdpa' attention"),
+    # a run file stands alone: these commands add flags of their own to the training flags
+    (["sweep", "--out", "runs/sw", "--", "run.yaml"], "run.yaml: a run file stands alone"),
+    (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--out", "runs/slurm", "--", "run.json"],
+     "run.json: a run file stands alone"),
     # an abbreviation would have set the axis the run's name says otherwise
     (["sweep", "--out", "runs/sw", "--", "--strat", "zero3"], "unknown flag --strat (did you mean --strategy?)"),
     (["sweep", "--out", "runs/sw", "--", "--lerning_rate", "0.1"],

@@ -70,6 +70,15 @@ def test_more_processes_than_gpus_are_refused_before_anything_is_written(argv, g
     assert not list(tmp_path.iterdir())
 
 
+def test_a_run_file_launches_with_its_strategys_shipped_config(gpus, hfscale_cli, tmp_path):
+    """`hfscale launch run.yaml` reads the strategy from the file (before: ddp's launcher config for any file)."""
+    gpus(0)
+    (tmp_path / "run.yaml").write_text("strategy: zero2\nmax_steps: 2\n")
+    proc = hfscale_cli(["launch", "--dry_run", "run.yaml"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "accelerate_configs/zero2.yaml" in proc.stdout and "ds_configs/zero2.json" in proc.stdout
+
+
 def test_sweep_and_parity_launch_each_strategy_with_its_shipped_config(gpus, monkeypatch, tmp_path):
     """Without --config_file a user's default accelerate config (mixed precision, gpu_ids) would leak into every run."""
     import subprocess

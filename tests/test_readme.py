@@ -88,7 +88,13 @@ def test_ci_runs_the_readme_test_command():
 # this machine (peak, bandwidth).
 CHECKED = {"launch": ["--dry_run"], "sweep": ["--dry_run"], "tune": ["--dry_run"], "parity": ["--dry_run"],
            "estimate": [], "strategies": [], "slurm": []}
-USERS_OWN_FILES = ("--config_file", "--spec")  # a command reading a file the user brings (my_cluster.yaml) is left out
+# a command reading a file the user brings (my_cluster.yaml, a run file) is left out
+USERS_OWN_FILES = ("--config_file", "--spec")
+
+
+def reads_a_users_file(words: list[str]) -> bool:
+    return any(flag in words for flag in USERS_OWN_FILES) or any(
+        word.endswith((".json", ".yaml", ".yml")) and not words[i - 1].startswith("-") for i, word in enumerate(words))
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
@@ -103,8 +109,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 words = shlex.split(line, comments=True)
                 words = words[words.index("hfscale") + 1 if "hfscale" in words else 1:]
                 words = words[:next((i for i, w in enumerate(words) if w in (">", "|", "&&", ";")), len(words))]
-                if (words[:1] and words[0] in CHECKED and "..." not in words
-                        and not any(flag in words for flag in USERS_OWN_FILES)):
+                if words[:1] and words[0] in CHECKED and "..." not in words and not reads_a_users_file(words):
                     found.append((doc.name, words))
     return found
 

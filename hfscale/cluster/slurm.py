@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     own, train_args = split_train_args(argv)
     opts = build_parser().parse_args(own)
     check(opts)
-    check_training_flags(train_args, here=False)  # the job runs elsewhere: its files are the cluster's to have
+    check_training_flags(train_args, here=False, appended=True)  # the job runs elsewhere: its files are the cluster's to have
     strategies = opts.strategies.split(",") if opts.strategies else [flag_value(train_args, "--strategy") or "ddp"]
     if len(strategies) > 1 and flag_value(train_args, "--output_dir"):
         raise HfscaleError(f"--strategies {opts.strategies} with one --output_dir: every job would run in that folder; "

@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
-    check_training_flags(fixed)
+    check_training_flags(fixed, appended=True)
     check_local_processes(opts.num_processes)  # every run starts on this node
     if opts.dry_run:
         for strategy in launch_order(strategies):

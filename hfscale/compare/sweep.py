@@ -164,7 +164,7 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
         spec = SweepSpec(**values)
     except TypeError as err:
         raise HfscaleError(f"bad sweep spec: {err}") from None
-    check_training_flags(spec.train_args)
+    check_training_flags(spec.train_args, appended=True)
     return spec, opts
 
 

@@ -234,6 +234,7 @@ def main(argv: list[str]) -> int:
     for flag in AXES_SET_BY_TUNE:
         if any(a == flag or a.startswith(flag + "=") for a in fixed):
             raise HfscaleError(f"{flag} is set by hfscale tune; remove it from the training flags after `--`")
+    check_training_flags(fixed, appended=True)
     check_training_flags([*model_flags(opts), *fixed])
     if opts.num_processes is None:
         opts.num_processes = default_num_processes()
