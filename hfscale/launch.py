@@ -351,11 +351,17 @@ def check_training_flags(train_args: list[str], here: bool = True, appended: boo
     them (a sweep's axes, parity's steps, slurm's strategy), so they cannot be a run file, which stands alone."""
     from .run.args import check_training_flags as check
 
-    if appended and is_run_file(train_args):
+    if appended:
+        refuse_run_file(train_args)
+    check(train_args, here)
+
+
+def refuse_run_file(train_args: list[str]) -> None:
+    """Training flags that a command adds flags of its own to cannot be a run file."""
+    if is_run_file(train_args):
         raise HfscaleError(f"{train_args[0]}: a run file stands alone (`hfscale train FILE`, `hfscale launch FILE`); "
                            "this command adds flags of its own to the training flags: give the file's keys as flags "
                            "after `--`")
-    check(train_args, here)
 
 
 # ---- one run of a sweep or of `hfscale tune` ------------------------------------------------------------------------

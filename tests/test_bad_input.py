@@ -325,6 +325,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "BloomForCausalLM has no 'sdpa' attention"),
     # a run file stands alone: these commands add flags of their own to the training flags
     (["sweep", "--out", "runs/sw", "--", "run.yaml"], "run.yaml: a run file stands alone"),
+    (["tune", "--model", "tiny", "--num_processes", "2", "--out", "runs/tune", "--", "run.yaml"],
+     "run.yaml: a run file stands alone"),
     (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--out", "runs/slurm", "--", "run.json"],
      "run.json: a run file stands alone"),
     # an abbreviation would have set the axis the run's name says otherwise

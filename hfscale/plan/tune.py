@@ -33,8 +33,8 @@ from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_y
 from ..flags import RENAMED, comma_list, positive, refuse_renamed
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
-from ..launch import (TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, drop_flag, run_one,
-                      split_train_args)
+from ..launch import (TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, drop_flag, refuse_run_file,
+                      run_one, split_train_args)
 from ..parallel.distributed import check_local_processes, has_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.results import RESULTS_FILE, read_results
@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
     for flag in AXES_SET_BY_TUNE:
         if any(a == flag or a.startswith(flag + "=") for a in fixed):
             raise HfscaleError(f"{flag} is set by hfscale tune; remove it from the training flags after `--`")
-    check_training_flags(fixed, appended=True)
+    refuse_run_file(fixed)
     check_training_flags([*model_flags(opts), *fixed])
     if opts.num_processes is None:
         opts.num_processes = default_num_processes()
