@@ -32,6 +32,11 @@ def check_writable_dir(path, flag: str, _named=None) -> None:
         raise HfscaleError(f"{flag} {named} is not writable ({err.strerror})") from None
 
 
+def is_run_file(args: list[str]) -> bool:
+    """The training flags are one run file (`hfscale train run.yaml`: each key a flag)."""
+    return len(args) == 1 and args[0].endswith((".json", ".yaml", ".yml"))
+
+
 LOCK = "_hfscale.lock"  # `_*`: the Trainer's push_to_hub leaves it out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from .errors import ArgumentParser, HfscaleError, one_of
-from .files import load_json, load_yaml
+from .files import is_run_file, load_json, load_yaml
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
@@ -54,14 +54,6 @@ def flag_value(args: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
-
-
-RUN_FILE_SUFFIXES = (".json", ".yaml", ".yml")
-
-
-def is_run_file(args: list[str]) -> bool:
-    """The training flags are one run file (`hfscale train run.yaml`: each key a flag)."""
-    return len(args) == 1 and args[0].endswith(RUN_FILE_SUFFIXES)
 
 
 def train_flag(args: list[str], name: str) -> str | None:

@@ -23,7 +23,7 @@ import psutil
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..errors import HfscaleError, one_of, unknown_names
-from ..files import check_writable_dir, load_json, load_yaml
+from ..files import check_writable_dir, is_run_file, load_json, load_yaml
 from ..formulas.metrics import GB, ModelShape
 from ..models import PRESETS, check_attention, missing_local_path, model_shape, resolve_seq_len, resolve_shape
 from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
@@ -535,7 +535,7 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     parser = HfscaleArgumentParser(DATACLASSES, allow_abbrev=False)
     parser.prog = "hfscale train"
     document_recipe(parser)
-    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+    if is_run_file(argv):
         path = Path(argv[0])
         if not path.is_file():
             raise HfscaleError(f"{path}: file not found")
