@@ -37,6 +37,13 @@ def is_run_file(args: list[str]) -> bool:
     return len(args) == 1 and args[0].endswith((".json", ".yaml", ".yml"))
 
 
+def read_run_file(path: Path):
+    """A run file's contents (JSON or YAML by its suffix); a missing file is one line."""
+    if not path.is_file():
+        raise HfscaleError(f"{path}: file not found")
+    return load_json(path) if path.suffix == ".json" else load_yaml(path)
+
+
 LOCK = "_hfscale.lock"  # `_*`: the Trainer's push_to_hub leaves it out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from .errors import ArgumentParser, HfscaleError, one_of
-from .files import is_run_file, load_json, load_yaml
+from .files import is_run_file, load_json, load_yaml, read_run_file
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
@@ -60,10 +60,7 @@ def train_flag(args: list[str], name: str) -> str | None:
     """A training flag's value, given as `--name V` or as a key of the run file the flags are."""
     if not is_run_file(args):
         return flag_value(args, name)
-    path = Path(args[0])
-    if not path.is_file():
-        raise HfscaleError(f"{path}: file not found")
-    data = load_json(path) if path.suffix == ".json" else load_yaml(path)
+    data = read_run_file(Path(args[0]))
     value = data.get(name.lstrip("-")) if isinstance(data, dict) else None
     return None if value is None else str(value)
 

@@ -23,7 +23,7 @@ import psutil
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..errors import HfscaleError, one_of, unknown_names
-from ..files import check_writable_dir, is_run_file, load_json, load_yaml
+from ..files import check_writable_dir, is_run_file, load_json, read_run_file
 from ..formulas.metrics import GB, ModelShape
 from ..models import PRESETS, check_attention, missing_local_path, model_shape, resolve_seq_len, resolve_shape
 from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
@@ -537,9 +537,7 @@ def _read_values(argv: list[str]) -> tuple[list[dict], set[str]]:
     document_recipe(parser)
     if is_run_file(argv):
         path = Path(argv[0])
-        if not path.is_file():
-            raise HfscaleError(f"{path}: file not found")
-        data = load_json(path) if path.suffix == ".json" else load_yaml(path)
+        data = read_run_file(path)
         groups = _split_by_dataclass(_coerce_file_values(parser, data, f"{path}: "), f"{path}: ")
         defaults = _split_by_dataclass(vars(parser.parse_args([])), "")
         return [{**d, **g} for d, g in zip(defaults, groups)], set(data)
