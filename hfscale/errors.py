@@ -2,10 +2,17 @@
 
 import argparse
 import difflib
+import errno
+import hashlib
+import os
+import socket
 import sys
+import time
 from functools import wraps
 
 EXIT_USAGE = 2
+SAID_LINGER_S = 0.5  # how long the rank that said a refusal holds its claim for the ranks still on their way to it
+_claims: list[socket.socket] = []  # held until the process ends
 
 
 class HfscaleError(Exception):
@@ -37,10 +44,34 @@ def exit_on_user_error(fn):
         try:
             return fn(*args, **kwargs)
         except HfscaleError as err:
-            print(f"hfscale: error: {err}", file=sys.stderr, flush=True)
+            if first_to_say(str(err)):
+                print(f"hfscale: error: {err}", file=sys.stderr, flush=True)
+                if _claims:
+                    time.sleep(SAID_LINGER_S)  # the launcher ends this rank as soon as another one leaves
             sys.exit(EXIT_USAGE)
 
     return wrapper
+
+
+def first_to_say(message: str, environ=os.environ) -> bool:
+    """Whether this process is the first of its launch on this node to report `message`.
+
+    Every rank of a launched job meets the same bad input at the same line, and eight identical lines per node say
+    nothing the first did not. The first rank claims the message with a Linux abstract socket named after its launcher
+    (the parent of every rank on the node; its restart count too) and the message: nothing is written, and the claim
+    ends with the process. A rank that refuses something else, or alone, says it. Outside a multi-process launch (or
+    where abstract sockets do not exist) every refusal is said."""
+    if int(environ.get("LOCAL_WORLD_SIZE", "1")) < 2 or "TORCHELASTIC_RUN_ID" not in environ:
+        return True
+    key = f"{os.getppid()}\0{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\0{message}"
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind("\0hfscale-refusal-" + hashlib.sha256(key.encode()).hexdigest()[:32])
+    except OSError as err:
+        claim.close()
+        return err.errno != errno.EADDRINUSE  # said already; any other error: no abstract sockets here
+    _claims.append(claim)
+    return True
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -150,6 +150,27 @@ def test_the_console_script_refuses_in_one_line_too(case, tmp_path):
     _check_refused(run([sys.executable, "-m", "hfscale", "train", *flags, "--output_dir", str(out)]), expected, out)
 
 
+def test_the_ranks_of_one_launch_say_the_same_refusal_once():
+    """Every rank of a launch meets the same bad input: the first on the node says it, the others leave quietly (the
+    whole launch: test_multiprocess's contradicting launcher config). A rank alone, another message, the launcher's
+    next restart or a process outside a launch says its own."""
+    from hfscale import errors
+
+    rank = {"LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
+    claims = list(errors._claims)
+    try:
+        assert errors.first_to_say("bad input", rank)
+        assert not errors.first_to_say("bad input", rank)  # another rank of the same launcher (this process's parent)
+        assert errors.first_to_say("other input", rank)
+        assert errors.first_to_say("bad input", {**rank, "TORCHELASTIC_RESTART_COUNT": "1"})
+        assert errors.first_to_say("bad input", {**rank, "LOCAL_WORLD_SIZE": "1"})
+        assert errors.first_to_say("bad input", {})
+    finally:
+        for claim in errors._claims[len(claims):]:
+            claim.close()
+        errors._claims[:] = claims
+
+
 @pytest.mark.parametrize("command", [
     ["sweep", "--strategy", "ddp", "--num_processes", "1", "--", "--model", "tiny", "--max_steps", "1"],
     ["tune", "--model", "tiny", "--num_processes", "1", "--", "--max_steps", "1"],

@@ -247,6 +247,7 @@ def test_launcher_config_contradicting_strategy_is_refused(tmp_path):
     proc = run(accelerate_launch(args, 2, str(REPO / "accelerate_configs" / "zero3.yaml")))
     assert proc.returncode == 2
     assert "hfscale: error: --strategy zero1 contradicts the launcher's config, which asks for zero3" in proc.stderr
+    assert proc.stderr.count("hfscale: error:") == 1  # both ranks refused it; the first said it (errors.first_to_say)
     assert "Traceback" not in proc.stderr  # the ranks' refusal, not torch's report of a failed child
     assert not (tmp_path / "out").exists()
 

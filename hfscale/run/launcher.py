@@ -4,8 +4,9 @@ launcher imports torch and accelerate, then one full collection and the survivor
 parity and the SLURM script start (`launch.launch_command`); `accelerate launch` typed by hand is the stock one.
 
 It also gives every process the same share of the node's CPUs (`cpu_threads_per_process`), whatever the strategy,
-and ends quietly, with the ranks' exit code 2, when they refused their input: each printed its one line
-(`hfscale: error: ...`), and torch's report of a failed child (a traceback and a table) would bury it."""
+and ends quietly, with the ranks' exit code 2, when they refused their input: the first to refuse printed its one
+line (`hfscale: error: ...`; errors.first_to_say), and torch's report of a failed child (a traceback and a table)
+would bury it."""
 
 import gc
 import os
