@@ -123,8 +123,10 @@ def output_dir_for(args, state, name: str):
     with exclusive_dir(args.output_dir, "--output_dir") if args.process_index == 0 else nullcontext():
         existing = Path(args.output_dir) / RESULTS_FILE  # read under the lock: a run ending now has written it
         if existing.is_file() and read_results(existing).status == "ok" and not args.overwrite_output_dir:
-            raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; "
-                               "choose another --output_dir or pass --overwrite_output_dir")
+            further = (" (with --resume_from_checkpoint: to train on from its last checkpoint, e.g. to a larger "
+                       "--max_steps)") if args.resume_from_checkpoint else ""
+            raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; choose another "
+                               f"--output_dir or pass --overwrite_output_dir{further}")
         yield
 
 

@@ -231,6 +231,23 @@ def test_a_folder_in_use_by_a_running_run_is_refused_and_a_late_refusal_leaves_n
     _check_refused(proc, "the dataset yields no full block of seq_len 256 tokens", out)
 
 
+def test_a_finished_runs_folder_is_not_trained_over(tmp_path):
+    """A finished run's results stay unless --overwrite_output_dir says otherwise; asked to resume, the line says what
+    that flag then does (trains on from the last checkpoint). A real process: the folder is taken once the process
+    group is up."""
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "results.json").write_text('{"status": "ok"}')
+    proc = run([sys.executable, "-m", "hfscale", "train", "--max_steps", "1", "--output_dir", str(done),
+                "--resume_from_checkpoint", "latest"])
+    err_lines = [l for l in proc.stderr.splitlines() if l.startswith("hfscale: error:")]
+    assert proc.returncode == 2 and len(err_lines) == 1, proc.stderr[-2000:]
+    assert err_lines[0] == (f"hfscale: error: {done} already holds the results of a finished run; choose another "
+                            "--output_dir or pass --overwrite_output_dir (with --resume_from_checkpoint: to train on "
+                            "from its last checkpoint, e.g. to a larger --max_steps)")
+    assert [p.name for p in done.iterdir()] == ["results.json"]
+
+
 def test_empty_data_file(tmp_path, hfscale_cli):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -402,6 +419,16 @@ def test_other_commands_refuse_bad_input(tmp_path, argv, expected, hfscale_cli):
     proc = hfscale_cli(argv, cwd=tmp_path)
     _check_refused(proc, expected, tmp_path / "runs")
     assert not (tmp_path / "OUT").exists()
+
+
+def test_export_of_a_run_directory_without_a_usable_checkpoint_names_them(tmp_path, hfscale_cli):
+    """A run's output directory stands for its newest complete, intact checkpoint (tests/test_faults.py exports one);
+    one whose saves were all interrupted is one line naming them, nothing written."""
+    for step in (2, 4):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
+    proc = hfscale_cli(["export", "run", "OUT"], cwd=tmp_path)
+    _check_refused(proc, "run: a run directory without a complete, intact checkpoint (checkpoint-2, checkpoint-4: "
+                         "interrupted or damaged saves)", tmp_path / "OUT")
 
 
 def test_malformed_sweep_spec(tmp_path, hfscale_cli):

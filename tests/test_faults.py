@@ -136,11 +136,13 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     # Every checkpoint's save time and size are measured.
     assert all(c["save_s"] > 0 and c["size_gb"] > 0 for c in resumed["checkpoints"])
 
-    # The final checkpoint exports to a plain HF model with the training model's logits (and no optimizer state).
+    # The final checkpoint exports to a plain HF model with the training model's logits (and no optimizer state);
+    # the run's folder stands for it, past the interrupted and damaged saves set aside
     # (in this process: `hfscale export` is this function behind its argument parser)
     from hfscale.run.export import export
 
-    exported = export(faulty_dir / f"checkpoint-{STEPS}", tmp_path / "exported", "fp32")
+    exported = tmp_path / "exported"
+    assert export(faulty_dir, exported, "fp32") == faulty_dir / f"checkpoint-{STEPS}"
     assert {p.name for p in exported.iterdir()} >= {"config.json", "model.safetensors"}
     # A checkpoint whose weight files were truncated later (a full disk, a copy cut short) is one line, nothing written
     from hfscale.errors import HfscaleError

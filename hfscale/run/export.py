@@ -5,7 +5,8 @@ Where the weights come from, by engine:
   ddp     the Trainer's `model.safetensors` (or its sharded index)
   zero*   DeepSpeed's partitioned fp32 master weights, consolidated with `deepspeed.utils.zero_to_fp32`
   fsdp*   the sharded `pytorch_model_fsdp_0/` (torch.distributed.checkpoint), read without a process group
-The checkpoint must be complete (hfscale_checkpoint.json written after every rank finished saving).
+The checkpoint must be complete (hfscale_checkpoint.json written after every rank finished saving). A run's output
+directory stands for its newest complete, intact checkpoint, the one `--resume_from_checkpoint latest` would take.
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..files import check_writable_dir
 from ..parallel.strategies import get_strategy
-from .checkpoints import MARKER, damage, is_complete, read_marker
+from .checkpoints import MARKER, checkpoint_dirs, damage, is_complete, latest_complete, read_marker
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -69,8 +70,19 @@ def consolidated_state_dict(checkpoint: Path, model) -> dict:
     return _ddp_state_dict(checkpoint)
 
 
+def run_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint that stands for a run's output directory: its newest complete, intact one."""
+    last = latest_complete(run_dir)
+    if last is None:
+        names = ", ".join(p.name for p in checkpoint_dirs(run_dir))
+        raise HfscaleError(f"{run_dir}: a run directory without a complete, intact checkpoint ({names}: interrupted "
+                           "or damaged saves)")
+    return last
+
+
 def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
-    """Write `out` (config.json + model.safetensors); returns it. Nothing is left at `out` if this fails."""
+    """Write `out` (config.json + model.safetensors) from a checkpoint or a run's output directory; returns the
+    checkpoint read. Nothing is left at `out` if this fails."""
     import shutil
     import tempfile
 
@@ -81,6 +93,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
         raise one_of("dtype", dtype, DTYPES)
     if not checkpoint.is_dir():
         raise HfscaleError(f"{checkpoint}: no such checkpoint directory")
+    if not is_complete(checkpoint) and checkpoint_dirs(checkpoint):  # a run's output directory
+        checkpoint = run_checkpoint(checkpoint)
     if not is_complete(checkpoint):
         raise HfscaleError(f"{checkpoint}: not a complete hfscale checkpoint (no {MARKER}; the save was interrupted "
                            "or it was not written by hfscale)")
@@ -119,15 +133,17 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return out
+    return checkpoint
 
 
 def main(argv: list[str]) -> None:
     parser = ArgumentParser(prog="hfscale export", description="Consolidate a checkpoint (any strategy) into a "
                             "HuggingFace model directory: safetensors weights only, no optimizer state.")
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint-N directory")
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint-N directory, or a run's output directory (its "
+                        "newest complete checkpoint)")
     parser.add_argument("out", type=Path, help="new directory for the model")
     parser.add_argument("--dtype", default="fp32", help="fp32 (default), bf16 or fp16")
     opts = parser.parse_args(argv)
-    out = export(opts.checkpoint, opts.out, opts.dtype)
-    print(f"exported {opts.checkpoint} -> {out} ({opts.dtype}); load with AutoModelForCausalLM.from_pretrained('{out}')")
+    read = export(opts.checkpoint, opts.out, opts.dtype)
+    print(f"exported {read} -> {opts.out} ({opts.dtype}); load with "
+          f"AutoModelForCausalLM.from_pretrained('{opts.out}')")
