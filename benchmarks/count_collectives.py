@@ -3,7 +3,7 @@
 Runs each strategy for a few steps on this machine with `--count_collectives` (torch's profiler over one whole loop
 period, every c10d op: hfscale/run/collectives.py) and prints, per strategy, the bytes of each collective kind and
 dtype that one rank issued in that step - the scalars (a token count, loss or grad norm per rank) apart
-- beside formulas/comm.py's pattern for the same plan (plan/project.pattern_of). Sizes are full messages (an
+- beside formulas/comm.py's pattern for the same plan (plan/projection.pattern_of). Sizes are full messages (an
 all-gather's output, a reduce-scatter's input), as in the model.
 
     python benchmarks/count_collectives.py                                   # ddp zero1 zero2 zero3 fsdp, bf16, GAS 2
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 def modelled(train_args: list[str], processes: int) -> dict:
     """{kind: bytes} per optimizer step of formulas/comm.py's pattern for this command's plan on `processes` processes
     (host copies and the token count apart)."""
-    from hfscale.plan.project import pattern_of
+    from hfscale.plan.projection import pattern_of
     from hfscale.train import check_args
 
     plan = check_args(train_args)[3].plan.but(world_size=processes, processes_per_node=processes)

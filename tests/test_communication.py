@@ -53,7 +53,7 @@ COUNTED = ["ddp", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "ze
 @pytest.mark.parametrize("strategy", COUNTED)
 def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
     """The bf16 runs (conftest.BF16_RUNS: 2 processes, GAS 2, activation checkpointing, step 3 counted) against
-    plan/project.pattern_of for the same plan, every message but the per-rank scalars. ddp: one fp32 gradient
+    plan/projection.pattern_of for the same plan, every message but the per-rank scalars. ddp: one fp32 gradient
     all-reduce per optimizer step (no_sync before the last micro-batch; fp32 under autocast). fsdp: the blocks
     gathered for the forward and again for the backward, the root unit (embeddings, tied head, final norm) once - FSDP2
     keeps it unsharded from the forward into the backward - every micro-batch; the gradients reduce-scattered once, at
@@ -64,7 +64,7 @@ def test_the_engines_send_what_the_model_says_to_the_byte(strategy):
     optimizer, gradients reduce-scattered every micro-batch. Offload moves nothing more between ranks. All but DDP
     in bf16. (ddp_powersgd: its factors are all-reduced from gloo's worker threads, which the profiler does not see;
     their size is checked against torch's own hook in tests/test_project.py.)"""
-    from hfscale.plan.project import pattern_of
+    from hfscale.plan.projection import pattern_of
     from hfscale.train import check_args
 
     res = bf16_result(strategy)
@@ -102,7 +102,7 @@ def test_the_engines_send_their_gradients_in_the_pieces_the_model_says(strategy)
     projection): DDP's buckets (torch's rule: a bucket sent once full), DeepSpeed's reduce_bucket_size buckets
     (DeepSpeed's rule: sent before a gradient that would overflow it - the tiny model's `auto` bucket is hidden² =
     4096 elements, smaller than most of its tensors), FSDP's units."""
-    from hfscale.plan.project import pattern_of
+    from hfscale.plan.projection import pattern_of
     from hfscale.train import check_args
 
     res = bf16_result(strategy)

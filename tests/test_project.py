@@ -14,7 +14,8 @@ from hfscale.formulas.memory import block_numel, parameter_tensors, zero3_gather
 from hfscale.formulas.metrics import param_count
 from hfscale.parallel.optimizers import get_optimizer
 from hfscale.parallel.strategies import get_strategy
-from hfscale.plan.project import Baseline, project
+from hfscale.plan.baseline import Baseline
+from hfscale.plan.projection import project
 from hfscale.runplan import RunPlan
 from hfscale.models import PRESETS
 
@@ -76,7 +77,7 @@ def test_zero_bytes_per_micro_step_as_the_paper_and_as_deepspeed_sends_them():
 def test_deepspeed_reduces_in_the_jsons_communication_data_type_and_its_route():
     """pattern_of reads the run's DeepSpeed JSON: communication_data_type sets the gradient dtype (bf16 training,
     fp32 reduction), use_multi_rank_bucket_allreduce false turns the bucket all-reduce into the per-owner reduce."""
-    from hfscale.plan.project import pattern_of
+    from hfscale.plan.projection import pattern_of
 
     P = param_count(SHAPE)
     shipped = get_strategy("zero2").shipped_deepspeed_config
@@ -159,7 +160,7 @@ def test_expected_maximum_of_normals_against_closed_forms_and_sampling():
 def test_step_noise_from_logging_intervals_recovers_the_per_step_sd():
     import random
 
-    from hfscale.plan.project import step_noise_s
+    from hfscale.plan.baseline import step_noise_s
 
     rng = random.Random(1)
     estimates = []
@@ -217,9 +218,9 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     """The committed checks (benchmarks/projection_vs_real.py --out) cover every strategy that runs on one machine,
     from 1 process to 2 and 4; a projection widens its band beyond the measured count by its strategy's ratios."""
     from hfscale.parallel.strategies import all_strategies
-    from hfscale.plan import project as project_mod
+    from hfscale.plan import project as project_mod, projection
 
-    checks = json.loads(project_mod.CHECKS_FILE.read_text())["checks"]
+    checks = json.loads(projection.CHECKS_FILE.read_text())["checks"]
     # HSDP and fsdp_tp need 2 nodes (tests/test_multinode.py); the TP strategies are not timed (NOT_TIMED_TP)
     runnable = {n for n, s in all_strategies().items() if n != "fsdp_hybrid" and not s.tensor_parallel}
     assert {(c["strategy"], c["processes"]) for c in checks} == {(s, n) for s in runnable for n in (2, 4)}
@@ -227,7 +228,7 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     # the model holds for every strategy where the ranks have their own cores (the benchmark's medians of 3 rounds);
     # ddp_powersgd projected from a ddp run lacks the hook's own compute, which its band carries (the replay above
     # checks its communication with that compute added)
-    cores = json.loads(project_mod.CHECKS_FILE.read_text())["cores"]
+    cores = json.loads(projection.CHECKS_FILE.read_text())["cores"]
     held = [c for c in checks if c["processes"] <= cores]
     assert all(0.75 <= c["ratio"] <= 1.25 for c in held if c["strategy"] != "ddp_powersgd"), checks
     assert all(c["ratio"] > 1 for c in held if c["strategy"] == "ddp_powersgd"), checks  # under-predicted: a band above 1
@@ -235,8 +236,8 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     fake.write_text(json.dumps({"cores": 2, "checks": [
         {"strategy": "zero3", "processes": 2, "ratio": 1.3, "ratios": [0.8, 1.3]},
         {"strategy": "zero3", "processes": 4, "ratio": 0.5, "ratios": [0.5]}]}))  # oversubscribed: not in the band
-    monkeypatch.setattr(project_mod, "CHECKS_FILE", fake)
-    assert project_mod.model_error("zero3") == (0.8, 1.3) and project_mod.model_error("ddp") is None
+    monkeypatch.setattr(projection, "CHECKS_FILE", fake)
+    assert projection.model_error("zero3") == (0.8, 1.3) and projection.model_error("ddp") is None
     points = {p.gpus: p for p in project(_base(1, "zero3"), [get_strategy("zero3")], [8, 16], 8, (FAST,) * 3, 1e11,
                                          None)}
     assert points[8].days_low == points[8].days == points[8].days_high  # the measured count: no model in between
@@ -263,7 +264,7 @@ def test_deepspeed_cuts_gpt2_350m_gradients_into_the_195_messages_counted():
     docs/strategies.md): DeepSpeed flushes its bucket before a gradient that would overflow it. DDP's rule (flush once
     full) would give 98. The shipped JSONs now hold DeepSpeed's 5e8: the whole gradient in one message; a 5e7 bucket
     cuts it in 8."""
-    from hfscale.plan.project import pattern_of
+    from hfscale.plan.projection import pattern_of
 
     shape = PRESETS["gpt2-350m"]
     backward = [t.numel for t in reversed(parameter_tensors(shape))]
@@ -335,7 +336,7 @@ def test_hfscale_bandwidth_measures_fits_and_the_meeting_curve(tmp_path):
     from types import SimpleNamespace
 
     from hfscale.plan.bandwidth import MEET_FRACTIONS
-    from hfscale.plan.project import links_from, meeting_line
+    from hfscale.plan.links import links_from, meeting_line
 
     out = tmp_path / "bw.json"
     proc = run([sys.executable, "-m", "hfscale", "bandwidth", "--num_processes", "2", "--min_bytes", "4096",
@@ -466,7 +467,7 @@ def test_project_refuses_a_failed_or_malformed_results_file(tmp_path):
 def test_a_stopped_run_projects_as_if_it_had_finished_and_one_stopped_before_timing_is_refused(tmp_path):
     """A run stopped on SIGUSR1 (run/stopping.py) timed its steady state like a finished one: the same baseline."""
     from hfscale.errors import HfscaleError
-    from hfscale.plan.project import baseline_from_results
+    from hfscale.plan.baseline import baseline_from_results
 
     one = load_benchmark("projection_vs_real").kept_rounds(PROJECTION_ROUNDS)[("zero1", 2)][0]["one"]
     stop = {"signal": "SIGUSR1", "step": 40, "checkpoint": "checkpoint-40"}

@@ -15,7 +15,8 @@ from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
 from ..formulas.metrics import SECONDS_PER_DAY, days_to_train, size_label, tflops_label
 from ..plan.options import check_whole_nodes
-from ..plan.project import add_link_flags, links_from, tokens_per_s_at
+from ..plan.links import add_link_flags, links_from
+from ..plan.project import tokens_per_s_at
 from ..run.results import RESULTS_FILE, Results, read_results
 from .convergence import X_AXES, compare_runs, curve
 from .convergence import markdown as convergence_markdown

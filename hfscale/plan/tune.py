@@ -158,9 +158,11 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
 
 def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Candidate]:
     """Megatron's 3D layouts beside the trials: hfscale cannot launch them, so each family's fastest layout that fits
-    at the trials' process count is projected (plan/project.project_grids) from the winning trial's measured
+    at the trials' process count is projected (plan/projection.project_grids) from the winning trial's measured
     throughput, at its global batch - a `projected` row, never the winner."""
-    from .project import DEFAULT_INTER_GB_S, DEFAULT_INTRA_GB_S, baseline_from_results, project_grids
+    from .baseline import baseline_from_results
+    from .links import DEFAULT_INTER_GB_S, DEFAULT_INTRA_GB_S
+    from .projection import project_grids
 
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     base = baseline_from_results(opts.out / "trials" / winner.run.name / RESULTS_FILE, device_bytes)

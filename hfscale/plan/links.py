@@ -1,0 +1,99 @@
+"""The links of the communication model (`hfscale project`, `hfscale report --days_at_gpus`, tune's 3D projection):
+bus bandwidths and latencies given as flags (a LOW:HIGH range gives the band) or measured by `hfscale bandwidth`."""
+
+from pathlib import Path
+
+from ..errors import HfscaleError
+from ..formulas.comm import Links
+from ..formulas.metrics import GB
+from .bandwidth import read_bandwidth_file
+
+DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given
+
+
+def _bandwidths(text: str, flag: str) -> tuple[float, float, float]:
+    """'150' or '100:200' (GB/s) -> (typical, high, low) bytes/s; typical is the middle of a range."""
+    try:
+        parts = [float(x) for x in str(text).split(":")]
+    except ValueError:
+        raise HfscaleError(f"--{flag} must be GB/s or LOW:HIGH GB/s, got {text!r}") from None
+    if len(parts) not in (1, 2) or any(not (x > 0 and x != float("inf")) for x in parts):
+        raise HfscaleError(f"--{flag} must be positive GB/s (or LOW:HIGH), got {text!r}")
+    low, high = min(parts), max(parts)
+    return (low + high) / 2 * GB, high * GB, low * GB
+
+
+def add_link_flags(p) -> None:
+    """The links of the communication model (`hfscale project`, `hfscale report --days_at_gpus`)."""
+    p.add_argument("--gpus_per_node", type=int, default=8)
+    p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
+                   f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
+    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth per GPU, GB/s or "
+                   f"LOW:HIGH (default {DEFAULT_INTER_GB_S:g}, assumed)")
+    p.add_argument("--intra_latency_us", type=float, default=5.0)
+    p.add_argument("--inter_latency_us", type=float, default=20.0)
+    p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
+
+
+def links_from(opts) -> tuple[Links, Links, Links]:
+    intra, inter = _bandwidths(opts.intra_bw, "intra_bw"), _bandwidths(opts.inter_bw, "inter_bw")
+    for name in ("intra_latency_us", "inter_latency_us"):
+        if not 0 <= getattr(opts, name) < float("inf"):
+            raise HfscaleError(f"--{name} must be >= 0, got {getattr(opts, name)}")
+    intra_lat, fits, meets = opts.intra_latency_us * 1e-6, (), ()
+    if opts.bandwidth_file:
+        measured = read_bandwidth_file(opts.bandwidth_file)
+        if "fit" in measured:  # the latency-bandwidth line fitted over every size, per collective kind
+            bw = measured["busbw_largest"]["all_reduce"]
+            try:
+                fits = tuple((kind, float(f["busbw"]), float(f["latency_s"])) for kind, f in measured["fit"].items())
+            except (TypeError, KeyError, ValueError, AttributeError):
+                fits = ()
+            if not fits or not all(0 < b < float("inf") and 0 <= lat < float("inf") for _, b, lat in fits):
+                raise HfscaleError(f"{opts.bandwidth_file}: malformed fit (each collective needs a positive busbw and "
+                                   "a latency_s >= 0); write it again with `hfscale bandwidth --out`")
+            bw, intra_lat = dict((k, (b, lat)) for k, b, lat in fits).get("all_reduce", (bw, intra_lat))
+            meets = meeting_curves(measured, opts.bandwidth_file)
+        else:  # an older file: its largest message's bandwidth and its smallest message's latency
+            bw = measured["busbw_largest"]["all_reduce"]
+            try:
+                smallest = min((r for r in measured["rows"] if r["kind"] == "all_reduce"), key=lambda r: r["size_bytes"])
+                intra_lat = float(smallest["time_s"]) / (2 * (int(measured["ranks"]) - 1))
+            except (TypeError, KeyError, ValueError, ZeroDivisionError):
+                intra_lat = -1.0
+            if not 0 <= intra_lat < float("inf"):
+                raise HfscaleError(f"{opts.bandwidth_file}: malformed rows (no all_reduce row with its time_s, or no "
+                                   "ranks > 1); write it again with `hfscale bandwidth --out`")
+        intra = (bw, bw, bw)
+    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits, meets) for i in range(3))
+
+
+def meeting_curves(measured: dict, path) -> tuple:
+    """Links.intra_meets from a bandwidth file measured with --compute_ms: per kind, (gap, seconds) points in rising
+    gap order; () when it has none (measured back to back)."""
+    if "meet_s" not in measured:
+        if measured.get("compute_s_between"):  # hfscale before 2026-11-26: fits timed after compute, meeting included
+            raise HfscaleError(f"{path}: measured by an older `hfscale bandwidth --compute_ms`, whose fits include the "
+                               "meeting after a whole step (now measured apart, per piece); write it again with "
+                               "`hfscale bandwidth --compute_ms X --out`")
+        return ()
+    try:
+        curves = tuple((kind, tuple(sorted((float(gap), float(s)) for gap, s in points)))
+                       for kind, points in measured["meet_s"].items())
+    except (TypeError, ValueError, AttributeError):
+        curves = ()
+    if not curves or not all(points and all(0 < gap < float("inf") and 0 <= s < float("inf") for gap, s in points)
+                             for _, points in curves):
+        raise HfscaleError(f"{path}: malformed meet_s (per collective, [gap_s > 0, seconds >= 0] points); write it "
+                           "again with `hfscale bandwidth --compute_ms X --out`")
+    return curves
+
+
+def meeting_line(links: Links) -> str:
+    if not links.intra_meets:
+        return ("no meeting cost: the collectives inside a node are timed back to back (measure it with `hfscale "
+                "bandwidth --compute_ms`)")
+    longest = max(gap for _, curve in links.intra_meets for gap, _ in curve)
+    return ("each piece inside a node also pays the ranks' meeting after the compute before it (the step's, spread "
+            "evenly), as measured: " + ", ".join(f"{kind} {links.meet_s(kind, longest) * 1e6:.0f} us after "
+                                                  f"{longest * 1e3:.3g} ms" for kind, _ in links.intra_meets))

@@ -1,0 +1,273 @@
+"""The projection model: a measured configuration's step at other GPU counts and under other strategies.
+
+Compute per micro-batch comes from the measurement with the run's own exposed communication taken out (at the run's
+GPU count and links); each projected point adds back what the strategy moves at that GPU count (formulas/comm.py).
+Megatron's 3D layouts run at the FLOPs per GPU the measured run achieved (formulas/parallel3d.py). Every point is a
+RunPlan the memory estimate judges on the device. docs/project.md."""
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import HfscaleError
+from ..flags import comma_list
+from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
+from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
+from ..formulas.metrics import SECONDS_PER_DAY, param_count, training_flops_per_sequence
+from ..formulas.parallel3d import grid_step_time
+from ..runplan import RunPlan, accumulation_steps
+from .baseline import Baseline
+from .grid import FAMILIES, GRID_MODEL_ERROR, GridPlan, grid_layouts
+from .options import fit
+
+
+@dataclass
+class Point:
+    strategy: str
+    gpus: int
+    nodes: int
+    grad_accum: int
+    global_batch: int
+    s_per_iter: float
+    tokens_per_s: float
+    days: float
+    gpu_days: float
+    days_low: float
+    days_high: float
+    exposed_comm_s: float
+    straggler_s: float  # waiting for the slowest rank per iteration
+    comm_bytes_per_gpu: float
+    efficiency: float  # tokens/s per GPU relative to the measured point's
+    fits: bool | None = None  # the memory estimate's verdict on the device (None: no device memory known)
+    total_per_gpu: int | None = None  # bytes per GPU the estimate gives this point
+    fit_reason: str | None = None
+    layout: str = ""  # a 3D family's grid at this point (tp4-pp8-dp16); empty for the data-parallel strategies
+
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: the gradient all-reduce is issued in buckets this size
+
+
+def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
+    """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates, with the
+    pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change what moves."""
+    strategy, P, shape = plan.strategy, param_count(plan.shape), plan.shape
+    t = DTYPE_BYTES["fp32" if plan.precision == "tf32" else plan.precision]
+    backward_order = [tp.numel for tp in reversed(parameter_tensors(shape))]
+    if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
+        psgd = None
+        if strategy.comm_hook == "powersgd":
+            rank = powersgd_rank or strategy.powersgd["rank"]
+            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
+        return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=plan.world_size,
+                            powersgd_bytes=psgd,
+                            reduce_buckets=bucket_pieces([4 * n for n in backward_order], DDP_BUCKET_BYTES))
+    common = dict(param_bytes=t * P, grad_bytes=t * P, ranks=plan.world_size,
+                  offload_optimizer=strategy.offloads_state("optimizer_states"),
+                  offload_params=strategy.offloads_state("parameters"))
+    if strategy.engine == "fsdp":
+        root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
+        tail = ("transformer.ln_f.", "transformer.wte.", "transformer.word_embeddings.weight")
+        leftover = sum(tp.numel for tp in parameter_tensors(shape)
+                       if not tp.name.startswith(("transformer.h.", *tail)))  # the model's own unit
+        return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
+                            root_param_bytes=t * root, root_leftover_bytes=t * leftover, units=shape.n_layer,
+                            norm_tensors=len(backward_order) if plan.clips_gradients else 0)
+    layout = plan.memory_layout
+    if layout.communication_dtype:  # the JSON's communication_data_type: what DeepSpeed reduces gradients in
+        common["grad_bytes"] = DTYPE_BYTES[layout.communication_dtype] * P
+    # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
+    buckets = bucket_pieces(backward_order, layout.reduce_bucket, flush_before_overflow=True) \
+        if strategy.zero_stage > 1 and layout.reduce_bucket else 1
+    persistent, regathered = (zero3_gathers(shape, layout.persistence_threshold, layout.max_reuse_distance)
+                              if strategy.zero_stage == 3 else (0, None))
+    fetched = sum(1 for n in backward_order if n > layout.persistence_threshold)  # ZeRO-3 gathers per parameter
+    return comm_pattern("deepspeed", strategy.zero_stage, **common, units=max(1, fetched),
+                        reduce_buckets=buckets if layout.overlap_comm else 1,
+                        bucket_all_reduce=layout.bucket_all_reduce, persistent_param_bytes=t * persistent,
+                        regathered_param_bytes=None if regathered is None else t * regathered)
+
+
+def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern):
+    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors)."""
+    return step_time(pattern, micro_compute_s=micro_compute,
+                     grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
+                     gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
+                     step_sd_s=base.step_sd_s)
+
+
+def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links) -> float:
+    """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
+    configuration itself (solved by fixed-point iteration: the exposed part depends on the compute that hides it)."""
+    compute = s_per_iter / plan.gradient_accumulation_steps
+    pattern = pattern_of(plan, base.powersgd_rank)  # what moves does not depend on the compute that hides it
+    for _ in range(50):
+        st = step_of(plan, base, compute, links, pattern)
+        compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / plan.gradient_accumulation_steps
+    return compute
+
+
+def plan_at(base: Baseline, strategy, gpus: int, gpus_per_node: int, global_batch: int | None) -> RunPlan | None:
+    """The measured configuration under `strategy` on `gpus` GPUs (None: the global batch does not split there)."""
+    gas = base.plan.gradient_accumulation_steps
+    if global_batch is not None:
+        try:
+            gas = accumulation_steps(global_batch, base.plan.per_device_train_batch_size, gpus)
+        except HfscaleError:
+            return None  # not a whole number of micro-batches per GPU at this count
+    return base.plan.but(strategy=strategy, world_size=gpus, processes_per_node=min(gpus, gpus_per_node),
+                         gradient_accumulation_steps=gas)
+
+
+def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: int, links: tuple[Links, Links, Links],
+            token_budget: float, global_batch: int | None) -> list[Point]:
+    """links = (typical, optimistic, pessimistic) bandwidths; s_per_iter = (typical, fastest, slowest)."""
+    points = []
+    for strategy in strategies:
+        measured = base.plan.but(strategy=strategy)
+        computes = [micro_compute_s(measured, base, s, link) for s, link in zip(base.s_per_iter, links)]
+        error = model_error(strategy.name)
+        reference_tps = None
+        for n in gpus:
+            plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
+            if plan is None or plan.refusal():
+                continue  # e.g. HSDP on one node, or a pair the strategy table refuses
+            pattern = pattern_of(plan, base.powersgd_rank)
+            times = [step_of(plan, base, c, link, pattern) for c, link in zip(computes, links)]
+            tokens = plan.tokens_per_step
+            days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+            if error and n > base.plan.world_size:  # measured days = projected x (projected / measured speed)
+                days += [days[1] * min(error[0], 1.0), days[2] * max(error[1], 1.0)]
+            tps = tokens / times[0].total_s
+            reference_tps = reference_tps or tps / n
+            verdict = fit(plan, base.device_memory_bytes)
+            points.append(Point(strategy.name, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size,
+                                times[0].total_s, tps, days[0], days[0] * n, min(days), max(days), times[0].exposed_s,
+                                times[0].straggler_s,
+                                pattern_of(plan, base.powersgd_rank).bytes_per_step(plan.gradient_accumulation_steps,
+                                                                                    n, gpus_per_node),
+                                tps / n / reference_tps, verdict.fits, verdict.total_per_gpu,
+                                verdict.reason if verdict.fits is False else None))
+    return points
+
+
+def calibrated_flops_per_s(base: Baseline, s_per_iter: float, links: Links) -> float:
+    """FLOPs per second one GPU achieved on the measured run's own compute (its exposed communication taken out):
+    what a 3D layout's stages are assumed to run at."""
+    plan = base.plan
+    _, hardware = training_flops_per_sequence(plan.shape, plan.seq_len, plan.activation_checkpointing)
+    return hardware * plan.per_device_train_batch_size / micro_compute_s(plan, base, s_per_iter, links)
+
+
+def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_per_node: int, token_budget: float,
+               series: str) -> Point:
+    """One 3D layout's projected point (rates and links: typical, optimistic, pessimistic)."""
+    times = [grid_step_time(plan.run, flops_per_s=r, links=link, gpus_per_node=gpus_per_node)
+             for r, link in zip(rates, links)]
+    tokens = plan.tokens_per_step
+    days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+    low, high = GRID_MODEL_ERROR  # the check against Megatron's published throughput (docs/project.md)
+    days += [days[1] * min(low, 1.0), days[2] * max(high, 1.0)]
+    verdict = fit(plan, base.device_memory_bytes)
+    st, n = times[0], plan.world_size
+    tps = tokens / st.total_s
+    return Point(series, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size, st.total_s, tps,
+                 days[0], days[0] * n, min(days), max(days), st.tp_comm_s + st.p2p_s + st.dp_comm_s, 0.0,
+                 st.comm_bytes, float("nan"), verdict.fits, verdict.total_per_gpu,
+                 verdict.reason if verdict.fits is False else None, plan.grid.label)
+
+
+def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per_node: int, links, token_budget: float,
+                  global_batch: int | None, grid_opts) -> list[Point]:
+    """The 3D layouts' points: at each GPU count, the given (--tp, --pp) layouts as their own series, or - when none is
+    given - the fastest layout that fits, searched over every TP and PP Megatron allows (grid_layouts). Each runs the
+    global batch the data-parallel strategies run there (or --global_batch_size), at the measured run's FLOPs per GPU
+    (calibrated_flops_per_s): a stage computes 1/(TP x PP) of the model. They step Megatron's Adam whatever the
+    measured run's optimizer (Megatron offers no other)."""
+    rates = [calibrated_flops_per_s(base, s, link) for s, link in zip(base.s_per_iter, links)]
+    plan0 = base.plan
+    mbs = plan0.per_device_train_batch_size
+    fixed = bool(grid_opts.tp or grid_opts.pp)
+    tps = comma_list(grid_opts.tp, "--tp", int) if grid_opts.tp else None
+    pps = comma_list(grid_opts.pp, "--pp", int) if grid_opts.pp else None
+    points = []
+    for family in families:
+        by_series: dict[str, list[Point]] = {}
+        for n in gpus:
+            gbs = global_batch or mbs * plan0.gradient_accumulation_steps * n
+            candidates = []
+            for tp, pp in grid_layouts(plan0.shape, n, gpus_per_node, tps or ([1] if pps else None),
+                                       pps or ([1] if tps else None), uneven_stages=FAMILIES[family]):
+                dp = n // (tp * pp)
+                if gbs % (mbs * dp):
+                    continue  # the global batch does not split into whole micro-batches per pipeline
+                plan = GridPlan(family, "adamw", plan0.shape, plan0.seq_len, tp=tp, pp=pp, dp=dp,  # Megatron's Adam
+                                per_device_train_batch_size=mbs, gradient_accumulation_steps=gbs // (mbs * dp),
+                                processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
+                                recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel)
+                if plan.refusal():
+                    continue
+                series = plan.name if fixed else family
+                candidates.append(grid_point(plan, rates, links, base, gpus_per_node, token_budget, series))
+            if fixed:
+                for p in candidates:
+                    by_series.setdefault(p.strategy, []).append(p)
+            elif candidates:  # the fastest that fits; when none fits, the leanest (marked: it does not fit)
+                fitting = [p for p in candidates if p.fits is not False]
+                pick = (min(fitting, key=lambda p: p.days) if fitting
+                        else min(candidates, key=lambda p: p.total_per_gpu or 0))
+                by_series.setdefault(family, []).append(pick)
+        for series in by_series.values():
+            first = series[0].tokens_per_s / series[0].gpus
+            for p in series:
+                p.efficiency = p.tokens_per_s / p.gpus / first
+            points += series
+    return points
+
+
+CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
+
+
+def model_error(strategy: str, checks_file: Path | None = None) -> tuple[float, float] | None:
+    """(lowest, highest) projected / measured tokens/s of this strategy's checks against real runs
+    (benchmarks/projection_vs_real.py --out: from 1 process to 2 and 4 on a CPU machine), or None when unchecked.
+    Checks with more processes than the machine had cores are left out: there the ranks take turns on the cores, so
+    one rank's wait in a collective is another's compute - a regime no GPU job is in (docs/project.md)."""
+    ratios = _checked_ratios(checks_file or CHECKS_FILE).get(strategy)
+    return (min(ratios), max(ratios)) if ratios else None
+
+
+@lru_cache(maxsize=4)
+def _checked_ratios(path: Path) -> dict[str, list[float]]:
+    """{strategy: every round's ratio} of a checks file, read once (empty when it is missing or malformed)."""
+    out = {}
+    try:
+        data = json.loads(path.read_text())
+        cores = data.get("cores") or float("inf")
+        for c in data["checks"]:
+            if c["processes"] <= cores:
+                out.setdefault(c["strategy"], []).extend(float(r) for r in c.get("ratios") or [c["ratio"]])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return out
+
+
+def knee(points: list[Point], gain_threshold: float) -> int | None:
+    """The first GPU count from which doubling the GPUs saves less than `gain_threshold` of the days (points that
+    cannot fit are never the knee)."""
+    by_gpus = {p.gpus: p for p in points if p.fits is not False}
+    for n in sorted(by_gpus):
+        if 2 * n in by_gpus and 1 - by_gpus[2 * n].days / by_gpus[n].days < gain_threshold:
+            return n
+    return None
+
+
+def best(points: list[Point]) -> dict[int, str]:
+    """The fastest strategy that fits, at each GPU count (a 3D layout with its grid: megatron (tp8-pp4-dp16))."""
+    out = {}
+    for n in sorted({p.gpus for p in points}):
+        fitting = [p for p in points if p.gpus == n and p.fits is not False]
+        if fitting:
+            top = min(fitting, key=lambda p: p.days)
+            out[n] = f"{top.strategy} ({top.layout})" if top.layout else top.strategy
+    return out
