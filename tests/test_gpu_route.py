@@ -366,7 +366,7 @@ def test_the_console_line_is_short_and_the_full_set_goes_to_the_record():
 def test_ddp_compiles_by_default_on_a_gpu_and_says_how_to_turn_it_off(gpus, monkeypatch):
     """torch.compile was measured to pay for ddp on an H100 (1.9x the tokens/s): on by default there, off on a CPU,
     off when the user says so, and off for strategies no GPU session has measured compiled yet."""
-    from hfscale.run.measure import format_summary
+    from hfscale.run.summary import format_summary
     from hfscale.run.results import Results
     from hfscale.train import check_args
 

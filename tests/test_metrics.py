@@ -253,7 +253,8 @@ def test_a_one_step_run_does_not_compare_its_step_with_the_steady_estimate():
     """The first optimizer step creates the gradients and the optimizer states inside it (torch's AdamW: 12 of the 16
     bytes per parameter), so a run of one step measured 2.52 GB above the states where the steady step holds 0.61 (a
     153M model, ddp, CPU). The summary says why it has no figure to compare; from the second step on it compares."""
-    from hfscale.run.measure import StepMemory, memory_line
+    from hfscale.run.measure import StepMemory
+    from hfscale.run.summary import memory_line
     from hfscale.run.results import Results
 
     meter = StepMemory(on_cuda=False)

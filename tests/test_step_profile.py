@@ -106,7 +106,7 @@ def test_a_profiled_step_leaves_a_trace_and_says_where_its_host_time_went(hfscal
 
 
 def test_the_run_summary_says_what_the_profile_and_the_counter_found(hfscale_run):
-    from hfscale.run.measure import format_summary
+    from hfscale.run.summary import format_summary
     from hfscale.run.results import Results
 
     profile = hfscale_run["profile"]
