@@ -105,7 +105,7 @@ def pairs(gpus: int, strategies: str, optims: str) -> list[tuple[str, str]]:
 
 
 # ddp variants, run after the pairs: hfscale's GPU default (compiled), the same with the Trainer's own defaults that
-# stop the host at every micro-batch put back (before/after of run/args._no_host_syncs), with Python's automatic
+# stop the host at every micro-batch put back (before/after of run/planning._no_host_syncs), with Python's automatic
 # garbage collector (--gc_freq 0 against the default 50), with CUDA graphs (torch.compile's reduce-overhead mode),
 # an eager run naming every host sync of a step, a compiled run with one step profiled, and two levers of MFU
 # (issue 21's 50% at 1.3B): twice the micro-batch, and the vocabulary padded to a multiple of 128 (Megatron's

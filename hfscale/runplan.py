@@ -1,7 +1,7 @@
 """The plan of one run: every fact about a run that more than one part of hfscale needs, decided in one place.
 
 Like torchtitan's ParallelDims: the inputs are data, the derived facts are properties computed here and nowhere else.
-A plan is built once - from the training arguments in a run (run/args.py), from the planners' options in `hfscale
+A plan is built once - from the training arguments in a run (run/planning.py), from the planners' options in `hfscale
 estimate`, `project` and `tune` (plan/options.py) - and read by all of them: the memory model takes it
 (formulas.memory.rank_memory), as do the communication model, the run's name, its results and its start-up proofs.
 

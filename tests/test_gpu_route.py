@@ -489,7 +489,7 @@ def test_the_trainer_loop_makes_no_host_sync_per_micro_batch_on_either_route(gpu
 def test_the_host_memory_refusal_counts_what_each_route_keeps_in_host_ram():
     """A CPU node holds every model state of its processes; a GPU node only the offloaded ones. The refusal fires
     exactly where those exceed the host's RAM."""
-    from hfscale.run.args import check_host_memory
+    from hfscale.run.planning import check_host_memory
 
     cpu, gpu, offload = route_plan("ddp", False), route_plan("ddp", True), route_plan("zero3_offload", True)
     mem = cpu.memory()

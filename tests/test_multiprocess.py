@@ -122,7 +122,7 @@ def test_sharding_is_real(strategy, wrapper):
 
 
 def test_compiled_ddp_is_proved_and_trains_the_same_model():
-    """ddp compiles by default on GPUs (args.COMPILE_BY_DEFAULT_ON_GPUS), and accelerate compiles after wrapping:
+    """ddp compiles by default on GPUs (planning.COMPILE_BY_DEFAULT_ON_GPUS), and accelerate compiles after wrapping:
     OptimizedModule(DDP(model)). The start-up proof sees DDP through it, and the compiled model trains ddp's curve.
     The backend is aot_eager: the same wrappers, dynamo's DDP graph splitting and AOT autograd, without inductor's C++
     code generation (13 s instead of 37 from a cold cache here; inductor's run matched ddp's curve within 1e-4 too)."""

@@ -228,7 +228,8 @@ def test_hsdp_mesh_comes_from_the_launcher_world_and_must_agree_with_its_paralle
     """A run's plan takes WORLD_SIZE and LOCAL_WORLD_SIZE from the launcher; HSDP's mesh is (nodes, processes per node)
     and a launcher's own parallelism_config must agree with it."""
     from hfscale.models import PRESETS
-    from hfscale.run.args import parse_args, plan_training
+    from hfscale.run.args import parse_args
+    from hfscale.run.planning import plan_training
 
     def plan(strategy, world):
         monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -393,7 +394,8 @@ def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypa
     divide the heads. Checked in the run's plan before anything starts, as `hfscale launch`/`slurm` check it."""
     from hfscale.models import PRESETS
     from hfscale.parallel.strategies import layout_refusal
-    from hfscale.run.args import parse_args, plan_training
+    from hfscale.run.args import parse_args
+    from hfscale.run.planning import plan_training
 
     tp, fsdp_tp = get_strategy("tp"), get_strategy("fsdp_tp")
     assert layout_refusal(tp, 4, 4) is None and layout_refusal(fsdp_tp, 8, 4) is None

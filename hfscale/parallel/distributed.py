@@ -8,7 +8,7 @@ Traps this module exists for (each seen with transformers 5 / accelerate 1.x on 
   create accelerate's `PartialState(backend="gloo")` with ACCELERATE_USE_DEEPSPEED=true *before* the
   TrainingArguments, and let the Trainer reuse it (`accelerator_config.use_configured_state`); `use_cpu=True` is then
   harmless and lets --bf16 through (TrainingArguments refuses bf16 without a bf16 GPU unless use_cpu is set).
-  `use_cpu` is decided with the other arguments (run/args.py); the state is created here, in `setup_processes`.
+  `use_cpu` is decided with the other arguments (run/planning.py); the state is created here, in `setup_processes`.
 - A run started without a launcher gets a one-process group of its own, so FSDP and DeepSpeed run unchanged.
 """
 

@@ -1,0 +1,223 @@
+"""Deciding a run from its parsed flags (run/args.py): the checks that need the launcher's world and the strategy's
+files, the strategy's defaults on the TrainingArguments keywords, the CPU/GPU route's own settings, and the run's
+RunPlan (hfscale/runplan.py) - every fact about the run, decided here once. Pure: it reads the launcher's environment
+and the strategy/DeepSpeed files and changes nothing; `build_training_arguments` (run/args.py) builds what it decided,
+after `parallel.distributed.setup_processes`."""
+
+import os
+from contextlib import contextmanager
+
+import psutil
+
+from ..errors import HfscaleError, one_of
+from ..files import load_json
+from ..formulas.metrics import GB, ModelShape
+from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
+                                    on_accelerator, read_launcher_deepspeed_json, resolve_strategy)
+from ..parallel.optimizers import get_optimizer
+from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
+from ..runplan import RunPlan, accumulation_steps, compute_precision
+from .args import require_finite
+
+# torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
+# H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
+# when asked, until a GPU session has measured them (benchmarks/gpu_suite.py).
+COMPILE_BY_DEFAULT_ON_GPUS = ("ddp",)
+# Steps left untimed on a GPU: every run on one H200 paid 0.2-0.4 s of one-off cost in steps 3-5 (eager and compiled,
+# 350M and 1.3B; flat from step 6: benchmarks/results/h200_2026-11-25/record.md) - up to a third of a 20-step average,
+# where a CPU run pays none. Halved for runs too short to spare them; --perf_warmup_steps wins.
+GPU_PERF_WARMUP_STEPS = 5
+
+
+def gpu_perf_warmup_steps(max_steps: int) -> int:
+    """The GPU route's default --perf_warmup_steps for a run of `max_steps` (<= 0: set by epochs)."""
+    return GPU_PERF_WARMUP_STEPS if max_steps <= 0 else min(GPU_PERF_WARMUP_STEPS, max(2, max_steps // 2))
+
+
+def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
+                  explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
+                  ) -> tuple[dict, RunPlan, bool]:
+    """The hfscale checks and strategy defaults on the TrainingArguments keywords, and the run's plan, without building
+    the arguments. Returns (the keywords to build the TrainingArguments with, the RunPlan, whether hfscale writes
+    TensorBoard). Pure: reads the launcher's environment and the strategy/DeepSpeed files, changes nothing."""
+    kw = dict(training)
+    require_finite(kw)
+    optimizer = get_optimizer(kw["optim"])
+    launcher_json_path, launcher_json = read_launcher_deepspeed_json()
+    strategy = get_strategy(resolve_strategy(kw["strategy"], launcher_json))
+    kw["strategy"] = strategy.name
+    check_pair(strategy.name, optimizer.name)
+    gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
+    kw["optim"] = optimizer.hf_name(gpu, strategy.engine)
+    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path)
+    world = launcher_world_size()
+    _apply_batch_sizes(kw, world)
+    tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
+    check_compile_mode(kw.get("torch_compile_mode"))
+    if kw["fp16"] and not gpu:
+        raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
+                           "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
+    if not gpu:
+        kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
+    else:
+        if strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
+            kw["torch_compile"] = True
+        if "perf_warmup_steps" not in explicit:
+            kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
+    _no_host_syncs(kw, explicit, gpu)
+    plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
+                   gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
+                   processes_per_node=launcher_processes_per_node(world),
+                   # the flags' precision; train.run() reads back what torch really computes in (TF32) once built
+                   precision=compute_precision(kw["bf16"], kw["fp16"], os.environ.get("ACCELERATE_MIXED_PRECISION"),
+                                               kw["tf32"]),
+                   activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
+                   attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
+                   device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
+                   fused_linear_cross_entropy=fused_linear_cross_entropy)
+    if strategy.tensor_parallel:  # a node of 2+ processes (one node for tp, 2+ for fsdp_tp), TP dividing the heads
+        reason = plan.refusal()
+        if reason:
+            raise HfscaleError(reason)
+    check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
+    check_host_memory(plan, psutil.virtual_memory().total)
+    return kw, plan, tensorboard
+
+
+def check_host_memory(plan: RunPlan, host_bytes: int) -> None:
+    """Refuse a run whose model states alone exceed this node's RAM (RunPlan.host_states_per_node): it could only
+    end minutes later in the kernel's OOM killer, without a word (bigscience-176b with ddp on a 24 GB host). States
+    only, which the estimate holds to the byte; activations and construction are the estimate's to judge."""
+    need = plan.host_states_per_node(plan.memory())
+    if need > host_bytes:
+        where = "in host memory" if plan.on_cuda else "on this CPU node"
+        raise HfscaleError(f"the model states alone need {need / GB:,.1f} GB {where} ({plan.processes_per_node} "
+                           f"process(es); `hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} "
+                           f"GB: choose a smaller model, or spread a sharding strategy over more nodes")
+
+
+def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
+    """Two Trainer defaults stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the host's
+    per-step work shows as idle device time; hfscale changes both, and the user's flags win.
+    - logging_nan_inf_filter reads every micro-batch's loss to keep a NaN/inf out of the logged average: its default
+      is false in HfscaleTrainingArguments (the loss is logged as it is; a NaN shows as NaN), on both routes.
+    - accelerator_config: accelerate copies each batch to the device with a blocking copy, which torch makes with a
+      stream synchronize; on the GPU route non-blocking, from pinned memory (the Trainer's dataloader_pin_memory
+      default), as accelerate's docs pair them. The CPU route copies nothing between devices and pins nothing (the
+      Trainer turns pinning off under use_cpu, and would warn at every run that non_blocking lacks it): untouched."""
+    if gpu and "accelerator_config" not in explicit:
+        kw["accelerator_config"] = {"non_blocking": True}
+
+
+def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None) -> dict | None:
+    """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
+    deepspeed_config = None
+    if strategy.engine == "deepspeed":
+        path = kw["deepspeed"] or launcher_json_path or strategy.deepspeed_config_path
+        if isinstance(path, dict):
+            deepspeed_config = path
+        else:
+            deepspeed_config = load_deepspeed_config(path, strategy)
+            path = str(path)
+        kw["deepspeed"] = path
+    elif kw["deepspeed"]:
+        raise HfscaleError(f"--deepspeed is for the zero* strategies; {strategy.name!r} is {strategy.engine}")
+    if strategy.engine == "fsdp":  # transformers' current form: fsdp=True, everything in fsdp_config
+        offload = {"cpu_offload": True} if "offload" in strategy.fsdp.split() else {}
+        kw["fsdp"] = True
+        # cpu_ram_efficient_loading: only rank 0 builds (or loads) the whole model; the others build on the meta device
+        # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
+        # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds)
+        kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
+                             "cpu_ram_efficient_loading": strategy.rank0_builds, **offload,
+                             **user_fsdp_config(kw["fsdp_config"])}
+    elif kw["fsdp"]:
+        raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
+    if kw["ddp_find_unused_parameters"] is None:
+        kw["ddp_find_unused_parameters"] = strategy.comm_hook == "powersgd"
+    if strategy.comm_hook == "powersgd":
+        kw["powersgd_rank"] = kw["powersgd_rank"] or strategy.powersgd["rank"]
+        if kw["powersgd_warmup_steps"] is None:
+            kw["powersgd_warmup_steps"] = strategy.powersgd["warmup_steps"]
+        if kw["powersgd_rank"] <= 0 or kw["powersgd_warmup_steps"] < 0:
+            raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
+        if launcher_world_size() < 2:
+            raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
+    return deepspeed_config
+
+
+def user_fsdp_config(value) -> dict:
+    """--fsdp_config as transformers takes it: a JSON object inline, or the path of a JSON file."""
+    import json
+
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if str(value).lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise HfscaleError(f"--fsdp_config: malformed JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise HfscaleError("--fsdp_config: expected a JSON object")
+        return value
+    return load_json(value, "FSDP config")
+
+
+def _apply_batch_sizes(kw: dict, world: int) -> None:
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if kw[name] <= 0:
+            raise HfscaleError(f"--{name} must be positive, got {kw[name]}")
+    if kw["global_batch_size"] is not None:
+        kw["gradient_accumulation_steps"] = accumulation_steps(kw["global_batch_size"],
+                                                               kw["per_device_train_batch_size"], world)
+    if kw["token_budget"] <= 0:
+        raise HfscaleError(f"--token_budget must be positive, got {kw['token_budget']}")
+
+
+@contextmanager
+def _environment_kept():
+    """Parsing changes nothing: a library imported only to read a list of names may set variables as it loads."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def check_compile_mode(mode: str | None) -> None:
+    """torch.compile's modes, known before launch (inductor raises only at the first compiled step of every rank)."""
+    if mode is None:
+        return
+    with _environment_kept():  # importing inductor sets TORCHINDUCTOR_CACHE_DIR
+        import torch._inductor
+
+    modes = list(torch._inductor.list_mode_options())
+    if mode not in modes:
+        raise one_of("--torch_compile_mode", mode, modes)
+
+
+def check_integrations(backends: list[str]) -> None:
+    """--report_to names transformers knows; the Trainer would raise an unknown one in every launched rank. Its list
+    lives in a module whose imports take seconds (and set TORCHINDUCTOR_CACHE_DIR through torchao), so it is read only
+    for a name beyond hfscale's own, with the environment kept as it was (parsing changes nothing)."""
+    if all(b in ("all", "none", "tensorboard") for b in backends):
+        return
+    with _environment_kept():
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    known = ["all", "none", *INTEGRATION_TO_CALLBACK]
+    unknown = next((b for b in backends if b not in known), None)
+    if unknown:
+        raise one_of("--report_to integration", unknown, known)
+
+
+def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
+    """hfscale writes TensorBoard itself (clean scalar names, one event stream per run directory)."""
+    backends = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    backends = [b for part in backends for b in part.split(",") if b]
+    check_integrations(backends)
+    tensorboard = "tensorboard" in backends or "all" in backends
+    others = [b for b in backends if b not in ("tensorboard", "none")]
+    return tensorboard, others or "none"
