@@ -1,5 +1,5 @@
 """Measure what a training step of HF GPT-2/BLOOM really holds, and fit the activation constants of
-hfscale/formulas/memory.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
+hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
 
 What is measured, per shape, in a fresh process (one thread, glibc's mmap threshold fixed at 64 KiB so that freed
 tensors go back to the kernel and RSS follows the tensors alive): `activations` = resident memory after the
@@ -86,7 +86,7 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
     row compares with the estimate as it stands: the figures to set COMPILED_ACTIVATION_FACTOR from, and the check of
     fused_loss_bytes."""
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import activations
+    from hfscale.formulas.activations import activations
     from hfscale.formulas.metrics import ModelShape
 
     for r in rows:
@@ -107,13 +107,13 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
     factor on what the eager estimate keeps (least squares through the origin over the mode's rows), and what the step's
     peak adds above what it keeps, in bytes per b·s·V logit element, by the bytes of the logits the model returns (its
     gradient is one of the tensors there) - from rows whose vocabulary is not a multiple of inductor's alignment
-    ("ragged": the grid's rows; the aligned figure is one whole run's, memory.COMPILED_LOGITS_PEAK_BYTES). Prints each
+    ("ragged": the grid's rows; the aligned figure is one whole run's, activations.COMPILED_LOGITS_PEAK_BYTES). Prints each
     row against the fit. Rows measured on a step that returned its logits (every row before run/forward.py returned the
     loss alone: no "logits_output" key) are fitted apart from rows of hfscale's loss-only step."""
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import COMPILED_ALIGNMENT_ELEMENTS, activations, logits_bytes
+    from hfscale.formulas.activations import COMPILED_ALIGNMENT_ELEMENTS, activations, logits_bytes
     from hfscale.formulas.metrics import ModelShape
 
     rows = [without_kv_cache(r) for r in rows if "error" not in r and not r.get("fused_loss")
@@ -148,10 +148,10 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
 def without_kv_cache(row: dict) -> dict:
     """A row measured with transformers' KV cache (the H100 grid of 2026-11-23, from before run/forward.py: rows
     without a "kv_cache" key kept it) in the terms of hfscale's training step, which keeps none: the cache's bytes
-    (memory.kv_cache_bytes) taken off what it kept and off its peak."""
+    (activations.kv_cache_bytes) taken off what it kept and off its peak."""
     if not row.get("kv_cache", True) or "error" in row:
         return row
-    from hfscale.formulas.memory import kv_cache_bytes
+    from hfscale.formulas.activations import kv_cache_bytes
     from hfscale.formulas.metrics import ModelShape
 
     family = row["mode"].split("/")[0]
@@ -169,7 +169,7 @@ def fit_rows(rows: list[dict]) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import activation_features
+    from hfscale.formulas.activations import activation_features
 
     rows = [without_kv_cache(r) for r in rows]  # every row in the terms of hfscale's training step
 
@@ -213,13 +213,13 @@ def recompute_term(rows: list[dict], coef, full, features, scores: bool = True) 
     """What a checkpointed backward holds beyond one recomputed block's activations: bytes per b·s·h element and per
     b·a·s² element (eager attention's score gradients; `scores` False - SDPA, which keeps no score matrix - holds the
     second at 0). The pair (0-150 0.1 apart, 0-20 0.25 apart) whose estimated peaks - the fitted kept plus the larger
-    of the logits' gradients and the block with those terms, as memory.activations computes them - miss the mode's
+    of the logits' gradients and the block with those terms, as activations.activations computes them - miss the mode's
     measured peaks by the least at worst; among pairs that miss alike, the smallest score term, then the largest
     b·s·h term (where the logits set every peak, the largest that leaves them so). Returns it and its worst peak
     error."""
     import numpy as np
 
-    from hfscale.formulas.memory import LOGITS_PEAK_COPIES
+    from hfscale.formulas.activations import LOGITS_PEAK_COPIES
 
     kept = np.array([sum(c * x for c, x in zip(coef, features(r))) for r in rows])
     bsh = np.array([r["mbs"] * r["seq"] * r["hidden"] for r in rows], float)
@@ -281,7 +281,7 @@ def main() -> None:
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.memory import activation_features
+    from hfscale.formulas.activations import activation_features
 
     table, measured = {}, []
     for mode in opts.modes.split(","):

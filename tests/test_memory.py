@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, load_benchmark, run
-from hfscale.formulas import memory
+from hfscale.formulas import activations as act, memory
 from hfscale.formulas.metrics import ModelShape, param_count
 from hfscale.models import PRESETS, build_model, hf_config
 from hfscale.parallel.optimizers import get_optimizer
@@ -116,7 +116,7 @@ def test_the_fused_loss_holds_less_as_estimated(tmp_path, checkpointing):
     """The held-out shape with --fused_linear_cross_entropy (SDPA: the attention most runs use): the step's measured
     peak within 15% of its own estimate, and below the unfused step's estimate by most of the logits' share (the
     fp32 logits kept, and two more at the start of the backward). With checkpointing, where no logits hide it, the
-    end of the backward sets the peak: the last block recomputed beside every gradient (memory.activations)."""
+    end of the backward sets the peak: the last block recomputed beside every gradient (act.activations)."""
     from hfscale.parallel.strategies import get_strategy
     from hfscale.runplan import RunPlan
 
@@ -141,7 +141,7 @@ def test_the_fused_loss_holds_less_as_estimated(tmp_path, checkpointing):
 
 
 def test_the_kv_cache_term_is_what_transformers_cache_keeps():
-    """memory.kv_cache_bytes (what the H100 rows' steps kept and hfscale's no longer do) against two steps of the same
+    """act.kv_cache_bytes (what the H100 rows' steps kept and hfscale's no longer do) against two steps of the same
     model measured here, its own forward (the cache built) beside hfscale's training forward: SDPA keeps the cache's
     copies of the keys and values (under eager attention the term is 0: its matmuls copy them anyway, 0.04 bytes per
     layer b·s·h between the two CPU fits)."""
@@ -149,9 +149,9 @@ def test_the_kv_cache_term_is_what_transformers_cache_keeps():
     l, h, a, v, s, b = shape = (4, 256, 4, 2048, 256, 4)
     mode = "gpt2/sdpa/fp32/0"
     own, training = (calibrate.measure(mode, shape, forward)["activations"] for forward in ("model", "training"))
-    expected = memory.kv_cache_bytes(ModelShape("gpt2", l, h, a, v, 256), s, b, mode)
+    expected = act.kv_cache_bytes(ModelShape("gpt2", l, h, a, v, 256), s, b, mode)
     assert expected == 8 * l * b * s * h and own - training == pytest.approx(expected, rel=0.15), (own, training)
-    assert memory.kv_cache_bytes(ModelShape("gpt2", l, h, a, v, 256), s, b, "gpt2/eager/fp32/0") == 0
+    assert act.kv_cache_bytes(ModelShape("gpt2", l, h, a, v, 256), s, b, "gpt2/eager/fp32/0") == 0
 
 
 def test_tp_activation_estimate_matches_the_measured_step(tmp_path):
@@ -241,8 +241,8 @@ def test_a_mode_no_gpu_has_measured_falls_back_to_the_cpu_fit_and_the_estimate_s
     from hfscale.plan.estimate import build_parser, calibration_notes, estimate_rows
 
     mode = "bloom/eager/autocast_bf16/1"
-    cuda = {m: c for m, c in memory.ACTIVATION_COEFFICIENTS["cuda"].items() if m != mode}
-    monkeypatch.setitem(memory.ACTIVATION_COEFFICIENTS, "cuda", cuda)
+    cuda = {m: c for m, c in act.ACTIVATION_COEFFICIENTS["cuda"].items() if m != mode}
+    monkeypatch.setitem(act.ACTIVATION_COEFFICIENTS, "cuda", cuda)
     opts = build_parser().parse_args(["--model", "bloom-560m", "--strategy", "ddp,ddp_powersgd", "--gpus", "8", "--bf16",
                                       "--activation_checkpointing", "--device", "A100-80GB"])
     notes = calibration_notes(estimate_rows(opts)[3])
@@ -300,7 +300,7 @@ def _compiled(row: dict) -> bool:
 
 def _cuda_rows(compiled: bool | None = False) -> list[dict]:
     """The measured rows (the grid also records what could not run: BLOOM with SDPA, which transformers refuses -
-    the estimate takes BLOOM's attention as eager whatever is asked, memory.activation_mode); eager, compiled or all."""
+    the estimate takes BLOOM's attention as eager whatever is asked, act.activation_mode); eager, compiled or all."""
     rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED)
             for line in (folder / "cuda_activations.jsonl").read_text().splitlines() if line.strip()]
     assert all("error" in r for r in rows if r["mode"].startswith("bloom/sdpa"))
@@ -335,7 +335,7 @@ def test_the_fit_sets_aside_one_disagreeing_row_and_never_a_model_it_cannot_desc
     shapes = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4, 1024, 16, 50257, 2048, 4),
               (4, 1024, 16, 50257, 1024, 8), (4, 2048, 16, 50257, 1024, 4), (4, 1024, 16, 8192, 1024, 4),
               (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2), (6, 1536, 24, 32768, 512, 2)]
-    X = np.array([memory.activation_features(*shape) for shape in shapes], float)
+    X = np.array([act.activation_features(*shape) for shape in shapes], float)
     truth = np.array([2.0, 0.0, 4.0, 5.0, 0.1, 0.85])
     y = X @ truth
     shifted = y.copy()
@@ -358,11 +358,11 @@ def test_the_activation_estimate_holds_on_cuda_for_every_measured_row(row):
     reason it was (the rest of its mode predicts it more than 10% off)."""
     family, attention, precision, checkpointing = row["mode"].split("/")[:4]
     shape = ModelShape(family, row["n_layer"], row["hidden"], row["heads"], row["vocab"], max(row["seq"], 256))
-    mode = memory.activation_mode(family, attention, precision, checkpointing == "1")
+    mode = act.activation_mode(family, attention, precision, checkpointing == "1")
     # the H100 rows were measured with transformers' KV cache on (before run/forward.py): the step they measured kept it
-    estimate = memory.activations(shape, row["seq"], row["mbs"], mode, "cuda", compiled=_compiled(row),
+    estimate = act.activations(shape, row["seq"], row["mbs"], mode, "cuda", compiled=_compiled(row),
                                   kv_cache=row.get("kv_cache", True))
-    fitted = "/".join(row["mode"].split("/")[:4]) in memory.ACTIVATION_COEFFICIENTS["cuda"]
+    fitted = "/".join(row["mode"].split("/")[:4]) in act.ACTIVATION_COEFFICIENTS["cuda"]
     assert estimate.calibration.startswith("cuda") == fitted  # the CUDA fit where it has the mode, else the CPU's
     if _set_aside(row):
         assert estimate.kept != pytest.approx(row["activations"], rel=0.10), row
@@ -372,12 +372,12 @@ def test_the_activation_estimate_holds_on_cuda_for_every_measured_row(row):
 
 
 def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitted_on():
-    """memory.py's CUDA coefficients and recompute terms are calibrate_activations.py's fit of the committed rows, as
+    """activations.py's CUDA coefficients and recompute terms are calibrate_activations.py's fit of the committed rows, as
     they stand (a hand-edited or stale table fails here); and each unfolded mode's fit predicts every row left out of it
     within 2% (leave-one-out: the fit describes the models, not only its points); checkpointing within 16%."""
     fit = _fit(_cuda_rows())
-    assert {mode: tuple(coef) for mode, coef in fit["coefficients"].items()} == memory.ACTIVATION_COEFFICIENTS["cuda"]
-    assert fit["recompute_bytes"] == memory.RECOMPUTE_GRADIENT_BYTES["cuda"]
+    assert {mode: tuple(coef) for mode, coef in fit["coefficients"].items()} == act.ACTIVATION_COEFFICIENTS["cuda"]
+    assert fit["recompute_bytes"] == act.RECOMPUTE_GRADIENT_BYTES["cuda"]
     assert all(error <= 0.10 for error in fit["peak_error"].values()), fit["peak_error"]
     for mode, (worst, leave_one_out) in fit["quality"].items():
         assert worst <= 0.025 and leave_one_out <= (0.16 if mode.endswith("/1") else 0.02), (mode, worst, leave_one_out)
@@ -392,12 +392,12 @@ def test_the_compiled_factors_are_what_the_fit_gives():
 
     with contextlib.redirect_stdout(io.StringIO()):
         fit = load_benchmark("calibrate_activations").fit_compiled(_cuda_rows(True))
-    assert fit["factors"]["returned"] == memory.COMPILED_ACTIVATION_FACTOR["cuda"]
-    assert fit["ragged_logits_peak"]["returned"] == memory.COMPILED_LOGITS_PEAK_BYTES["cuda"]["ragged"]
+    assert fit["factors"]["returned"] == act.COMPILED_ACTIVATION_FACTOR["cuda"]
+    assert fit["ragged_logits_peak"]["returned"] == act.COMPILED_LOGITS_PEAK_BYTES["cuda"]["ragged"]
     shape = ModelShape("bloom", 4, 1024, 16, 50257, 1024)
-    fallback = memory.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda", compiled=True)
-    eager = memory.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda")
-    assert fallback.kept == int(eager.kept * memory.COMPILED_FACTOR_FALLBACK["cuda"])
+    fallback = act.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda", compiled=True)
+    eager = act.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda")
+    assert fallback.kept == int(eager.kept * act.COMPILED_FACTOR_FALLBACK["cuda"])
     assert "two whole runs' factor: no compiled row of bloom/eager/autocast_bf16/0" in fallback.calibration
 
 
@@ -439,7 +439,8 @@ def test_tp_slices_follow_the_plan_table_and_the_korthikanti_ratio():
     from dataclasses import replace
 
     from hfscale.formulas import parallel3d
-    from hfscale.formulas.memory import parameter_tensors, tp_activation_scales, tp_local_tensors
+    from hfscale.formulas.activations import tp_activation_scales
+    from hfscale.formulas.memory import parameter_tensors, tp_local_tensors
     from hfscale.models import PRESETS
 
     for preset in ("tiny", "tiny-bloom", "bloom-7b1"):

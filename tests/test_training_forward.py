@@ -9,7 +9,7 @@ import torch
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 from conftest import parity_runs, train
-from hfscale.formulas.memory import chunk_tokens
+from hfscale.formulas.activations import chunk_tokens
 from hfscale.models import PRESETS, build_model
 from hfscale.run.forward import causal_lm_loss, use_training_forward
 

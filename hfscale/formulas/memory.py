@@ -1,7 +1,7 @@
 """Bytes per rank of a training step, before launch: weights, gradients, optimizer states, fp32 masters,
 activations, communication buffers and a runtime allowance on the device; offloaded states and model construction
-in host RAM. Pure functions, no torch at import (the memory check in tests/ compares them with what the engines
-really hold; docs/estimate.md has the table).
+in host RAM (the activations' model: formulas/activations.py). Pure functions, no torch at import (the memory check in
+tests/ compares them with what the engines really hold; docs/estimate.md has the table).
 
 Conventions: N = data-parallel ranks; a "partition" is what one rank stores of a sharded tensor or group. Every
 per-rank figure is for the rank that stores the most (rank 0 where partitions are uneven), since that rank runs
@@ -10,9 +10,11 @@ out of memory first. Bytes, not GiB; GB = 1e9.
 
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from math import ceil, log2
+from math import ceil
 
+from .activations import activation_mode, activations
 from .metrics import GB, ModelShape
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # ---- optimizer states (per element of the tensor the optimizer steps) ------------------------------------------
@@ -40,106 +42,6 @@ ZERO_BUCKETS_IN_FLIGHT = 2  # DeepSpeed overlap_comm double-buffers its reduce b
 # ---- what torch's allocator does not count, stated as such ---------------------------------------------------------
 RUNTIME_ALLOWANCE_BYTES = 1.0 * GB  # CUDA context, cuBLAS/NCCL workspaces: outside the allocator's statistics
 FRAGMENTATION = 0.05  # reserved-but-unallocated memory of the caching allocator, as a fraction of the total
-
-# ---- activations --------------------------------------------------------------------------------------------------
-# Bytes per element of six features (see activation_features), fitted per device to what autograd keeps after the
-# forward in HF's GPT-2/BLOOM (transformers 5.23) by benchmarks/calibrate_activations.py; mode =
-# family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel keeps
-# no s x s matrix and autocast keeps other copies), so each device has its own table:
-# - cpu: 7 shapes per mode measured on the 2-core CI machine with hfscale's training forward (no KV cache; torch 2.13,
-#   benchmarks/results/activations_2026-11-25.json);
-# - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
-#   all 18 modes) and with the KV cache (2026-11-23, 6 modes; memory.kv_cache_bytes taken off each row before the fit),
-#   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except
-#   checkpointing with autocast (2% / 4-16%). Two rows disagreed with the rest of their mode and were set aside by the
-#   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
-#   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
-ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
-                       "weight matrices (autocast saves their bf16 copies)")
-ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
-    "cpu": {
-    'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
-    'gpt2/eager/fp32/1': (4.046, -0.001, 4.0, 7.887, 4.054, -0.001),
-    'gpt2/eager/autocast_bf16/0': (60.389, 5.979, 3.982, 4.867, 1.018, 2.016),
-    'gpt2/eager/autocast_bf16/1': (3.332, -0.008, 4.18, 6.297, 4.49, 0.48),
-    'gpt2/eager/bf16/0': (56.295, 1.991, 3.992, 4.149, 0.491, -0.048),
-    'gpt2/eager/bf16/1': (2.13, -0.011, 4.0, 3.886, 2.25, -0.003),
-    'gpt2/sdpa/fp32/0': (112.256, -0.007, 3.996, 7.195, 0.382, 0.001),
-    'gpt2/sdpa/fp32/1': (4.034, -0.001, 4.0, 7.977, 0.051, -0.004),
-    'gpt2/sdpa/autocast_bf16/0': (60.167, -0.003, 3.99, 5.245, 0.465, 2.04),
-    'gpt2/sdpa/autocast_bf16/1': (3.356, -0.016, 4.184, 6.351, 0.43, 0.485),
-    'gpt2/sdpa/bf16/0': (56.217, -0.005, 3.993, 3.932, 0.535, -0.032),
-    'gpt2/sdpa/bf16/1': (2.157, -0.007, 3.995, 4.307, 0.166, -0.037),
-    'bloom/eager/fp32/0': (64.137, 3.995, 3.998, 11.805, 0.285, -0.008),
-    'bloom/eager/fp32/1': (4.038, -0.001, 4.0, 11.967, 4.042, -0.003),
-    'bloom/eager/autocast_bf16/0': (36.151, 5.994, 3.991, 9.198, 0.596, 2.041),
-    'bloom/eager/autocast_bf16/1': (3.423, -0.022, 4.171, 10.446, 4.92, 0.463),
-    'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
-    'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
-},
-    "cuda": {  # the H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
-        'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
-        'gpt2/sdpa/fp32/1': (4.008, 0.0, 4.002, 7.843, -0.012, 0.005),
-        'gpt2/sdpa/autocast_bf16/0': (84.046, 0.0, 4.004, 5.955, 0.012, 2.004),
-        'gpt2/sdpa/autocast_bf16/1': (1.5, 0.0, 4.267, 5.075, 0.111, 0.857),
-        'gpt2/sdpa/bf16/0': (56.075, 0.0, 4.006, 3.808, -0.021, 0.003),
-        'gpt2/sdpa/bf16/1': (2.019, 0.0, 4.006, 4.252, -0.263, -0.007),
-        'gpt2/eager/fp32/0': (112.002, 4.002, 4.001, 7.975, -0.124, 0.004),
-        'gpt2/eager/fp32/1': (3.983, 0.002, 4.002, 7.933, 3.894, 0.006),
-        'gpt2/eager/autocast_bf16/0': (83.961, 6.002, 4.001, 6.118, -0.142, 2.005),
-        'gpt2/eager/autocast_bf16/1': (1.224, 0.028, 4.257, 7.024, 2.457, 0.813),
-        'gpt2/eager/bf16/0': (55.982, 2.001, 4.001, 4.037, -0.065, 0.005),
-        'gpt2/eager/bf16/1': (1.985, 0.002, 4.001, 3.971, 1.885, 0.005),
-        'bloom/eager/fp32/0': (64.0, 4.002, 4.002, 11.937, -0.114, 0.005),
-        'bloom/eager/fp32/1': (3.973, 0.003, 4.001, 12.103, 3.808, 0.004),
-        'bloom/eager/autocast_bf16/0': (36.005, 6.0, 4.0, 10.049, 0.009, 2.004),
-        'bloom/eager/autocast_bf16/1': (1.212, 0.029, 4.257, 11.156, 2.38, 0.812),
-        'bloom/eager/bf16/0': (32.003, 6.002, 4.001, 5.981, -0.126, 0.004),
-        'bloom/eager/bf16/1': (1.964, 0.001, 4.002, 6.144, 1.882, 0.004),
-    },
-}
-# Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
-# the logits' gradients and one block's full activations plus what its backward holds beside them,
-# RECOMPUTE_GRADIENT_BYTES per b·s·h element and per b·a·s² element (eager attention's score gradients; SDPA keeps no
-# score matrix: 0) - per mode on CUDA, the pair that misses the mode's measured H100 peaks by the least at worst
-# (calibrate_activations.recompute_term: SDPA and GPT-2 eager bf16 within 1%, the other eager modes within 5.5-8.2%,
-# where a b·s·h term alone missed by 9.5-10.6%); a mode without CUDA rows takes the first fit's 34.1. The CPU
-# calibration had no such row.
-RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {
-    "bloom/eager/autocast_bf16/1": (22.0, 5.75), "bloom/eager/bf16/1": (9.8, 6.0), "bloom/eager/fp32/1": (26.3, 6.5),
-    "gpt2/eager/autocast_bf16/1": (1.8, 3.75), "gpt2/eager/bf16/1": (34.7, 0.0), "gpt2/eager/fp32/1": (2.6, 4.75),
-    "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0)}}
-RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
-# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): what a compiled step
-# keeps, as a factor on the eager estimate, per mode - calibrate_activations.fit_compiled over the CUDA grid's compiled
-# rows (GPT-2 SDPA, 3 shapes each, one H200: benchmarks/results/h200_2026-11-2{5,6}/; every row within 7%). A mode with
-# no compiled row takes the factor of the two compiled whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
-# benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU step was measured: there the eager estimate stands.
-COMPILED_ACTIVATION_FACTOR = {"cuda": {
-    "gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696}}
-COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
-# ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
-# returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
-# rows are a multiple of inductor's 128-byte stride alignment (64 bf16 elements), where eager adds two fp32 copies
-# (LOGITS_PEAK_COPIES). Ragged: GPT-2's 50257 rows, fit_compiled over the same rows (6.01-6.02 and 8.00-8.01); 5.7-6.2
-# in the whole 350M and 1.3B runs. Aligned: padded to 50304, 1.1 (one 1.3B run, bf16 logits, whose step peak fell
-# 1.44 GB with 47 more rows); fp32 logits on aligned rows were not measured and take the ragged figure. Scaling the eager
-# peak by the factor instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
-# Every one of these steps returned its logits. hfscale's training forward returns the loss alone since 2026-11-26
-# (run/forward.py): on CPU that took a compiled step's peak above what it keeps from 4.0 to 0.25 bytes per logit
-# (autocast) and from 8.0 to 0.34 (fp32); on CUDA it is not measured yet, and these figures stand as its upper bound.
-COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}}}
-COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
-LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
-# transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
-# With SDPA its copies of every layer's keys and values are kept beside the ones SDPA saves for the backward: 2 x the
-# compute dtype's bytes per layer b·s·h (measured on CPU, the fits with and without it: gpt2/sdpa fp32 7.95,
-# autocast_bf16 4.08); eager attention's matmuls copy the keys and values anyway (no difference, 0.04), and under
-# checkpointing transformers turns the cache off. hfscale trains without it (run/forward.py) since 2026-11-25. The
-# devices whose table was fitted on steps that kept it have it taken off (and a step that keeps it, kv_cache=True, has it
-# added). None since the CUDA refit of 2026-11-26: the rows measured with it had it taken off before the fit, and the
-# fit then predicted the rows measured without it (1.00 in every unfolded mode).
-FITTED_WITH_KV_CACHE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,18 +133,6 @@ def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> tuple[Ten
         dims = t.shape if dim is None else tuple(tp_chunk(d, tp, rank) if i == dim else d for i, d in enumerate(t.shape))
         out.append(Tensor(t.name, dims))
     return tuple(out)
-
-
-def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:
-    """What a TP rank keeps of the per-layer activation features (the blocks' b·s·h terms, their b·a·s² attention
-    terms) against the whole model's, by Korthikanti et al. (2022, Table 2; formulas/parallel3d.py) without sequence
-    parallelism: of the 34·sbh a layer keeps, the 24·sbh of the matmul inputs split over TP and the LayerNorms' and
-    dropouts' 10·sbh stay whole; the attention scores, softmax and dropout (5·as²b) split. The logits, the embedding
-    output and the masks stay whole (hfscale gathers the vocabulary-parallel logits for the loss). Under activation
-    checkpointing a block keeps its input alone, whole on every rank."""
-    if tp == 1 or checkpointing:
-        return 1.0, 1.0
-    return (10 + 24 / tp) / 34, 1 / tp
 
 
 def block_numel(shape: ModelShape) -> int:
@@ -486,134 +376,6 @@ def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda
     reduce = bucket * (ZERO_BUCKETS_IN_FLIGHT if layout.overlap_comm else 1)
     gather = min(layout.prefetch_bucket, P) + block_numel(shape) if layout.zero_stage == 3 else 0
     return train * (reduce + gather)
-
-
-# ---- activations -------------------------------------------------------------------------------------------------
-
-def activation_features(n_layer: int, hidden: int, heads: int, vocab: int, seq: int, micro_batch: int,
-                        ffn: int | None = None) -> list[int]:
-    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order."""
-    b, s, h, f = micro_batch, seq, hidden, ffn or 4 * hidden
-    return [n_layer * b * s * h, n_layer * b * heads * s * s, b * s * vocab, b * s * h, b * s * s,
-            n_layer * (4 * h * h + 2 * h * f) + vocab * h]
-
-
-def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """The fused linear cross-entropy's tokens per chunk (run/forward.py): a chunk's logits about the size of the whole
-    micro-batch's hidden states (vocab/hidden chunks, as Liger-Kernel sizes them), a power of two."""
-    chunks = max(1, ceil(vocab / hidden))
-    return 1 << max(0, ceil(log2(max(1, ceil(tokens / chunks)))))
-
-
-def fused_loss_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> tuple[int, int]:
-    """(kept from the forward to the backward, the most above that while it runs) of the fused linear cross-entropy
-    (run/forward.py) in an activation mode. Kept: the hidden states' gradient (b·s·h, compute dtype) and the head's
-    (V·h, fp32). In its forward: one chunk's logits in fp32; computing in bf16, also their bf16 matmul output, the
-    gradient's bf16 copy and the head's chunk gradient with its fp32 promotion before the sum (V·h x (2 + 4); in fp32
-    it is summed in place); under autocast the head's bf16 copy (V·h). In its backward: the two gradients scaled, the
-    head's in fp32 then in the weights' dtype."""
-    v, h, bsh = shape.vocab, shape.hidden, micro_batch * seq * shape.hidden
-    compute = mode.split("/")[2]
-    compute_bytes, weight_bytes = (4, 4) if compute == "fp32" else (2, 2) if compute == "bf16" else (2, 4)
-    chunk = min(chunk_tokens(micro_batch * seq, v, h), micro_batch * seq)
-    kept = compute_bytes * bsh + 4 * v * h
-    forward = chunk * v * 4 + (2 * compute_bytes * chunk * v + (compute_bytes + 4) * v * h if compute != "fp32" else 0)
-    forward += 2 * v * h if compute.startswith("autocast") else 0
-    backward = compute_bytes * bsh + (4 + (weight_bytes if weight_bytes < 4 else 0)) * v * h
-    return kept, max(forward, backward)
-
-
-def activation_mode(family: str, attention: str, compute: str, checkpointing: bool) -> str:
-    """`compute`: fp32 | autocast_bf16 (DDP's autocast over fp32 weights) | bf16 (DeepSpeed's and FSDP2's bf16 module).
-    flash_attention_2 keeps no s x s matrix, like SDPA; BLOOM has only eager attention in transformers."""
-    attn = "eager" if family == "bloom" or attention in (None, "", "eager") else "sdpa"
-    compute = "bf16" if compute == "fp16" else "autocast_bf16" if compute == "autocast_fp16" else compute
-    return f"{family}/{attn}/{compute}/{int(checkpointing)}"
-
-
-def kv_cache_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> int:
-    """What transformers' KV cache adds to a training step's kept tensors in `mode` (FITTED_WITH_KV_CACHE)."""
-    _, attention, compute, checkpointing = mode.split("/")
-    if attention != "sdpa" or checkpointing == "1":
-        return 0
-    return 2 * (4 if compute == "fp32" else 2) * shape.n_layer * micro_batch * seq * shape.hidden
-
-
-@dataclass(frozen=True)
-class Activations:
-    kept: int  # after the forward
-    peak: int  # at the start of the backward
-    backward_end: int  # under checkpointing: alive beside every gradient when the last block is recomputed (else 0)
-    calibration: str
-
-
-def logits_bytes(mode: str) -> int:
-    """The bytes of one logit element the model returns in `mode` (family/attention/precision/...): 4 where it computes
-    in fp32, else 2 (bf16 weights, or autocast's bf16 head)."""
-    return 4 if mode.split("/")[2] == "fp32" else 2
-
-
-def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
-                tp: int = 1, fused_loss: bool = False, kv_cache: bool = False) -> Activations:
-    """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
-    backward holds at its end, on one rank of a TP group of `tp` (tp_activation_scales), with which calibration gave
-    them. `fused_loss`: the fused linear cross-entropy replaces the logits' terms (fused_loss_bytes). `kv_cache`: the
-    step keeps transformers' KV cache (hfscale's runs never do since run/forward.py; runs measured before did).
-
-    The end of a checkpointed backward: the last block recomputed, with its backward's gradients, and what the forward
-    kept but the loss's share (the logits, or the fused loss's buffers - its head gradient is by then a parameter's
-    gradient), while all the parameters' gradients exist. Measured on CPU with the fused loss, where no logits hide
-    it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
-    table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
-    if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
-        table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
-    if mode not in table:
-        raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
-    cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE
-    feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
-    linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
-    feats[0], feats[1] = feats[0] * linear, feats[1] * attention
-    if tp > 1:
-        calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
-    kept = sum(c * x for c, x in zip(table[mode], feats))
-    cache = kv_cache_bytes(shape, seq, micro_batch, mode) / tp  # the keys and values split over a TP group's ranks
-    if kv_cache != cache_in_fit and cache:
-        kept += cache if kv_cache else -cache
-        calibration += ", with the KV cache" if kv_cache else ", the KV cache of the fit's steps taken off"
-    peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
-    loss_share = table[mode][2] * feats[2]  # the fp32 logits
-    if fused_loss:
-        loss_kept, loss_running = fused_loss_bytes(shape, seq, micro_batch, mode)
-        # the logits' terms out, and the head's share of the weight copies autocast keeps (the loss casts its own)
-        kept += loss_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
-        peak_extra, loss_share = loss_running, loss_kept
-        calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
-    backward_end = 0.0
-    if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
-        full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
-        bsh = micro_batch * seq * shape.hidden
-        per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
-            mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
-        one_block = (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq
-        peak_extra = max(peak_extra, one_block)
-        backward_end = kept - loss_share + one_block
-    factor = 1.0
-    if compiled and device in COMPILED_ACTIVATION_FACTOR:
-        factor = COMPILED_ACTIVATION_FACTOR[device].get(mode)
-        if factor is None:
-            factor = COMPILED_FACTOR_FALLBACK[device]
-            calibration += f", x {factor:g} compiled (two whole runs' factor: no compiled row of {mode})"
-        else:
-            calibration += f", x {factor:g} compiled"
-        peak_extra *= factor
-        if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
-            by_rows = COMPILED_LOGITS_PEAK_BYTES[device]
-            itemsize = logits_bytes(mode)
-            rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
-            per_logit = by_rows[rows].get(itemsize, by_rows["ragged"][itemsize])
-            logits = per_logit * micro_batch * seq * shape.vocab
-            peak_extra = max(logits, peak_extra if mode.endswith("/1") else 0.0)
-    return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)
 
 
 # ---- one rank, all together ----------------------------------------------------------------------------------------

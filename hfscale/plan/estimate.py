@@ -184,7 +184,7 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
 
 def calibration_notes(rows: list[Row]) -> list[str]:
     """Which measurements each row's activations come from: the device's own fit, or the CPU fit where no GPU has
-    measured that mode yet (memory.activations says which) - one note per calibration, naming its strategies."""
+    measured that mode yet (formulas/activations.activations says which) - one note per calibration, naming its strategies."""
     by_calibration: dict[str, list[str]] = {}
     for r in rows:
         calibration = (r.memory or {}).get("activation_calibration")

@@ -34,7 +34,7 @@ import types
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
-from ..formulas.memory import chunk_tokens
+from ..formulas.activations import chunk_tokens
 
 IGNORE_INDEX = -100
 
