@@ -18,5 +18,6 @@ suite b13 --model gpt2-1.3b --only runs --strategy ddp --optim adamw --no-pairs 
   --steps 20 --budget_s $(left 410)
 # 3. the compiled grid rows of the loss-only step ("logits_output": false), 3 shapes per mode: on CPU its peak above
 #    what it keeps fell from 4.0 to 0.25 bytes per logit (autocast), from 8.0 to 0.34 (fp32); activations.py's compiled
-#    figures (measured with the logits returned) stand as an upper bound until these rows are fitted apart
+#    figures (measured with the logits returned) stand as an upper bound until these rows are fitted apart (their
+#    "loss_only" entries: benchmarks/README.md)
 suite gridc --only grid --grid_filter '^gpt2/sdpa/[a-z0-9_]+/0 compiled$' --budget_s $(left 545)

@@ -78,6 +78,7 @@ class RunPlan:
     max_grad_norm: float = 1.0  # gradient clipping (the Trainer's default; 0: off) - FSDP2 all-reduces the norms
     fused_linear_cross_entropy: bool = False  # the head and its loss a chunk of tokens at a time (run/forward.py)
     kv_cache: bool = False  # the forward keeps transformers' KV cache: never in hfscale's runs since run/forward.py
+    logits_output: bool = False  # the forward returns the logits beside the loss: never in hfscale's runs since then
 
     def __post_init__(self):
         for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",

@@ -258,9 +258,12 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     estimate.main(["--model", "gpt2-350m", "--strategy", "ddp,zero2", "--per_device_train_batch_size", "8",
                    "--seq_len", "1024", "--device", "H100-80GB", "--bf16", "--torch_compile"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- activations of")]
+    bound = "; measured with the logits returned: an upper bound for the loss alone"  # hfscale's step returns the loss
     assert notes == [  # ddp's --bf16 is autocast, DeepSpeed's is bf16 weights: each mode's own compiled factor
-        "- activations of ddp: fitted on CUDA measurements, x 0.497 compiled (benchmarks/results/h*_*/cuda_activations.jsonl)",
-        "- activations of zero2: fitted on CUDA measurements, x 0.554 compiled (benchmarks/results/h*_*/cuda_activations.jsonl)"]
+        f"- activations of ddp: fitted on CUDA measurements, x 0.497 compiled{bound} "
+        "(benchmarks/results/h*_*/cuda_activations.jsonl)",
+        f"- activations of zero2: fitted on CUDA measurements, x 0.554 compiled{bound} "
+        "(benchmarks/results/h*_*/cuda_activations.jsonl)"]
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -359,9 +362,10 @@ def test_the_activation_estimate_holds_on_cuda_for_every_measured_row(row):
     family, attention, precision, checkpointing = row["mode"].split("/")[:4]
     shape = ModelShape(family, row["n_layer"], row["hidden"], row["heads"], row["vocab"], max(row["seq"], 256))
     mode = act.activation_mode(family, attention, precision, checkpointing == "1")
-    # the H100 rows were measured with transformers' KV cache on (before run/forward.py): the step they measured kept it
+    # the H100 rows were measured with transformers' KV cache on (before run/forward.py): the step they measured kept
+    # it; rows without a "logits_output" key returned the logits beside the loss
     estimate = act.activations(shape, row["seq"], row["mbs"], mode, "cuda", compiled=_compiled(row),
-                                  kv_cache=row.get("kv_cache", True))
+                               kv_cache=row.get("kv_cache", True), logits_output=row.get("logits_output", True))
     fitted = "/".join(row["mode"].split("/")[:4]) in act.ACTIVATION_COEFFICIENTS["cuda"]
     assert estimate.calibration.startswith("cuda") == fitted  # the CUDA fit where it has the mode, else the CPU's
     if _set_aside(row):
@@ -384,21 +388,51 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
 
 
 def test_the_compiled_factors_are_what_the_fit_gives():
-    """memory.py's compiled factors (per mode) and the bytes a compiled step's peak adds per logit element (per the
+    """activations.py's compiled factors (per mode) and the bytes a compiled step's peak adds per logit element (per the
     logits' bytes, ragged rows) are calibrate_activations.fit_compiled's fit of the committed compiled rows, as they
-    stand; a mode with no compiled row takes the whole runs' fallback, and says so."""
+    stand, for each step output the rows measured (the logits returned; hfscale's loss alone once a GPU has measured
+    it: then its figures must be in the table too); a mode with no compiled row takes the whole runs' fallback, and
+    says so."""
     import contextlib
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
         fit = load_benchmark("calibrate_activations").fit_compiled(_cuda_rows(True))
-    assert fit["factors"]["returned"] == act.COMPILED_ACTIVATION_FACTOR["cuda"]
-    assert fit["ragged_logits_peak"]["returned"] == act.COMPILED_LOGITS_PEAK_BYTES["cuda"]["ragged"]
+    assert "returned" in fit["factors"] and set(fit["factors"]) <= set(act.STEP_OUTPUTS)
+    assert fit["factors"] == {k: v for k, v in act.COMPILED_ACTIVATION_FACTOR["cuda"].items() if k in fit["factors"]}
+    for output, peaks in fit["ragged_logits_peak"].items():
+        assert peaks == act.COMPILED_LOGITS_PEAK_BYTES["cuda"][output]["ragged"], output
     shape = ModelShape("bloom", 4, 1024, 16, 50257, 1024)
     fallback = act.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda", compiled=True)
     eager = act.activations(shape, 1024, 4, "bloom/eager/autocast_bf16/0", "cuda")
     assert fallback.kept == int(eager.kept * act.COMPILED_FACTOR_FALLBACK["cuda"])
     assert "two whole runs' factor: no compiled row of bloom/eager/autocast_bf16/0" in fallback.calibration
+
+
+def test_a_loss_only_step_takes_its_own_compiled_figures_and_else_the_returned_ones_as_a_bound(monkeypatch):
+    """hfscale's training forward returns the loss alone; the compiled figures measured on steps that returned their
+    logits are its upper bound until a GPU measures the loss-only step (its "logits_output": false rows). A loss-only
+    figure, once in the table, is used for the loss-only step only (figures below are made up, not measurements)."""
+    shape, mode = ModelShape("gpt2", 4, 1024, 16, 50257, 1024), "gpt2/sdpa/autocast_bf16/0"
+
+    def both():
+        return [act.activations(shape, 1024, 4, mode, "cuda", compiled=True, logits_output=returned)
+                for returned in (True, False)]
+
+    returned, loss_only = both()
+    assert (returned.kept, returned.peak) == (loss_only.kept, loss_only.peak)  # no loss-only figure yet: the bound
+    assert "an upper bound for the loss alone" in loss_only.calibration
+    assert "upper bound" not in returned.calibration
+    monkeypatch.setitem(act.COMPILED_ACTIVATION_FACTOR["cuda"], "loss_only", {mode: 0.4})
+    monkeypatch.setitem(act.COMPILED_LOGITS_PEAK_BYTES["cuda"], "loss_only", {"ragged": {2: 0.5}})
+    returned_now, loss_only = both()
+    assert (returned_now.kept, returned_now.peak) == (returned.kept, returned.peak)
+    eager = act.activations(shape, 1024, 4, mode, "cuda")
+    assert loss_only.kept == pytest.approx(eager.kept * 0.4, abs=1) and "x 0.4 compiled" in loss_only.calibration
+    assert loss_only.peak - loss_only.kept == pytest.approx(0.5 * 4 * 1024 * 50257, rel=1e-6)
+    assert "upper bound" not in loss_only.calibration
+    monkeypatch.setitem(act.COMPILED_LOGITS_PEAK_BYTES["cuda"], "loss_only", {})  # the factor alone measured
+    assert "an upper bound for the loss alone" in both()[1].calibration
 
 
 GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],
@@ -425,6 +459,7 @@ def test_the_estimate_holds_for_every_gpu_run(run):
                    precision=p["precision"], activation_checkpointing=p["activation_checkpointing"],
                    attention=p["attention"], torch_compile=p["torch_compile"], device_type="cuda",
                    kv_cache=p.get("kv_cache", True),  # runs recorded without the key kept it (before run/forward.py)
+                   logits_output=p.get("logits_output", True),  # and returned the logits beside the loss
                    fused_linear_cross_entropy=p.get("fused_linear_cross_entropy", False))
     estimate = plan.memory()
     assert estimate.allocated / 1e9 == pytest.approx(run["device_allocated_gb"], rel=0.10), run

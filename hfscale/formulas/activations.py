@@ -83,8 +83,13 @@ RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
 # rows (GPT-2 SDPA, 3 shapes each, one H200: benchmarks/results/h200_2026-11-2{5,6}/; every row within 7%). A mode with
 # no compiled row takes the factor of the two compiled whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
 # benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU step was measured: there the eager estimate stands.
-COMPILED_ACTIVATION_FACTOR = {"cuda": {
-    "gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696}}
+# Both compiled tables are keyed by what the measured steps' forward handed back: "returned", the logits beside the
+# loss (every compiled step measured so far), or "loss_only", hfscale's training forward since 2026-11-26
+# (run/forward.py). A loss-only step without a figure of its own takes the returned one, an upper bound (the logits'
+# gradient is one more tensor to hold), and says so; calibrate_activations.fit_compiled fits each key apart.
+STEP_OUTPUTS = ("returned", "loss_only")
+COMPILED_ACTIVATION_FACTOR = {"cuda": {"returned": {
+    "gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696}}}
 COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
 # returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
@@ -95,8 +100,9 @@ COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # peak by the factor instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
 # Every one of these steps returned its logits. hfscale's training forward returns the loss alone since 2026-11-26
 # (run/forward.py): on CPU that took a compiled step's peak above what it keeps from 4.0 to 0.25 bytes per logit
-# (autocast) and from 8.0 to 0.34 (fp32); on CUDA it is not measured yet, and these figures stand as its upper bound.
-COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}}}
+# (autocast) and from 8.0 to 0.34 (fp32); on CUDA it is not measured yet, and these figures stand as its upper bound
+# (benchmarks/gpu_call_15min.sh measures its rows).
+COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"returned": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}}}}
 COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
 # transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
@@ -185,12 +191,26 @@ def logits_bytes(mode: str) -> int:
     return 4 if mode.split("/")[2] == "fp32" else 2
 
 
+def compiled_figure(table: dict, output: str, pick) -> tuple[object, str | None]:
+    """(a figure, the step output it was measured with) from a compiled table keyed by STEP_OUTPUTS: `pick` reads it
+    from the output's own table, else from the returned-logits one (an upper bound for the loss alone); (None, None)
+    when neither has it."""
+    for measured in dict.fromkeys((output, "returned")):
+        value = pick(table.get(measured) or {})
+        if value is not None:
+            return value, measured
+    return None, None
+
+
 def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
-                tp: int = 1, fused_loss: bool = False, kv_cache: bool = False) -> Activations:
+                tp: int = 1, fused_loss: bool = False, kv_cache: bool = False,
+                logits_output: bool = False) -> Activations:
     """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
     backward holds at its end, on one rank of a TP group of `tp` (tp_activation_scales), with which calibration gave
     them. `fused_loss`: the fused linear cross-entropy replaces the logits' terms (fused_loss_bytes). `kv_cache`: the
     step keeps transformers' KV cache (hfscale's runs never do since run/forward.py; runs measured before did).
+    `logits_output`: the step's forward returns the logits beside the loss (hfscale's never does since run/forward.py;
+    the compiled figures say which they were measured with).
 
     The end of a checkpointed backward: the last block recomputed, with its backward's gradients, and what the forward
     kept but the loss's share (the logits, or the fused loss's buffers - its head gradient is by then a parameter's
@@ -231,7 +251,9 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         backward_end = kept - loss_share + one_block
     factor = 1.0
     if compiled and device in COMPILED_ACTIVATION_FACTOR:
-        factor = COMPILED_ACTIVATION_FACTOR[device].get(mode)
+        output = "returned" if logits_output else "loss_only"
+        factor, measured = compiled_figure(COMPILED_ACTIVATION_FACTOR[device], output, lambda by_mode: by_mode.get(mode))
+        upper_bound = measured not in (None, output)  # a loss-only step's figure measured with the logits returned
         if factor is None:
             factor = COMPILED_FACTOR_FALLBACK[device]
             calibration += f", x {factor:g} compiled (two whole runs' factor: no compiled row of {mode})"
@@ -239,10 +261,14 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
             calibration += f", x {factor:g} compiled"
         peak_extra *= factor
         if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
-            by_rows = COMPILED_LOGITS_PEAK_BYTES[device]
             itemsize = logits_bytes(mode)
             rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
-            per_logit = by_rows[rows].get(itemsize, by_rows["ragged"][itemsize])
-            logits = per_logit * micro_batch * seq * shape.vocab
-            peak_extra = max(logits, peak_extra if mode.endswith("/1") else 0.0)
+            per_logit, peak_measured = compiled_figure(
+                COMPILED_LOGITS_PEAK_BYTES[device], output,
+                lambda by_rows: (by_rows.get(rows) or {}).get(itemsize, (by_rows.get("ragged") or {}).get(itemsize)))
+            if per_logit is not None:
+                peak_extra = max(per_logit * micro_batch * seq * shape.vocab, peak_extra if mode.endswith("/1") else 0.0)
+                upper_bound = upper_bound or peak_measured != output
+        if upper_bound:
+            calibration += "; measured with the logits returned: an upper bound for the loss alone"
     return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)

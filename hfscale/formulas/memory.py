@@ -390,7 +390,8 @@ def rank_memory(plan) -> RankMemory:
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
     acts = activations(plan.shape, plan.seq_len, plan.per_device_train_batch_size,
                        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
-                       plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache)
+                       plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache,
+                       plan.logits_output)
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
