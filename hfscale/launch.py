@@ -363,11 +363,17 @@ class RunSpec:
     micro_batch: int
     grad_accum: int
     checkpointing: bool
+    repeat: int = 0  # a sweep's --repeats: the configuration's k-th run, from 1 (0: measured once)
 
     @property
     def name(self) -> str:
         return (f"{self.strategy}-{self.optim}-np{self.nproc}-mbs{self.micro_batch}-gas{self.grad_accum}"
-                + ("-ac" if self.checkpointing else ""))
+                + ("-ac" if self.checkpointing else "") + (f"-r{self.repeat}" if self.repeat else ""))
+
+    @property
+    def sweep_record(self) -> dict:
+        """What the run's results file says of its place in the sweep (the report merges a configuration's repeats)."""
+        return {"nproc": self.nproc, **({"repeat": self.repeat} if self.repeat else {})}
 
     def train_args(self, fixed: list[str]) -> list[str]:
         return ["--strategy", self.strategy, "--optim", self.optim, "--per_device_train_batch_size", str(self.micro_batch),
@@ -378,6 +384,7 @@ class RunSpec:
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> Results:
     """The row of a run that never wrote a results file (refused up front, or died before training)."""
     return Results(status=status, error=error, run_name=run.name, strategy=run.strategy, optim=run.optim,
+                   sweep=run.sweep_record,
                    model=ModelRecord(name=flag_value(fixed, "--model") or "tiny", params_model=planned_params(fixed)),
                    config=ConfigRecord(world_size=run.nproc, micro_batch_size=run.micro_batch,
                                        grad_accum=run.grad_accum,
@@ -419,7 +426,7 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
         results = stub_results(run, status, error, fixed)
     if results.status != "ok" or status != "ok":
         results.status, results.error, results.log_tail = status, error, log_tail if status != "ok" else None
-    results.sweep = {"wall_s": round(seconds, 2), "nproc": run.nproc}
+    results.sweep = {"wall_s": round(seconds, 2), **run.sweep_record}
     write_results(run_dir, results)
 
 

@@ -358,6 +358,7 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     # the training flags a command hands on are checked before it writes or launches anything
     (["parity", "--num_processes", "1", "--strategy", "zero1", "--", "--model", "gpt9"], "unknown model preset 'gpt9'"),
     (["parity", "--strategy", "zero1", "--", "--learning_rate=-1"], "--learning_rate must be >= 0, got -1.0"),
+    (["sweep", "--repeats", "0", "--out", "runs/sw"], "sweep repeats must be a positive integer, got 0"),
     (["sweep", "--out", "runs/sw", "--", "--seq_len", "100000"], "--seq_len 100000 is longer than the model's 256 positions"),
     (["sweep", "--out", "runs/sw", "--", "--model", "tiny-bloom", "--attn_implementation", "sdpa"],
      "BloomForCausalLM has no 'sdpa' attention"),

@@ -478,3 +478,44 @@ def test_a_run_refused_before_launch_keeps_its_size_in_the_report(tmp_path):
     real = sum(p.numel() for p in build_model(shape, seed=0).parameters())
     assert rows[0].status == "refused" and rows[0].params == param_count(shape) == real
     assert stub_results(spec, "refused", None, ["--model_name_or_path", "gpt2"]).model.params_model is None
+
+
+def test_repeats_run_round_by_round_and_the_report_shows_each_configurations_median_and_spread(tmp_path, monkeypatch):
+    """`hfscale sweep --repeats 3`: every configuration once per round (its measurements spread over the sweep's time,
+    not back to back), each repeat its own run and results file; the report merges a configuration's repeats into one
+    row at the median speed, with the spread and the repeats that failed. The launches are faked: what a run writes
+    is the train script's business (tests/test_sweep.py launches real ones)."""
+    from hfscale import launch
+    from hfscale.compare import sweep
+
+    speeds = iter([0.10, 0.20, 0.14, 0.30, 0.12, None])  # s/it in launch order; None: zero1's third repeat fails
+    launched = []
+
+    def fake_run_training(train_args, run_dir, nproc, timeout_s):
+        launched.append(run_dir.name)
+        s = next(speeds)
+        if s is None:
+            return launch.Outcome("fail", 1, 1.0, "RuntimeError: boom", "")
+        strategy = train_args[train_args.index("--strategy") + 1]
+        _hfscale_row(run_dir, strategy, 2, 8 * 2 * 1024 / s)
+        return launch.Outcome("ok", 0, 1.0, None, "")
+
+    monkeypatch.setattr(launch, "run_training", fake_run_training)
+    out = tmp_path / "sw"
+    sweep.main(["--strategy", "ddp,zero1", "--num_processes", "1", "--repeats", "3", "--out", str(out), "--",
+                "--model", "tiny", "--max_steps", "2"])
+    base = {s: f"{s}-adamw-np1-mbs4-gas1" for s in ("ddp", "zero1")}
+    assert launched == [f"{base[s]}-r{k}" for k in (1, 2, 3) for s in ("ddp", "zero1")]  # round by round
+    assert [json.loads((out / name / "results.json").read_text())["sweep"]["repeat"] for name in launched] == [1, 1, 2, 2, 3, 3]
+    rows, _ = write_report([out], tmp_path / "report", with_plots=False)
+    by_run = {r.run: r for r in rows}
+    assert set(by_run) == set(base.values())  # one row per configuration
+    ddp, zero1 = by_run[base["ddp"]], by_run[base["zero1"]]
+    assert ddp.runs == 3 and ddp.s_per_iter == pytest.approx(0.12) and ddp.s_per_iter_range == pytest.approx((0.10, 0.14))
+    assert "3 repeats: s/it 0.1–0.14 (±17%)" in ddp.notes  # half the range, against the median
+    assert zero1.s_per_iter == pytest.approx(0.30)  # of two that finished, the slower middle one
+    assert "2 of 3 ok (fail): s/it 0.2–0.3 (±17%)" in zero1.notes
+    parsed = {r["run"]: r for r in csv.DictReader(io.StringIO((tmp_path / "report" / "report.csv").read_text()))}
+    assert parsed[base["ddp"]]["runs"] == "3" and float(parsed[base["ddp"]]["s_per_iter_slowest"]) == pytest.approx(0.14)
+    with pytest.raises(HfscaleError, match="sweep repeats must be a positive integer, got 0"):
+        SweepSpec(repeats=0)

@@ -1,13 +1,15 @@
 """`hfscale report RUN_OR_SWEEP_DIR...`: one table in the BigScience format (markdown and CSV), plots, optional HTML.
 
 Every results.json under the given directories is a row — failed runs included (OOM shown as OOM) — whether it
-came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`. Columns and conventions: docs/compare.md.
+came from `hfscale train`, `hfscale sweep` or `hfscale import-logs`; the repeats of one configuration (`hfscale sweep
+--repeats`) are one row, at their median speed, with their spread. Columns and conventions: docs/compare.md.
 """
 
 import base64
 import csv
 import io
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from html import escape
 from pathlib import Path
 
@@ -50,6 +52,9 @@ class Row:
     path: str
     group: str = ""  # model, data and sequence length: runs of one group can be compared by convergence
     eval_history: list = field(default_factory=list)
+    repeat: int = 0  # a sweep's --repeats: the configuration's k-th run (0: measured once)
+    runs: int = 1  # the repeats merged into this row
+    s_per_iter_range: tuple[float, float] | None = None  # fastest and slowest of the merged repeats that finished
 
     @property
     def ok(self) -> bool:
@@ -120,11 +125,40 @@ def to_row(path: Path) -> Row:
         mem_gb=mem.peak_gb, mem_kind="device" if mem.peak_allocated_gb is not None else "RSS",
         tokens_per_s=tokens_per_s, days=days_to_train(BUDGET, tokens_per_s, 1)[0] if tokens_per_s else None,
         notes=_notes(results), loss_history=results.loss_history, eval_history=results.eval_history,
-        path=str(path.parent), group=f"{model.name or '?'} · {cfg.dataset or '?'} · seq {cfg.seq_len or '?'}")
+        path=str(path.parent), group=f"{model.name or '?'} · {cfg.dataset or '?'} · seq {cfg.seq_len or '?'}",
+        repeat=int((results.sweep or {}).get("repeat") or 0))
+
+
+REPEAT_SUFFIX = re.compile(r"-r\d+$")
+
+
+def merge_repeats(rows: list[Row]) -> list[Row]:
+    """One row per configuration a sweep repeated (its runs share a sweep folder and a name but for -rK): the run at the
+    median speed (of an even count, the slower middle one), with every repeat's spread in its notes. A repeat that
+    failed stays counted: `2 of 3 ok`."""
+    merged, repeats = [], {}
+    for row in rows:
+        if row.repeat:
+            repeats.setdefault((str(Path(row.path).parent), REPEAT_SUFFIX.sub("", row.run)), []).append(row)
+        else:
+            merged.append(row)
+    for (_, name), runs in repeats.items():
+        ok = sorted((r for r in runs if r.ok and r.s_per_iter is not None), key=lambda r: r.s_per_iter)
+        statuses = ", ".join(sorted({r.status for r in runs if not r.ok}))
+        if not ok:
+            merged.append(replace(runs[0], run=name, runs=len(runs), notes=f"{len(runs)} repeats, none ok ({statuses}); "
+                                  + runs[0].notes))
+            continue
+        median, fastest, slowest = ok[len(ok) // 2], ok[0].s_per_iter, ok[-1].s_per_iter
+        counted = f"{len(ok)} of {len(runs)} ok ({statuses})" if len(ok) < len(runs) else f"{len(runs)} repeats"
+        spread = f"{counted}: s/it {fastest:.4g}–{slowest:.4g} (±{(slowest - fastest) / 2 / median.s_per_iter:.0%})"
+        merged.append(replace(median, run=name, runs=len(runs), s_per_iter_range=(fastest, slowest),
+                              notes=", ".join(filter(None, [spread, median.notes]))))
+    return merged
 
 
 def collect(paths: list[Path]) -> list[Row]:
-    rows = [to_row(p) for p in find_results(paths)]
+    rows = merge_repeats([to_row(p) for p in find_results(paths)])
     return sorted(rows, key=lambda r: (r.params or 0, r.gpus or 0, r.strategy, r.optim, r.mbs or 0, r.gas or 0, r.run))
 
 
@@ -150,10 +184,13 @@ def csv_text(rows: list[Row]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["run", "status", "gpus", "params", "strategy", "optim", "dp", "mbs", "gas", "gbs", "s_per_iter",
-                     "tflops_per_gpu_bigscience", "mfu", "mem_gb", "mem_kind", "tokens_per_s", "days_to_100B", "notes", "path"])
+                     "tflops_per_gpu_bigscience", "mfu", "mem_gb", "mem_kind", "tokens_per_s", "days_to_100B", "notes", "path",
+                     "runs", "s_per_iter_fastest", "s_per_iter_slowest"])
     for r in rows:
+        fastest, slowest = r.s_per_iter_range or (None, None)
         writer.writerow([r.run, r.status, r.gpus, r.params, r.strategy, r.optim, r.dp, r.mbs, r.gas, r.gbs, r.s_per_iter,
-                         tflops_label(r.tflops), r.mfu, r.mem_gb, r.mem_kind, r.tokens_per_s, r.days, r.notes, r.path])
+                         tflops_label(r.tflops), r.mfu, r.mem_gb, r.mem_kind, r.tokens_per_s, r.days, r.notes, r.path,
+                         r.runs, fastest, slowest])
     return buf.getvalue()
 
 

@@ -11,13 +11,18 @@ status in its results file is skipped, so an interrupted sweep started again goe
 (`--retry_failed` reruns the non-ok ones). Pairs the strategy table refuses, and strategies that cannot run on a
 run's processes of one node, are recorded as `refused` rows without launching anything; the training flags after
 `--` are checked before anything starts (`--dry_run`: what it would do, nothing launched or written).
+
+`--repeats N` runs each configuration N times (`<run>-r1` .. `-rN`), round by round, so that its measurements are
+spread over the sweep's hours rather than taken back to back (on a shared cluster the BigScience runs saw the same
+test vary by 40% with the time of day: one measurement is not a result); `hfscale report` shows each configuration's
+median and its spread.
 """
 
 import itertools
 import json
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -47,6 +52,7 @@ class SweepSpec:
     train_args: list[str] = field(default_factory=list)  # fixed Trainer/hfscale flags for every run
     timeout: float = 1800.0  # seconds per run
     out: str = "runs/sweep"
+    repeats: int = 1  # runs of each configuration, round by round
 
     def __post_init__(self):
         self.strategy = comma_list(self.strategy, "sweep strategy", valid=all_strategies(), what="strategy")
@@ -59,6 +65,8 @@ class SweepSpec:
         values = self.activation_checkpointing
         if not isinstance(values, list) or not values or any(not isinstance(v, bool) for v in values):
             raise HfscaleError(f"sweep activation_checkpointing must be a list of true/false, got {values!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats <= 0:
+            raise HfscaleError(f"sweep repeats must be a positive integer, got {self.repeats!r}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < float("inf"):
             raise HfscaleError(f"sweep timeout must be positive seconds, got {self.timeout!r}")
         for flag in ("--strategy", "--optim", "--output_dir", "--per_device_train_batch_size",
@@ -68,7 +76,11 @@ class SweepSpec:
 
 
 def expand(spec: SweepSpec) -> list[RunSpec]:
-    return [RunSpec(*combo) for combo in itertools.product(*(getattr(spec, axis) for axis in AXES))]
+    """Every run of the sweep in launch order: the cross product of the axes, once per round of --repeats."""
+    runs = [RunSpec(*combo) for combo in itertools.product(*(getattr(spec, axis) for axis in AXES))]
+    if spec.repeats == 1:
+        return runs
+    return [replace(run, repeat=k) for k in range(1, spec.repeats + 1) for run in runs]
 
 
 def load_spec(path: Path) -> dict:
@@ -137,6 +149,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--per_device_train_batch_size", help="micro-batch sizes, e.g. 2,4")
     parser.add_argument("--gradient_accumulation_steps", help="accumulation steps, e.g. 1,8")
     parser.add_argument("--activation_checkpointing", help="false, true or false,true")
+    parser.add_argument("--repeats", type=int, help="runs of each configuration, round by round (default 1); the "
+                        "report shows their median and spread")
     parser.add_argument("--timeout", type=float, help="seconds before a run is killed and recorded as timeout (default 1800)")
     parser.add_argument("--out", help="sweep directory (default runs/sweep)")
     parser.add_argument("--retry_failed", action="store_true", help="rerun rows that ended OOM/fail/timeout/refused")
@@ -156,7 +170,7 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
     for key in AXES:
         if getattr(opts, key) is not None:
             values[key] = comma_list(getattr(opts, key), f"--{key}", kinds.get(key, str))
-    for key in ("timeout", "out"):
+    for key in ("timeout", "out", "repeats"):
         if getattr(opts, key) is not None:
             values[key] = getattr(opts, key)
     values["train_args"] = [*values.get("train_args", []), *fixed]
