@@ -217,7 +217,7 @@ class Results(_Section):
     source: str | None = None  # "megatron-log" for an imported log
     log_file: str | None = None
     log_tail: str | None = None  # a sweep's failed run: the end of its log
-    sweep: dict | None = None  # a sweep's {wall_s, nproc}
+    sweep: dict | None = None  # a sweep's {wall_s, nproc, repeat (--repeats: the k-th run of its configuration)}
     extra: dict = field(default_factory=dict)
 
     @property
