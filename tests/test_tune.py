@@ -48,6 +48,33 @@ def test_tune_prunes_refuses_runs_and_ranks(tuned):
     assert len(projected) == 1 and projected[0]["run"].startswith("megatron-deepspeed-tp")
     assert projected[0]["tokens_per_s"] > 0 and f"projected from {report['winner']}" in projected[0]["reason"]
     assert not (out / "trials" / projected[0]["run"]).exists()
+    # the trials within the winner's noise (tests below: the arithmetic) are named, in tune.json and under the table
+    close = report["within_noise"]
+    assert set(close) <= {c["run"] for c in ok} - {report["winner"]}
+    assert ("within the trials' noise of it" in (out / "tune.md").read_text()) == bool(close)
+
+
+def test_a_trial_within_the_winners_noise_is_named_as_such():
+    """A trial's noise is the standard error of its speed from its own logging intervals (per-step sd / sqrt(timed
+    steps), relative); a trial slower than the winner by less than twice their combined error cannot be ordered by one
+    short trial each. With the noise known on neither side (too few intervals), no tie is claimed."""
+    from hfscale.launch import RunSpec
+    from hfscale.plan.tune import Candidate, relative_noise, within_noise
+    from hfscale.run.results import Results
+
+    history = [{"step": step, "s_per_iter": s} for step, s in zip(range(2, 7), (0.5, 0.10, 0.12, 0.10, 0.12))]
+    res = Results.from_dict({"status": "ok", "perf": {"s_per_iter": 0.11, "measured_steps": 4}, "perf_history": history})
+    sd = (4 * 0.01 ** 2 / 3) ** 0.5  # the four intervals after the first: 0.10, 0.12, 0.10, 0.12 about their 0.11
+    assert relative_noise(res) == pytest.approx(sd / 0.11 / 2)
+    assert relative_noise(Results.from_dict({"status": "ok", "perf": {"s_per_iter": 0.11, "measured_steps": 4},
+                                             "perf_history": history[:3]})) == 0.0  # two intervals: no estimate
+
+    def cand(name, tokens_per_s, noise):
+        return Candidate(RunSpec(name, "adamw", 2, 4, 1, False), "ok", tokens_per_s=tokens_per_s, noise=noise)
+
+    ranked = [cand("zero1", 100.0, 0.05), cand("zero2", 90.0, 0.05), cand("zero3", 80.0, 0.05), cand("ddp", 99.0, 0.0)]
+    assert [c.run.strategy for c in within_noise(ranked)] == ["zero2", "ddp"]  # 10 < 2 x 100 x 0.0707; 1 < 2 x 100 x 0.05
+    assert within_noise([cand("zero1", 100.0, 0.0), cand("ddp", 99.9, 0.0)]) == []
 
 
 def test_second_tune_call_skips_finished_trials(tuned):

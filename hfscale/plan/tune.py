@@ -14,11 +14,13 @@ files that launch unchanged.
    trial's throughput instead, a `projected` row beside the trials.
 4. Rank by measured tokens/s (= projected days to the token budget at this GPU count), mark the Pareto set of speed
    against peak memory, and write for the winner `best/accelerate_config.yaml`, `best/ds_config.json` (DeepSpeed
-   strategies) and `best/launch.sh` - the exact command, usable as it is.
+   strategies) and `best/launch.sh` - the exact command, usable as it is. The trials whose speed is within the
+   trials' own step-to-step noise of the winner's are named: one short trial each cannot order them.
 """
 
 import itertools
 import json
+import math
 import shlex
 import sys
 import time
@@ -39,6 +41,7 @@ from ..parallel.distributed import check_local_processes, has_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
+from .baseline import step_noise_s
 from .grid import GridOptions
 from .options import (ATTENTION, add_model_flags, base_plan, check_attention, device_memory_bytes, fit, model_flags,
                       optimizers_option, shape_from_options, strategies_and_families)
@@ -59,6 +62,7 @@ class Candidate:
     days: float | None = None
     memory_gb: float | None = None
     pareto: bool = False
+    noise: float = 0.0  # relative standard error of the measured speed (0: too few logging intervals to say)
 
 
 def build_parser() -> ArgumentParser:
@@ -154,6 +158,24 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
         cand.tokens_per_s = res.perf.tokens_per_s
         cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.nproc)[0]
         cand.memory_gb = res.memory.peak_gb
+        cand.noise = relative_noise(res)
+
+
+def relative_noise(res) -> float:
+    """The relative standard error of a trial's speed: the per-step sd of its step time (from its logging intervals,
+    plan/baseline.step_noise_s) over the square root of its timed steps, against its mean. Within one run: a floor
+    under the run-to-run spread (a shared cluster's hour, a warm cache), which only repeated runs measure."""
+    sd, s_per_iter, steps = step_noise_s([x for x in res.perf_history if x.get("s_per_iter")]), res.perf.s_per_iter, \
+        res.perf.measured_steps
+    return sd / s_per_iter / math.sqrt(steps) if sd and s_per_iter and steps else 0.0
+
+
+def within_noise(ranked: list[Candidate]) -> list[Candidate]:
+    """The trials after the winner (ranked[0]) slower by less than twice their combined standard error: within what the
+    trials' own noise can tell apart."""
+    best = ranked[0]
+    return [c for c in ranked[1:]
+            if best.tokens_per_s - c.tokens_per_s <= 2 * best.tokens_per_s * math.hypot(best.noise, c.noise)]
 
 
 def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Candidate]:
@@ -291,8 +313,12 @@ def tune(opts, fixed: list[str]) -> int:
                "candidates": [{**asdict(c), "run": c.run.name} for c in cands]}
     if ok:
         folder = write_winner(ok[0], opts.out, fixed, flags)
-        summary["winner"] = ok[0].run.name
+        close = within_noise(ok)
+        summary["winner"], summary["within_noise"] = ok[0].run.name, [c.run.name for c in close]
         text += f"\nwinner: {ok[0].run.name} ({ok[0].tokens_per_s:,.0f} tokens/s) -> {folder}/launch.sh\n"
+        if close:
+            text += ("within the trials' noise of it (one short trial each cannot order them; `hfscale sweep --repeats 3` "
+                     "can): " + ", ".join(f"{c.run.name} ({c.tokens_per_s:,.0f})" for c in close) + "\n")
     atomic_write_text(opts.out / TUNE_FILE, json.dumps(summary, indent=2) + "\n")
     atomic_write_text(opts.out / "tune.md", text)
     print(text)
