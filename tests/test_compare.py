@@ -519,3 +519,10 @@ def test_repeats_run_round_by_round_and_the_report_shows_each_configurations_med
     assert parsed[base["ddp"]]["runs"] == "3" and float(parsed[base["ddp"]]["s_per_iter_slowest"]) == pytest.approx(0.14)
     with pytest.raises(HfscaleError, match="sweep repeats must be a positive integer, got 0"):
         SweepSpec(repeats=0)
+    # a configuration no repeat of which finished (here: refused before launching, once per round) is one row too
+    for k in (1, 2):
+        write_results(out / f"zero2_offload-adafactor-np2-mbs4-gas1-r{k}",
+                      stub_results(RunSpec("zero2_offload", "adafactor", 2, 4, 1, False, k), "refused", "no CPU Adam", []))
+    refused = next(r for r in write_report([out], tmp_path / "report", with_plots=False)[0] if r.status == "refused")
+    assert refused.run == "zero2_offload-adafactor-np2-mbs4-gas1" and refused.runs == 2
+    assert refused.notes == "2 repeats, none ok (refused); refused: no CPU Adam"

@@ -146,8 +146,9 @@ def merge_repeats(rows: list[Row]) -> list[Row]:
         ok = sorted((r for r in runs if r.ok and r.s_per_iter is not None), key=lambda r: r.s_per_iter)
         statuses = ", ".join(sorted({r.status for r in runs if not r.ok}))
         if not ok:
-            merged.append(replace(runs[0], run=name, runs=len(runs), notes=f"{len(runs)} repeats, none ok ({statuses}); "
-                                  + runs[0].notes))
+            merged.append(replace(runs[0], run=name, runs=len(runs),
+                                  notes="; ".join(filter(None, [f"{len(runs)} repeats, none ok ({statuses})",
+                                                                runs[0].notes]))))
             continue
         median, fastest, slowest = ok[len(ok) // 2], ok[0].s_per_iter, ok[-1].s_per_iter
         counted = f"{len(ok)} of {len(runs)} ok ({statuses})" if len(ok) < len(runs) else f"{len(runs)} repeats"
