@@ -4,6 +4,7 @@ outcome classification, parity judgement, report table and plots."""
 import csv
 import io
 import json
+import re
 import statistics
 import sys
 
@@ -138,6 +139,31 @@ def test_an_empty_log_is_one_line(tmp_path):
     log = tmp_path / GOOD_LOG.name
     log.write_text("\n \n")
     with pytest.raises(HfscaleError, match=f"{log.name}: the log is empty"):
+        import_log(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (("(ms): 709876.2", "(ms): 0.0"), "iteration 20: elapsed time per iteration 0 ms, not a time"),
+    (("(ms): 709876.2", "(ms): nan"), "iteration 20: elapsed time per iteration nan ms, not a time"),
+    (("(ms): 709876.2", "(ms): 1e999"), "iteration 20: elapsed time per iteration inf ms, not a time"),
+    (("global batch size:   512 | lm loss: 9.84", "global batch size:   0 | lm loss: 9.84"),
+     "iteration 20: global batch size 0"),
+    (("world size: 16,", "world size: 0,"), "the log's header says world 0; a size must be at least 1"),
+    (("tensor-model-parallel size: 1,", "tensor-model-parallel size: 0,"), "the log's header says tp 0"),
+    (("(ms): 709876.2", "(ms): 709.876.2"), "iteration 20: elapsed time per iteration (ms) '709.876.2' is not a number"),
+    (("lm loss: 9.840000E+00", "lm loss: 9.84.0"), "iteration 20: lm loss '9.84.0' is not a number"),
+    (("grad norm: 1.234", "grad norm: ."), "iteration 10: grad norm '.' is not a number"),
+], ids=["zero-time", "nan-time", "overflowing-time", "zero-batch", "zero-world", "zero-tp", "time-not-a-number",
+        "loss-not-a-number", "grad-norm-not-a-number"])
+def test_a_damaged_value_in_a_log_is_named_not_divided_by(tmp_path, edit, expected):
+    """A hand-edited or damaged log: a value that is not a number, a time that is no positive, finite number of
+    milliseconds, or a size of 0, is one line naming it - before, a 0 ms iteration was a ZeroDivisionError, '1.2.3' a
+    ValueError (tracebacks both), a 0 in the header a silent default."""
+    text = GOOD_LOG.read_text()
+    assert edit[0] in text
+    log = tmp_path / GOOD_LOG.name
+    log.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(HfscaleError, match=f"^{log.name}: " + re.escape(expected)):
         import_log(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
 
 
@@ -452,6 +478,9 @@ def test_a_results_key_of_the_wrong_kind_is_refused_in_one_line(tmp_path, key, v
         proc = hfscale("report", tmp_path / "runs")
         assert proc.returncode == 2 and proc.stderr.strip() == f"hfscale: error: {refused.value}", proc.stderr
         assert not (tmp_path / "runs" / "report").exists()
+    path.write_text(json.dumps({**good, "schema_version": 99}))  # a later hfscale's file: named, with the versions
+    with pytest.raises(HfscaleError, match=f"^{path}: results schema version 99; this hfscale reads version 1$"):
+        read_results(path)
     diverged = {**good, "loss_history": [{"step": 1, "loss": float("nan")}]}  # a diverged loss is still a number
     assert Results.from_dict(json.loads(json.dumps(diverged))).loss_history[0]["loss"] != 0
 

@@ -459,7 +459,7 @@ def test_project_refuses_a_failed_or_malformed_results_file(tmp_path):
     failed.write_text(json.dumps({"status": "OOM"}))
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json")
-    for path, expected in ((failed, "did not finish (status 'OOM')"), (garbage, "malformed results file")):
+    for path, expected in ((failed, "did not finish (status 'OOM')"), (garbage, "not a results file (malformed JSON")):
         proc = run([sys.executable, "-m", "hfscale", "project", str(path)], cwd=tmp_path, timeout=120)
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
 

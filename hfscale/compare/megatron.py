@@ -17,6 +17,7 @@ Launchers' line prefixes (srun --label, torchrun --tee, timestamps) are read pas
 to is read launch by launch (`split_launches`).
 """
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -30,10 +31,12 @@ from ..formulas.parallel3d import padded_vocab
 from ..run.results import ConfigRecord, ModelRecord, PerfRecord, Results, write_results
 from .report import collect, markdown_table
 
-ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][+-]?\d+)?)")
+# a logged value is the token after its label, whatever it is: one that is not a number (a damaged or hand-edited
+# line) is named when it is read (`_float`), rather than the line skipped or the number cut short
+NUMBER = r"([^\s|]+)"
+ITERATION_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*" + NUMBER)
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/")
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
-NUMBER = r"([0-9.]+(?:[eE][+-]?\d+)?)"
 LM_LOSS = re.compile(r"lm loss:\s*" + NUMBER)
 CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
 LEARNING_RATE = re.compile(r"learning rate:\s*" + NUMBER)
@@ -149,27 +152,41 @@ def split_launches(text: str) -> list[str]:
     return launches + ["\n".join(current)]
 
 
-def _number(rx: re.Pattern, line: str) -> float | None:
+def _float(token: str, what: str, where: str) -> float:
+    try:
+        return float(token)
+    except ValueError:
+        raise HfscaleError(f"{where}: {what} {token!r} is not a number; cut or fix that line") from None
+
+
+def _number(rx: re.Pattern, line: str, where: str) -> float | None:
+    """The value `rx` captures in `line` (its last group), None where the line has none; named where it is no number."""
     match = rx.search(line)
-    return float(match.group(1)) if match else None
+    if not match:
+        return None
+    label = line[match.start():match.start(match.lastindex)].split("|")[-1].rstrip(": ")  # "lm loss", "grad norm"
+    return _float(match.group(match.lastindex), label.strip(), where)
 
 
 def parse_launch(text: str) -> dict:
     """One launch: its header, and its iteration and validation lines in log order (`events`)."""
     events = []
     for line in text.splitlines():
-        time, validation = ITERATION_TIME.search(line), VALIDATION.search(line)
-        if time:
-            step, batch = ITERATION.search(line), GLOBAL_BATCH.search(line)
-            consumed = CONSUMED.search(line)
-            events.append(("iteration", {"step": int(step.group(1)) if step else None, "s": float(time.group(1)) / 1000,
-                                         "gbs": int(batch.group(1)) if batch else None, "loss": _number(LM_LOSS, line),
-                                         "grad_norm": _number(GRAD_NORM, line), "lr": _number(LEARNING_RATE, line),
+        if ITERATION_TIME.search(line):
+            step, batch, consumed = ITERATION.search(line), GLOBAL_BATCH.search(line), CONSUMED.search(line)
+            where = f"iteration {step.group(1)}" if step else "an iteration line"
+            events.append(("iteration", {"step": int(step.group(1)) if step else None,
+                                         "s": _number(ITERATION_TIME, line, where) / 1000,
+                                         "gbs": int(batch.group(1)) if batch else None,
+                                         "loss": _number(LM_LOSS, line, where),
+                                         "grad_norm": _number(GRAD_NORM, line, where),
+                                         "lr": _number(LEARNING_RATE, line, where),
                                          "samples": int(consumed.group(1)) if consumed else None,
-                                         "tflops": _number(REPORTED_TFLOPS, line)}))
-        elif validation and not re.search(r"\btest (?:set|data)\b", line):
-            events.append(("eval", {"step": int(validation.group(1)), "loss": float(validation.group(2)),
-                                    "perplexity": _number(PERPLEXITY, line)}))
+                                         "tflops": _number(REPORTED_TFLOPS, line, where)}))
+        elif (validation := VALIDATION.search(line)) and not re.search(r"\btest (?:set|data)\b", line):
+            where = f"validation at iteration {validation.group(1)}"
+            events.append(("eval", {"step": int(validation.group(1)), "loss": _number(VALIDATION, line, where),
+                                    "perplexity": _number(PERPLEXITY, line, where)}))
     return {"iterations": [e for kind, e in events if kind == "iteration"], "events": events,
             "header": parse_header(text)}
 
@@ -228,6 +245,21 @@ def measured_launches(log: dict, path: Path, warnings: list[str]) -> tuple[dict,
     return launches[start]["header"], launches[start:]
 
 
+def check_logged_values(path: Path, header: dict, launches: list[dict]) -> None:
+    """A size of 0 in the header or a global batch of 0, and an iteration time that is not a positive, finite number
+    of milliseconds, are a damaged or hand-edited log: named, where they would give a division by zero or a row from
+    a default the log seemed to override."""
+    zero = next((k for k in (*LAUNCH_SIZES, "log_interval") if header.get(k) == 0), None)
+    if zero:
+        raise HfscaleError(f"{path.name}: the log's header says {zero} 0; a size must be at least 1")
+    for e in (e for launch in launches for e in launch["iterations"]):
+        if not (math.isfinite(e["s"]) and e["s"] > 0):
+            raise HfscaleError(f"{path.name}: iteration {e['step']}: elapsed time per iteration {e['s'] * 1000:g} ms, "
+                               "not a time; cut or fix that line")
+        if e["gbs"] == 0:
+            raise HfscaleError(f"{path.name}: iteration {e['step']}: global batch size 0; cut or fix that line")
+
+
 def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[str]):
     """The log's value, else the flag's, else the file name's; disagreements become warnings."""
     value = header.get(key)
@@ -269,8 +301,12 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     text = ANSI_ESCAPE.sub("", path.read_text(errors="replace"))
     if not text.strip():
         raise HfscaleError(f"{path.name}: the log is empty")
-    log = parse_log(text)
+    try:
+        log = parse_log(text)
+    except HfscaleError as err:  # a value that is not a number: named with its file
+        raise HfscaleError(f"{path.name}: {err}") from None
     header, launches = measured_launches(log, path, warnings)
+    check_logged_values(path, header, log["launches"])
     n_params = int(params) if params else name.get("params")
     if not n_params:
         raise HfscaleError(f"{path.name}: no model size in the file name (like '61B-...'); pass --params")

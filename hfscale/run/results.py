@@ -264,13 +264,15 @@ def read_results(path: Path) -> Results:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise HfscaleError(f"{path}: malformed results file, not a results file ({err})") from None
+        raise HfscaleError(f"{path}: not a results file (malformed JSON: {err})") from None
     if not isinstance(data, dict) or "status" not in data:
         raise HfscaleError(f"{path}: not a results file (no status)")
     try:
         return Results.from_dict(data)
     except TypeError as err:  # a section that is not an object
         raise HfscaleError(f"{path}: not a results file ({err})") from None
+    except HfscaleError as err:  # another schema version
+        raise HfscaleError(f"{path}: {err}") from None
 
 
 class RunRecord:
