@@ -72,6 +72,18 @@ def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -
     return out
 
 
+# A count of GPUs, processes or nodes above this is a typo, not a cluster (about five times the largest training
+# clusters of 2026): refused where it is read, before the per-rank arithmetic behind it runs out of memory or overflows
+MAX_GPUS = 1 << 20
+
+
+def at_most_gpus(flag: str, *counts: int | None) -> None:
+    """Each count (of GPUs, processes or nodes) is at most MAX_GPUS, or absent."""
+    too_many = next((n for n in counts if n is not None and n > MAX_GPUS), None)
+    if too_many is not None:
+        raise HfscaleError(f"{flag} must be at most {MAX_GPUS} (more GPUs than any cluster has), got {too_many}")
+
+
 def positive(opts, *names: str) -> None:
     """Each named option is positive and finite, or absent."""
     for name in names:

@@ -19,6 +19,7 @@ import psutil
 
 from .errors import ArgumentParser, HfscaleError, one_of
 from .files import is_run_file, load_json, load_yaml, read_run_file
+from .flags import at_most_gpus
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
@@ -251,6 +252,8 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     nproc = nproc or default_num_processes() * machines
     if nproc <= 0:
         raise HfscaleError(f"--num_processes must be positive, got {nproc}")
+    at_most_gpus("--num_machines", machines)
+    at_most_gpus("--num_processes", nproc)
     if nproc % machines:
         raise HfscaleError(f"--num_processes {nproc} (processes in all) does not split over {machines} machines")
     if check_gpus:  # not when writing a job script for other machines (hfscale slurm)

@@ -412,6 +412,14 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["parity", "--strategy", "zero1", "--timeout", "0"], "--timeout must be positive, got 0.0"),
     (["strategies", "--matrx"], "unknown flag --matrx (did you mean --matrix?); `hfscale strategies --help` lists every flag"),
     (["estimate", "--model", "tiny", "--gpu", "8"], "unknown flag --gpu (did you mean --gpus?)"),
+    # more GPUs than any cluster has: a typo, refused before the per-rank arithmetic (before: MemoryError, OverflowError)
+    (["estimate", "--model", "tiny", "--gpus", str(2**40)], f"--gpus must be at most 1048576 (more GPUs than any "
+                                                             f"cluster has), got {2**40}"),
+    (["tune", "--model", "tiny", "--num_processes", str(10**20), "--dry_run"], "--num_processes must be at most 1048576"),
+    (["slurm", "--nodes", "2", "--gpus_per_node", str(10**20), "--", "--strategy", "zero1"],
+     "--gpus_per_node must be at most 1048576"),
+    (["launch", "--strategy", "ddp", "--num_machines", str(10**20), "--machine_rank", "0", "--main_process_ip", "n0",
+      "--dry_run"], "--num_machines must be at most 1048576"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

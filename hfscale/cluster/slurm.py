@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
+from ..flags import at_most_gpus
 from ..launch import check_training_flags, drop_flag, flag_value, split_train_args, strategy_launch
 from ..run.checkpoints import LATEST
 
@@ -62,6 +63,8 @@ def check(opts) -> None:
         value = getattr(opts, name)
         if value is not None and value <= 0:
             raise HfscaleError(f"--{name} must be positive, got {value}")
+    at_most_gpus("--nodes", opts.nodes)
+    at_most_gpus("--gpus_per_node", opts.gpus_per_node)
     if not 0 < opts.port < 65536:
         raise HfscaleError(f"--port must be between 1 and 65535, got {opts.port}")
     for name in ("partition", "account", "constraint", "job_name"):

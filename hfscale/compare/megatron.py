@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import check_writable_dir
-from ..flags import positive
+from ..flags import at_most_gpus, positive
 from ..launch import OOM_MARKERS
 from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
 from ..formulas.parallel3d import padded_vocab
@@ -417,6 +417,7 @@ def main(argv: list[str]) -> None:
                         help="logged iterations of each launch left out of the average (default 1: its start-up)")
     opts = parser.parse_args(argv)
     positive(opts, "gpus", "seq_len", "params")
+    at_most_gpus("--gpus", opts.gpus)
     if opts.skip_first < 0:
         raise HfscaleError(f"--skip_first must be >= 0, got {opts.skip_first}")
     warnings: list[str] = []

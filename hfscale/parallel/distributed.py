@@ -16,6 +16,7 @@ import os
 
 from ..errors import HfscaleError
 from ..files import load_json
+from ..flags import at_most_gpus
 from .strategies import all_strategies
 
 
@@ -34,8 +35,10 @@ def on_accelerator(use_cpu: bool = False) -> bool:
 
 def check_local_processes(nproc_per_node: int) -> None:
     """On a GPU machine a node runs at most one process per visible GPU (two ranks on one GPU share its memory and
-    NCCL refuses them); a CPU machine runs any number (gloo, one core each at best)."""
+    NCCL refuses them); a CPU machine runs any number (gloo, one core each at best) up to MAX_GPUS."""
     import torch
+
+    at_most_gpus("--num_processes", nproc_per_node)
 
     if not has_accelerator():
         return

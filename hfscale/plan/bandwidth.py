@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
 from ..files import atomic_write_text, check_writable_file, load_json
-from ..flags import positive, refuse_renamed
+from ..flags import at_most_gpus, positive, refuse_renamed
 from ..formulas.comm import RING
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= opts.compute_ms < float("inf"):
         raise HfscaleError(f"--compute_ms must be >= 0, got {opts.compute_ms}")
     positive(opts, "num_processes", "min_bytes", "max_bytes", "iters")
+    at_most_gpus("--num_processes", opts.num_processes)
     import torch
 
     max_bytes = opts.max_bytes or ((256 << 20) if torch.cuda.is_available() else (16 << 20))

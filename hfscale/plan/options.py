@@ -5,7 +5,7 @@ training arguments, so the planners and the run can never disagree on what a con
 from dataclasses import dataclass
 
 from ..errors import ArgumentParser, HfscaleError, one_of
-from ..flags import ALL, comma_list
+from ..flags import ALL, at_most_gpus, comma_list
 from ..formulas.metrics import GB, ModelShape
 from ..formulas.peaks import DEVICES, device_memory_gb
 from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
@@ -74,6 +74,8 @@ def device_memory_bytes(device: str, memory_gb: float | None) -> float:
 
 def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus") -> None:
     """A GPU count beyond one node must fill whole nodes (estimate, project and report --days_at_gpus)."""
+    at_most_gpus(flag, *gpus)
+    at_most_gpus("--gpus_per_node", gpus_per_node)
     bad = [n for n in gpus if n > gpus_per_node and n % gpus_per_node]
     if bad:
         raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
