@@ -392,6 +392,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),
     (["report", ".", "--target_loss", "nan"], "--target_loss must be a positive, finite loss, got nan"),
     (["report", ".", "--target_loss", "-1"], "--target_loss must be a positive, finite loss, got -1.0"),
+    # the link flags are read only for the projected days: a bandwidth file given without them was silently ignored
+    (["report", ".", "--bandwidth_file", "runs/bandwidth.json"], "--bandwidth_file is read only with --days_at_gpus"),
     # several machines: without this machine's rank and machine 0's address every launcher waits for ever
     (["launch", "--strategy", "zero1", "--num_machines", "2", "--dry_run"],
      "--num_machines 2 needs --machine_rank and --main_process_ip"),
