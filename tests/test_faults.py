@@ -144,8 +144,13 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     exported = tmp_path / "exported"
     assert export(faulty_dir, exported, "fp32") == faulty_dir / f"checkpoint-{STEPS}"
     assert {p.name for p in exported.iterdir()} >= {"config.json", "model.safetensors"}
-    # A checkpoint whose weight files were truncated later (a full disk, a copy cut short) is one line, nothing written
     from hfscale.errors import HfscaleError
+
+    inside = faulty_dir / f"checkpoint-{STEPS}" / "model"  # into the checkpoint it reads: refused, nothing written
+    with pytest.raises(HfscaleError, match=f"^{inside} is inside the checkpoint {faulty_dir / f'checkpoint-{STEPS}'}"):
+        export(faulty_dir, inside, "fp32")
+    assert not inside.exists()
+    # A checkpoint whose weight files were truncated later (a full disk, a copy cut short) is one line, nothing written
 
     cut = shutil.copytree(faulty_dir / f"checkpoint-{STEPS}", tmp_path / "cut")
     weights = [p for pattern in ("model*.safetensors", "**/*optim_states.pt", "pytorch_model_fsdp_*/*.distcp")

@@ -101,6 +101,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     problem = damage(checkpoint, read_marker(checkpoint))
     if problem:
         raise HfscaleError(f"{checkpoint}: {problem}")
+    if out.resolve().is_relative_to(checkpoint.resolve()):  # the Trainer's rotation or a resume would meet it there
+        raise HfscaleError(f"{out} is inside the checkpoint {checkpoint} it exports; choose a directory outside it")
     check_writable_dir(out, "out")
     if out.exists() and any(out.iterdir()):
         raise HfscaleError(f"{out} exists and is not empty; choose a new directory")
