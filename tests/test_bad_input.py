@@ -67,6 +67,12 @@ CASES = {
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
     "validation share of everything": (["--validation_split_percentage", "100"],
                                        "--validation_split_percentage must be between 0 and 100, got 100"),
+    "no validation share": (["--eval_strategy", "steps", "--validation_split_percentage", "0"],  # read as not given
+                            "--validation_split_percentage must be between 0 and 100, got 0"),
+    # another source's flag: each was ignored, the run trained on other text than the command line said
+    "hub split of the embedded corpus": (["--dataset_split", "test"], "--dataset_split is read only for a Hub --dataset"),
+    "two sources": (["--dataset", "wikitext", "--train_files", "a.txt"], "give --dataset wikitext or --train_files, not both"),
+    "streamed embedded corpus": (["--streaming"], "--streaming streams a Hub --dataset or --train_files"),
     "two validation sources": (["--validation_split_percentage", "5", "--validation_split", "validation"],
                                "give one of --validation_files, --validation_split, --validation_split_percentage"),
     "hub split of local text": (["--eval_strategy", "steps", "--validation_split", "validation"],

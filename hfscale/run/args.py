@@ -110,6 +110,7 @@ class DataArguments:
         if self.default_tokenizer_vocab <= 0:
             raise HfscaleError(f"--default_tokenizer_vocab must be positive, got {self.default_tokenizer_vocab}")
         check_writable_dir(self.cache_dir, "--cache_dir")
+        self._check_source()
         if self.tokenizer_name and missing_local_path(self.tokenizer_name):
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name}: no such directory")
         if self.tokenizer_name and Path(self.tokenizer_name).exists() and not has_tokenizer_files(self.tokenizer_name):
@@ -121,6 +122,21 @@ class DataArguments:
                 check_local_files(files)
                 for path in files:
                     check_file_content(path, self.text_column)
+
+
+    def _check_source(self) -> None:
+        """One source of training text, and no flag of another source's (each was silently ignored: the run trained
+        on other text than the command line says)."""
+        if self.train_files and self.dataset != EMBEDDED:
+            raise HfscaleError(f"give --dataset {self.dataset} or --train_files, not both")
+        hub_only = {"--dataset_config": self.dataset_config, "--dataset_split": self.dataset_split != "train" or None}
+        unread = next((flag for flag, given in hub_only.items() if given), None)
+        if unread and (self.train_files or self.dataset == EMBEDDED):
+            source = "--train_files" if self.train_files else f"the embedded {EMBEDDED} corpus"
+            raise HfscaleError(f"{unread} is read only for a Hub --dataset; {source} has none")
+        if self.streaming and not self.train_files and self.dataset == EMBEDDED:
+            raise HfscaleError(f"--streaming streams a Hub --dataset or --train_files; the embedded {EMBEDDED} "
+                               "corpus is read whole")
 
 
 @dataclass

@@ -156,7 +156,7 @@ def validation_plan(data_args, evaluating: bool) -> dict | None:
     """Where validation text comes from: {"files": [...]}, {"split": name} or {"percentage": p}; None for none.
     Pure: checks the choice against the training source before anything is loaded or written."""
     given = {k: v for k, v in (("files", data_args.validation_files), ("split", data_args.validation_split),
-                                ("percentage", data_args.validation_split_percentage)) if v}
+                                ("percentage", data_args.validation_split_percentage)) if v not in (None, "", [])}
     if len(given) > 1:
         raise HfscaleError("give one of --validation_files, --validation_split, --validation_split_percentage")
     if "percentage" in given and not 0 < given["percentage"] < 100:
