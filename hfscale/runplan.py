@@ -192,6 +192,11 @@ class RunPlan:
         per_rank = sum(mem.component(n) if not self.on_cuda else mem.host.get(n, 0) for n in states)
         return self.processes_per_node * per_rank
 
+    def host_step_peaks_per_node(self, mem: RankMemory) -> int:
+        """What this node's processes' steps (activations, the backward's gradients) add to its host RAM: the whole
+        step peak of each on the CPU route, nothing on a GPU (its device holds them)."""
+        return 0 if self.on_cuda else self.processes_per_node * mem.step_peak
+
     def but(self, **changes) -> "RunPlan":
         """The same plan with some inputs changed (the derived facts follow). A DeepSpeed JSON belongs to its strategy:
         another strategy takes its own shipped JSON unless one is given."""

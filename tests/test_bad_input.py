@@ -40,6 +40,9 @@ CASES = {
     "batch not dividing": (["--per_device_train_batch_size", "4", "--global_batch_size", "6"],
                            "not a positive multiple of --per_device_train_batch_size x processes = 4 x 1"),
     "zero batch": (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
+    # ~100 TB of activations (at 100,000: ~1 TB, and the kernel's OOM killer took the run without a word)
+    "micro-batch beyond the host": (["--per_device_train_batch_size", "10000000"],
+                                    "the model states and the steps' activations need at least"),
     "collectives of step 1": (["--count_collectives", "1"], "--count_collectives takes an optimizer step from 2 to"),
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),

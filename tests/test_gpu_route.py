@@ -487,9 +487,12 @@ def test_the_trainer_loop_makes_no_host_sync_per_micro_batch_on_either_route(gpu
 
 
 def test_the_host_memory_refusal_counts_what_each_route_keeps_in_host_ram():
-    """A CPU node holds every model state of its processes; a GPU node only the offloaded ones. The refusal fires
-    exactly where those exceed the host's RAM."""
-    from hfscale.run.planning import check_host_memory
+    """A CPU node holds every model state of its processes, and their steps' activations; a GPU node only the
+    offloaded states. The refusal fires exactly where those exceed the host's RAM - the activations counted less the
+    estimate's error, so that a run the estimate merely doubts still starts."""
+    import math
+
+    from hfscale.run.planning import STEP_PEAK_ERROR, check_host_memory
 
     cpu, gpu, offload = route_plan("ddp", False), route_plan("ddp", True), route_plan("zero3_offload", True)
     mem = cpu.memory()
@@ -497,7 +500,13 @@ def test_the_host_memory_refusal_counts_what_each_route_keeps_in_host_ram():
     assert cpu.host_states_per_node(mem) == 2 * states and gpu.host_states_per_node(gpu.memory()) == 0
     off = offload.memory()
     assert off.host_offload > 0 and offload.host_states_per_node(off) == 2 * off.host_offload
-    check_host_memory(cpu, 2 * states)  # just fits
+    steps = cpu.host_step_peaks_per_node(mem)
+    assert steps == 2 * mem.step_peak > 0 and gpu.host_step_peaks_per_node(gpu.memory()) == 0
+    least = math.ceil(2 * states + steps / (1 + STEP_PEAK_ERROR))
+    check_host_memory(cpu, least)  # just fits
+    with pytest.raises(HfscaleError, match="the model states and the steps' activations need at least .* GB on this "
+                                           "CPU node .* lower --per_device_train_batch_size"):
+        check_host_memory(cpu, least - 1)
     with pytest.raises(HfscaleError, match="the model states alone need .* GB on this CPU node"):
         check_host_memory(cpu, 2 * states - 1)
     check_host_memory(gpu, 1)  # a GPU run without offload keeps no states in host RAM

@@ -84,16 +84,30 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     return kw, plan, tensorboard
 
 
+# the CPU route's measured step peaks against the estimate's: within 15% (tests/test_memory.py, docs/estimate.md)
+STEP_PEAK_ERROR = 0.15
+
+
 def check_host_memory(plan: RunPlan, host_bytes: int) -> None:
-    """Refuse a run whose model states alone exceed this node's RAM (RunPlan.host_states_per_node): it could only
-    end minutes later in the kernel's OOM killer, without a word (bigscience-176b with ddp on a 24 GB host). States
-    only, which the estimate holds to the byte; activations and construction are the estimate's to judge."""
-    need = plan.host_states_per_node(plan.memory())
-    if need > host_bytes:
-        where = "in host memory" if plan.on_cuda else "on this CPU node"
-        raise HfscaleError(f"the model states alone need {need / GB:,.1f} GB {where} ({plan.processes_per_node} "
+    """Refuse a run that cannot fit this node's RAM: it could only end minutes later in the kernel's OOM killer,
+    without a word (bigscience-176b with ddp on a 24 GB host; a tiny model at micro-batch 100,000 on a CPU). Counted:
+    the model states (RunPlan.host_states_per_node), which the estimate holds to the byte, and on the CPU route each
+    process's step peak (host_step_peaks_per_node) less the estimate's error, so that only a run that cannot fit even
+    if the estimate were that much too high is refused. Construction is the estimate's to judge."""
+    mem = plan.memory()
+    states = plan.host_states_per_node(mem)
+    where = "in host memory" if plan.on_cuda else "on this CPU node"
+    if states > host_bytes:
+        raise HfscaleError(f"the model states alone need {states / GB:,.1f} GB {where} ({plan.processes_per_node} "
                            f"process(es); `hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} "
                            f"GB: choose a smaller model, or spread a sharding strategy over more nodes")
+    least = states + plan.host_step_peaks_per_node(mem) / (1 + STEP_PEAK_ERROR)
+    if least > host_bytes:
+        raise HfscaleError(f"the model states and the steps' activations need at least {least / GB:,.1f} GB {where} "
+                           f"({plan.processes_per_node} process(es); the estimate less its {STEP_PEAK_ERROR:.0%} error, "
+                           f"`hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} GB: lower "
+                           "--per_device_train_batch_size (more --gradient_accumulation_steps keep the global batch) "
+                           "or turn on --activation_checkpointing")
 
 
 def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
