@@ -31,6 +31,19 @@ def test_validation_plan_decisions(tmp_path):
             validation_plan(bad, evaluating=True)
 
 
+def test_eval_steps_alone_set_the_schedule_they_belong_to():
+    """`--eval_steps N` without `--eval_strategy`: an evaluation every N steps on the default held-out share (the
+    Trainer's default schedule, "no", ignored them without a word); an explicit `--eval_strategy no` still wins."""
+    from hfscale.train import check_args
+
+    _, _, training, state = check_args(["--eval_steps", "2", "--max_steps", "4"])
+    assert (training["eval_strategy"], training["eval_steps"]) == ("steps", 2)
+    assert state.validation == {"percentage": DEFAULT_VALIDATION_PERCENTAGE}
+    _, _, training, state = check_args(["--eval_steps", "2", "--eval_strategy", "no", "--max_steps", "4"])
+    assert str(getattr(training["eval_strategy"], "value", training["eval_strategy"])) == "no"
+    assert state.validation is None
+
+
 def _corpus(tmp_path: Path) -> tuple[Path, Path]:
     """Training and validation text from different standard-library modules, one document per line."""
     def lines(names):

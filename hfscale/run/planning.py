@@ -65,6 +65,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
         if "perf_warmup_steps" not in explicit:
             kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
     _no_host_syncs(kw, explicit, gpu)
+    if "eval_steps" in explicit and "eval_strategy" not in explicit:  # the Trainer's default "no" would ignore them
+        kw["eval_strategy"] = "steps"  # --eval_steps N alone: evaluate every N steps, as the flag says
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
                    gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
                    processes_per_node=launcher_processes_per_node(world),
