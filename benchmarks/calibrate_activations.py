@@ -263,6 +263,34 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
     return coef, outlier, float(max(abs(X @ coef - y) / y)), float(max(loo))
 
 
+ROW_SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "activations", "peak")
+
+
+def read_rows(paths: list[Path]) -> list[dict]:
+    """The measured rows of JSON-lines files; a line that is not one (not JSON, a mode not family/attention/precision/
+    checkpointing[/compiled], a size that is not a positive integer) is named with its file and line number."""
+    rows = []
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"calibrate_activations: {path}: file not found")
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"calibrate_activations: {path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SystemExit(f"{where}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("mode"), str) or row["mode"].count("/") < 3:
+                raise SystemExit(f"{where}: not a measured row (an object with a mode like gpt2/sdpa/bf16/0)")
+            bad = next((k for k in ROW_SIZES if "error" not in row and not (
+                isinstance(row.get(k), int) and not isinstance(row[k], bool) and row[k] > 0)), None)
+            if bad:
+                raise SystemExit(f"{where}: {bad} is {json.dumps(row.get(bad))}, not a positive integer")
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES))
@@ -274,7 +302,7 @@ def main() -> None:
                         "(a GPU: benchmarks/gpu_suite.py writes them), together, no measuring")
     opts = parser.parse_args()
     if opts.fit:
-        rows = [json.loads(line) for path in opts.fit for line in path.read_text().splitlines() if line.strip()]
+        rows = read_rows(opts.fit)
         fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
         fit_compiled(rows)
         return

@@ -304,10 +304,25 @@ def _compiled(row: dict) -> bool:
 def _cuda_rows(compiled: bool | None = False) -> list[dict]:
     """The measured rows (the grid also records what could not run: BLOOM with SDPA, which transformers refuses -
     the estimate takes BLOOM's attention as eager whatever is asked, act.activation_mode); eager, compiled or all."""
-    rows = [json.loads(line) for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED)
-            for line in (folder / "cuda_activations.jsonl").read_text().splitlines() if line.strip()]
+    rows = load_benchmark("calibrate_activations").read_rows(
+        [folder / "cuda_activations.jsonl" for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED)])
     assert all("error" in r for r in rows if r["mode"].startswith("bloom/sdpa"))
     return [r for r in rows if "error" not in r and compiled in (None, _compiled(r))]
+
+
+def test_the_fit_names_a_damaged_row_with_its_file_and_line(tmp_path):
+    """The rows a GPU session commits are read by one reader (calibrate_activations.read_rows, which _cuda_rows uses
+    too): a line cut short or a size that is no positive integer is named, not a traceback or a row fitted from it."""
+    read_rows = load_benchmark("calibrate_activations").read_rows
+    good = (H100 / "cuda_activations.jsonl").read_text().splitlines()[0]
+    path = tmp_path / "cuda_activations.jsonl"
+    assert '"mbs": 4' in good
+    for damaged, expected in ((good[:40], "2: not JSON"),
+                              (good.replace('"mbs": 4', '"mbs": 0'), "2: mbs is 0, not a positive integer"),
+                              ('{"mode": "gpt2"}', "2: not a measured row")):
+        path.write_text(f"{good}\n{damaged}\n")
+        with pytest.raises(SystemExit, match=f"{path}:{expected}"):
+            read_rows([path])
 
 
 def _fit(rows: list[dict]) -> dict:
