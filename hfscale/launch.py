@@ -33,8 +33,11 @@ STATUSES = ("ok", "OOM", "fail", "timeout", "refused")  # final: a sweep skips s
 STOPPED = "stopped"  # saved and stopped on SIGUSR1 (run/stopping.py): run again
 LOG_FILE = "launch.log"
 # What an out-of-memory looks like in a log: CUDA allocator, torch's CPU allocator, the C++ runtime.
-OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
-               "std::bad_alloc", "Cannot allocate memory")
+# how the stack says it ran out of memory: torch's caching allocator (CUDA, ROCm's HIP), a kernel's own cudaMalloc
+# ("CUDA error: out of memory"), cuBLAS creating its handle or workspace, NCCL's buffers, and the host's allocators
+OOM_MARKERS = ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError", "CUDA error: out of memory",
+               "CUBLAS_STATUS_ALLOC_FAILED", "Cuda failure 'out of memory'", "Cuda failure: out of memory",
+               "DefaultCPUAllocator: can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
 OOM_KILLED = "Signal 9 (SIGKILL)"  # torchrun's words for a child the kernel's OOM killer (or a user) killed
 
 

@@ -334,6 +334,12 @@ def test_parity_of_all_leaves_out_what_cannot_run_on_its_processes():
     (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB", "fail", False, "OOM"),
     (1, "RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory", None, False, "OOM"),
     (1, "exitcode  : -9 (pid: 12)\nSignal 9 (SIGKILL) received by PID 12", None, False, "OOM"),
+    # the other ways the stack says it: a kernel's own allocation, cuBLAS's handle, NCCL's buffers, ROCm
+    (1, "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", None, False, "OOM"),
+    (1, "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "fail", False, "OOM"),
+    (1, "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
+        "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nLast error:\nCuda failure 'out of memory'", None, False, "OOM"),
+    (1, "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "fail", False, "OOM"),
     (1, "hfscale: error: unknown strategy 'zero4'; choose one of: ddp", None, False, "refused"),
     (1, "ValueError: something broke", "fail", False, "fail"),
     (0, "", "running", False, "fail"),  # exit 0 without finishing is not a success
