@@ -142,6 +142,42 @@ def test_an_empty_log_is_one_line(tmp_path):
         import_log(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
 
 
+CP_LOG = """\
+using world size: 16, data-parallel size: 4, context-parallel size: 2, hierarchical context-parallel sizes: None, \
+tensor-model-parallel size: 2, encoder-tensor-model-parallel size: 0, pipeline-model-parallel size: 1, \
+encoder-pipeline-model-parallel size: 0
+------------------------ arguments ------------------------
+  global_batch_size ............................... 64
+  hidden_size ..................................... 4096
+  micro_batch_size ................................ 1
+  num_attention_heads ............................. 32
+  num_layers ...................................... 32
+  seq_length ...................................... 8192
+-------------------- end of arguments ---------------------
+"""
+CP_ITERATION = (" [2024-05-14 10:00:{s:02d}] iteration {step:8d}/     100 | consumed samples: {samples:12d} | elapsed time per "
+                "iteration (ms): 3200.0 | throughput per GPU (TFLOP/s/GPU): 421.0 | learning rate: 1.500000E-05 | global "
+                "batch size:    64 | lm loss: 9.8 | loss scale: 1.0 | grad norm: 4.1 | num zeros: 0.0 |")
+
+
+def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_gpus(tmp_path):
+    """Megatron-LM's context parallelism splits each sequence over CP GPUs: DP = world / (TP x PP x CP), here 16 /
+    (2 x 1 x 2) = 4 (read as 8 before, with half the true accumulation). Its throughput is the log's; a projection
+    is refused, the 3D model timing no context-parallel exchanges."""
+    log = tmp_path / "7B-cp.out"
+    log.write_text(CP_LOG + "\n".join(CP_ITERATION.format(s=i, step=10 * i, samples=640 * i) for i in (1, 2, 3)) + "\n")
+    record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
+    cfg = record["config"]
+    assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"], cfg["context_parallel"]) == (16, 2, 1, 4, 2)
+    assert cfg["grad_accum"] == 64 // (1 * 4) and record["strategy"] == "megatron-tp2-pp1-cp2"
+    assert record["perf"]["tokens_per_s"] == pytest.approx(64 * 8192 / 3.2)
+    write_results(tmp_path / "imported", Results.from_dict(record))
+    rows = write_report([tmp_path / "imported"], tmp_path / "report", with_plots=False)[0]
+    assert "TP 2 PP 1 CP 2 DP 4" in rows[0].notes, rows[0].notes
+    proc = hfscale("project", tmp_path / "imported" / "results.json", "--gpus", "16,32", launched=False)
+    assert proc.returncode == 2 and "the log ran context parallelism (CP 2)" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("edit,expected", [
     (("(ms): 709876.2", "(ms): 0.0"), "iteration 20: elapsed time per iteration 0 ms, not a time"),
     (("(ms): 709876.2", "(ms): nan"), "iteration 20: elapsed time per iteration nan ms, not a time"),

@@ -48,16 +48,20 @@ PERPLEXITY = re.compile(r"lm loss PPL:\s*" + NUMBER)
 # the log's own TFLOPs per GPU, by its own formula: Megatron-LM's "throughput per GPU (TFLOP/s/GPU): 412.3",
 # Megatron-DeepSpeed's "TFLOPs: 123.45"
 REPORTED_TFLOPS = re.compile(r"(?:throughput per GPU \(TFLOP/s/GPU\)|TFLOPs):\s*" + NUMBER)
-NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE) for key in ("mbs", "gas", "pp", "dp", "tp")}
+NAME_FIELDS = {key: re.compile(rf"(?:^|[-_]){key}[-_]?(\d+)(?=[-_.]|$)", re.IGNORECASE)
+               for key in ("mbs", "gas", "pp", "dp", "tp", "cp")}
 NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
 GPT2_VOCAB = 50257  # Megatron's GPT2BPETokenizer, the BigScience logs' "> building GPT2BPETokenizer tokenizer"
 # "using world size: 16, data-parallel-size: 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 16"
 # (newer Megatron: "data-parallel size", and a context-parallel size)
-HEADER_SIZES = re.compile(r"(world|data-parallel|tensor-model-parallel|pipeline-model-parallel)[- ]size:\s*(\d+)")
-HEADER_KEYS = {"world": "world", "data-parallel": "dp", "tensor-model-parallel": "tp", "pipeline-model-parallel": "pp"}
+HEADER_SIZES = re.compile(r"(world|data-parallel|context-parallel|tensor-model-parallel|pipeline-model-parallel)[- ]size:"
+                          r"\s*(\d+)")
+HEADER_KEYS = {"world": "world", "data-parallel": "dp", "context-parallel": "cp", "tensor-model-parallel": "tp",
+               "pipeline-model-parallel": "pp"}
 ARGUMENT = re.compile(r"^\s*([a-z_][a-z0-9_]*) \.{2,} (.*?)\s*$")  # "  seq_length ....... 2048" in the arguments block
-ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "tensor_model_parallel_size": "tp",
+ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "context_parallel_size": "cp",
+                 "tensor_model_parallel_size": "tp",
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
                  "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
@@ -226,7 +230,7 @@ def histories(launches: list[dict], seq_len: int, log_interval: int | None) -> t
 
 
 # what a launch's header may change and the run's figures depend on
-LAUNCH_SIZES = ("world", "dp", "tp", "pp", "seq_len", "mbs", "gbs", "n_layer", "hidden", "n_head")
+LAUNCH_SIZES = ("world", "dp", "tp", "pp", "cp", "seq_len", "mbs", "gbs", "n_layer", "hidden", "n_head")
 
 
 def measured_launches(log: dict, path: Path, warnings: list[str]) -> tuple[dict, list[dict]]:
@@ -312,15 +316,18 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
         raise HfscaleError(f"{path.name}: no model size in the file name (like '61B-...'); pass --params")
     tp = _pick("tp", header, name, None, path, warnings) or 1
     pp = _pick("pp", header, name, None, path, warnings) or 1
+    cp = _pick("cp", header, name, None, path, warnings) or 1  # context parallelism: each sequence over CP GPUs
     dp = _pick("dp", header, name, None, path, warnings)
-    world = _pick("world", header, {}, gpus, path, warnings) or (tp * pp * dp if dp else None)
+    model_parallel = tp * pp * cp  # the GPUs of one data-parallel replica
+    world = _pick("world", header, {}, gpus, path, warnings) or (model_parallel * dp if dp else None)
     if not world:
         raise HfscaleError(f"{path.name}: no world size in the log and no DP in the file name (like '-dp-4-'); "
                            "pass --gpus")
-    if world % (tp * pp):
-        raise HfscaleError(f"{path.name}: {world} GPUs is not a multiple of TP x PP = {tp * pp}")
-    if dp is None or dp * tp * pp != world:
-        dp = world // (tp * pp)
+    if world % model_parallel:
+        raise HfscaleError(f"{path.name}: {world} GPUs is not a multiple of TP x PP"
+                           + (f" x CP = {model_parallel}" if cp > 1 else f" = {model_parallel}"))
+    if dp is None or dp * model_parallel != world:
+        dp = world // model_parallel
     seq = _pick("seq_len", header, {}, seq_len, path, warnings) or 2048
     ckpt = _pick("checkpointing", header, {}, checkpointing, path, warnings)
     ckpt = True if ckpt is None else ckpt  # the BigScience runs recomputed activations
@@ -332,13 +339,15 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
         gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
     engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
     record = Results(
-        source="megatron-log", log_file=str(path.resolve()), run_name=path.stem, strategy=f"{engine}-tp{tp}-pp{pp}",
+        source="megatron-log", log_file=str(path.resolve()), run_name=path.stem,
+        strategy=f"{engine}-tp{tp}-pp{pp}" + (f"-cp{cp}" if cp > 1 else ""),
         optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params,
                           **logged_shape(header)),
         config=ConfigRecord(world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, grad_accum=gas,
                             global_batch_size=gbs, seq_len=seq, checkpointing=ckpt, token_budget=token_budget,
                             precision=header.get("precision"),
                             extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
+                                   "context_parallel": cp,
                                    "recompute": header.get("recompute"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}))
     record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))

@@ -88,6 +88,9 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
     except HfscaleError:
         raise HfscaleError(f"{path}: the log states no GPT-2/BLOOM model shape (num_layers, hidden_size, "
                            "num_attention_heads in its arguments block), so it cannot be projected") from None
+    if (cfg.extra.get("context_parallel") or 1) > 1:
+        raise HfscaleError(f"{path}: the log ran context parallelism (CP {cfg.extra['context_parallel']}), whose "
+                           "attention exchanges the 3D model does not time; it cannot be projected")
     if not (cfg.tp and cfg.pp and cfg.dp and cfg.micro_batch_size and cfg.global_batch_size and cfg.seq_len):
         raise HfscaleError(f"{path}: the log does not state its TP, PP, DP, micro-batch and global batch")
     if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp):
