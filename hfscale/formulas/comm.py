@@ -208,83 +208,112 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
     `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
-    `shard_ranks`: HSDP (fsdp only) - sharded over the `shard_ranks` GPUs of a node, replicated across nodes.
-    `root_param_bytes` (fsdp only): the root unit's parameters - everything outside the transformer blocks (embeddings,
-    the tied head, the final norm) - which FSDP2 does not reshard after the forward (the backward starts with them),
-    so they are gathered once per micro-batch, the blocks twice (counted: docs/project.md). accelerate carves them
-    into two units, each a message of its own in the open: the tail (final norm, embedding and tied head) and the
-    model's own leftovers, `root_leftover_bytes` of them (GPT-2's position table, BLOOM's embedding norm).
     `units`: the gathering units of fsdp (its blocks) and zero3 (its parameters above the persistence threshold:
     DeepSpeed gathers per parameter and prefetches at least the next); `reduce_buckets`: the pieces a gradient
     reduction is issued in as the backward fills them (bucket_pieces: DDP's 25 MB, DeepSpeed's reduce_bucket_size
-    with overlap_comm; 1: not overlapped).
-    DeepSpeed (counted: docs/project.md): ZeRO-1/2 all-reduce each whole gradient bucket and keep their partition
-    (`bucket_all_reduce`, DeepSpeed's use_multi_rank_bucket_allreduce, on by default) or reduce each slice to its
-    owner; ZeRO-3 never gathers its persistent parameters (under stage3_param_persistence_threshold) for compute -
-    it all-gathers them once per step after the optimizer updates their partitions - and gathers again for the
-    backward only `regathered_param_bytes` (the parameters stage3_max_reuse_distance released after the forward;
-    None: all). `norm_tensors` (fsdp only): the parameter tensors whose gradient norms gradient clipping all-reduces
-    in fp32 every step (torch's clip_grad_norm_ over DTensor shards; 0: no clipping)."""
-    out = []
-    if token_count_gather:
-        out.append(Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", TOKEN_COUNT))
+    with overlap_comm; 1: not overlapped). Each engine's own arguments: its function below."""
+    out = [Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", TOKEN_COUNT)
+           ] if token_count_gather else []
     if engine == "ddp":
-        if powersgd_bytes is not None:  # per bucket three all-reduces - the uncompressed tensors, P, then Q (after
-            # P's orthogonalisation) - each waiting for the one before: not overlapped
-            out.append(Collective("all_reduce", powersgd_bytes, "step", "none", "PowerSGD factors",
-                                  units=3 * reduce_buckets))
-        else:  # bucketed all-reduce during the last micro-batch's backward (no_sync before)
-            out.append(Collective("all_reduce", grad_bytes, "step", "backward", "gradients", units=reduce_buckets))
+        out += _ddp_collectives(grad_bytes, powersgd_bytes, reduce_buckets)
     elif engine == "fsdp":
-        # parameters all-gathered for forward and again for backward, every micro-batch; gradients reduce-scattered in
-        # the last micro-batch's backward only: the Trainer accumulates under accelerate's no_sync, which on FSDP2 is
-        # set_requires_gradient_sync(False) (unsharded gradients kept until the accumulation boundary). FSDP2
-        # gathers the next unit while this one computes (forward: issued ahead on its own stream; backward: explicit
-        # prefetch) and reduce-scatters each unit's gradients as its backward ends.
-        group = "node" if shard_ranks else "world"
-        blocks = param_bytes - root_param_bytes
-        grads = grad_bytes / param_bytes  # gradient bytes per parameter byte
-        out += [Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
-                Collective("all_gather", blocks, "micro", "backward", "block parameters (backward)", group, units),
-                Collective("reduce_scatter", grads * blocks, "step", "backward", "block gradients", group, units)]
-        for name, size in (("root unit", root_param_bytes - root_leftover_bytes), ("root leftovers", root_leftover_bytes)):
-            if size:
-                out += [Collective("all_gather", size, "micro", "forward", f"{name} parameters (first: in the open)",
-                                   group),
-                        Collective("reduce_scatter", grads * size, "step", "backward",
-                                   f"{name} gradients (last: in the open)", group)]
-        if norm_tensors:
-            out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
-        if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
-            out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard",
-                                  "replicas", units))
+        out += _fsdp_collectives(param_bytes, grad_bytes, shard_ranks, root_param_bytes, root_leftover_bytes, units,
+                                 norm_tensors)
     elif zero_stage == 3:
-        # DeepSpeed ignores no_sync: parameters gathered for forward (and what was released, for backward), gradients
-        # reduce-scattered, every micro-batch
-        gathered = param_bytes - persistent_param_bytes
-        again = gathered if regathered_param_bytes is None else min(regathered_param_bytes, gathered)
-        out += [Collective("all_gather", gathered, "micro", "forward", "parameters", units=units),
-                Collective("all_gather", again, "micro", "backward", "parameters released after the forward",
-                           units=units),
-                Collective("reduce_scatter", grad_bytes, "micro", "backward", "gradients", units=reduce_buckets),
-                Collective("all_gather", persistent_param_bytes, "step", "none", "persistent parameters")]
+        out += _zero3_collectives(param_bytes, grad_bytes, units, reduce_buckets, persistent_param_bytes,
+                                  regathered_param_bytes)
     elif zero_stage in (1, 2):
-        # ZeRO-2 reduces every micro-batch as the backward fills its buckets (overlap_comm); ZeRO-1 at the
-        # accumulation boundary, after the backward. Both then all-gather the updated weights.
-        kind, what = ("all_reduce", "gradients (whole buckets)") if bucket_all_reduce else (
-            "reduce_scatter", "gradients (each slice reduced to its owner)")
-        out += [Collective(kind, grad_bytes, "micro", "backward", what, units=reduce_buckets) if zero_stage == 2
-                else Collective(kind, grad_bytes, "step", "none", what),
-                Collective("all_gather", param_bytes, "step", "none", "updated parameters")]
+        out += _zero12_collectives(zero_stage, param_bytes, grad_bytes, reduce_buckets, bucket_all_reduce)
     else:
         raise ValueError(f"unknown engine {engine!r} / stage {zero_stage!r}")
-    held = shard_ranks or ranks  # ranks one shard is divided over
-    if offload_optimizer:  # the gradient partition goes to the host, the updated weights come back, per step
+    out += _offload_copies(param_bytes, grad_bytes, shard_ranks or ranks, offload_optimizer, offload_params, units)
+    return CommPattern(tuple(c for c in out if c.size_bytes > 0 or c.what == TOKEN_COUNT))
+
+
+def _ddp_collectives(grad_bytes: float, powersgd_bytes: float | None, reduce_buckets: int) -> list[Collective]:
+    """DDP: the gradients' bucketed all-reduce during the last micro-batch's backward (no_sync before); under
+    PowerSGD (`powersgd_bytes`: what it sends) three all-reduces per bucket - the uncompressed tensors, P, then Q
+    (after P's orthogonalisation) - each waiting for the one before: not overlapped."""
+    if powersgd_bytes is not None:
+        return [Collective("all_reduce", powersgd_bytes, "step", "none", "PowerSGD factors", units=3 * reduce_buckets)]
+    return [Collective("all_reduce", grad_bytes, "step", "backward", "gradients", units=reduce_buckets)]
+
+
+def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | None, root_param_bytes: float,
+                      root_leftover_bytes: float, units: int, norm_tensors: int) -> list[Collective]:
+    """FSDP2: parameters all-gathered for forward and again for backward, every micro-batch; gradients
+    reduce-scattered in the last micro-batch's backward only (the Trainer accumulates under accelerate's no_sync, on
+    FSDP2 set_requires_gradient_sync(False): unsharded gradients kept until the accumulation boundary). It gathers
+    the next unit while this one computes (forward: issued ahead on its own stream; backward: explicit prefetch) and
+    reduce-scatters each unit's gradients as its backward ends.
+    `root_param_bytes`: the root unit's parameters - everything outside the transformer blocks (embeddings, the tied
+    head, the final norm) - which FSDP2 does not reshard after the forward (the backward starts with them), so they are
+    gathered once per micro-batch, the blocks twice (counted: docs/project.md). accelerate carves them into two units,
+    each a message of its own in the open: the tail (final norm, embedding and tied head) and the model's own
+    leftovers, `root_leftover_bytes` of them (GPT-2's position table, BLOOM's embedding norm). `shard_ranks`: HSDP -
+    sharded over the `shard_ranks` GPUs of a node, replicated across nodes. `norm_tensors`: the parameter tensors
+    whose gradient norms gradient clipping all-reduces in fp32 every step (torch's clip_grad_norm_ over DTensor
+    shards; 0: no clipping)."""
+    group = "node" if shard_ranks else "world"
+    blocks = param_bytes - root_param_bytes
+    grads = grad_bytes / param_bytes  # gradient bytes per parameter byte
+    out = [Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
+           Collective("all_gather", blocks, "micro", "backward", "block parameters (backward)", group, units),
+           Collective("reduce_scatter", grads * blocks, "step", "backward", "block gradients", group, units)]
+    for name, size in (("root unit", root_param_bytes - root_leftover_bytes), ("root leftovers", root_leftover_bytes)):
+        if size:
+            out += [Collective("all_gather", size, "micro", "forward", f"{name} parameters (first: in the open)",
+                               group),
+                    Collective("reduce_scatter", grads * size, "step", "backward",
+                               f"{name} gradients (last: in the open)", group)]
+    if norm_tensors:
+        out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
+    if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
+        out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard", "replicas",
+                              units))
+    return out
+
+
+def _zero3_collectives(param_bytes: float, grad_bytes: float, units: int, reduce_buckets: int,
+                       persistent_param_bytes: float, regathered_param_bytes: float | None) -> list[Collective]:
+    """ZeRO-3 ignores no_sync: parameters gathered for forward (and what was released, for backward), gradients
+    reduce-scattered, every micro-batch. It never gathers its persistent parameters (under
+    stage3_param_persistence_threshold) for compute - it all-gathers them once per step after the optimizer updates
+    their partitions - and gathers again for the backward only `regathered_param_bytes` (the parameters
+    stage3_max_reuse_distance released after the forward; None: all). Counted: docs/project.md."""
+    gathered = param_bytes - persistent_param_bytes
+    again = gathered if regathered_param_bytes is None else min(regathered_param_bytes, gathered)
+    return [Collective("all_gather", gathered, "micro", "forward", "parameters", units=units),
+            Collective("all_gather", again, "micro", "backward", "parameters released after the forward", units=units),
+            Collective("reduce_scatter", grad_bytes, "micro", "backward", "gradients", units=reduce_buckets),
+            Collective("all_gather", persistent_param_bytes, "step", "none", "persistent parameters")]
+
+
+def _zero12_collectives(stage: int, param_bytes: float, grad_bytes: float, reduce_buckets: int,
+                        bucket_all_reduce: bool) -> list[Collective]:
+    """ZeRO-2 reduces every micro-batch as the backward fills its buckets (overlap_comm); ZeRO-1 at the accumulation
+    boundary, after the backward. Both all-reduce each whole gradient bucket and keep their partition
+    (`bucket_all_reduce`, DeepSpeed's use_multi_rank_bucket_allreduce, on by default) or reduce each slice to its
+    owner, then all-gather the updated weights. Counted: docs/project.md."""
+    kind, what = ("all_reduce", "gradients (whole buckets)") if bucket_all_reduce else (
+        "reduce_scatter", "gradients (each slice reduced to its owner)")
+    reduce = (Collective(kind, grad_bytes, "micro", "backward", what, units=reduce_buckets) if stage == 2
+              else Collective(kind, grad_bytes, "step", "none", what))
+    return [reduce, Collective("all_gather", param_bytes, "step", "none", "updated parameters")]
+
+
+def _offload_copies(param_bytes: float, grad_bytes: float, held: int, offload_optimizer: bool, offload_params: bool,
+                    units: int) -> list[Collective]:
+    """The host copies of offload, per rank (`held`: the ranks one shard is divided over): the gradient partition to
+    the host and the updated weights back, per step; each parameter partition to the device for forward and for
+    backward, per micro-batch."""
+    out = []
+    if offload_optimizer:
         out += [Collective("d2h", grad_bytes / held, "step", "none"),
                 Collective("h2d", param_bytes / held, "step", "none")]
-    if offload_params:  # each parameter partition copied to the device for forward and for backward
+    if offload_params:
         out.append(Collective("h2d", 2 * param_bytes / held, "micro", "forward_backward", units=units))
-    return CommPattern(tuple(c for c in out if c.size_bytes > 0 or c.what == TOKEN_COUNT))
+    return out
 
 
 @dataclass
