@@ -182,26 +182,7 @@ def main(argv: list[str]) -> int:
                         help="print each run's launch command, and stop: nothing launched or written")
     opts = parser.parse_args(argv)
     positive(opts, "max_steps", "num_processes", "tolerance", "lossy_tolerance", "timeout")
-    strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
-    tensor_parallel = [s for s in strategies if all_strategies()[s].tensor_parallel]
-    if tensor_parallel and opts.strategy != "all":  # under "all" they are left out
-        raise HfscaleError(f"hfscale parity runs every strategy on the same processes and micro-batch, but the ranks "
-                           f"of {tensor_parallel[0]}'s TP group share one batch (its global batch is ddp's / TP); "
-                           f"compare it at --per_device_train_batch_size x TP, as tests/test_tensor_parallel.py does")
-    strategies = [s for s in strategies if s not in tensor_parallel]
-    optim = flag_value(fixed, "--optim") or "adamw"
-    # checked before anything is launched: the pair, and the strategy on these processes of this one node
-    refused = {s: f"strategy {s!r} cannot use optimizer {optim!r}: {why}" if (why := incompatibility(s, optim))
-               else layout_refusal(all_strategies()[s], opts.num_processes, opts.num_processes) for s in strategies}
-    explicit = next((s for s, why in refused.items() if why and opts.strategy != "all"), None)
-    if explicit:
-        raise HfscaleError(refused[explicit])
-    strategies = [s for s in strategies if not refused[s]]  # under "all" they are left out
-    for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
-        if flag_value(fixed, flag) is not None or flag in fixed:
-            raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
-    check_training_flags(fixed, appended=True)
-    check_local_processes(opts.num_processes)  # every run starts on this node
+    strategies = strategies_to_compare(opts, fixed)
     if opts.dry_run:
         for strategy in launch_order(strategies):
             command = strategy_launch([*run_args(strategy, opts.max_steps, fixed), "--output_dir",
@@ -226,3 +207,30 @@ def main(argv: list[str]) -> int:
                else "nothing judged: every run is lossy (judge them with --lossy_tolerance)")
     print(f"parity: {verdict} (details: {opts.out / 'parity.json'})")
     return 1 if failed else 0
+
+
+def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
+    """The strategies asked for that can run here, checked before anything is launched: the pair with --optim, the
+    strategy on these processes of this one node, the Trainer flags. Under `all` the others are left out; named,
+    the first is refused in one line."""
+    strategies = comma_list(opts.strategy, "--strategy", valid=all_strategies(), what="strategy")
+    tensor_parallel = [s for s in strategies if all_strategies()[s].tensor_parallel]
+    if tensor_parallel and opts.strategy != "all":  # under "all" they are left out
+        raise HfscaleError(f"hfscale parity runs every strategy on the same processes and micro-batch, but the ranks "
+                           f"of {tensor_parallel[0]}'s TP group share one batch (its global batch is ddp's / TP); "
+                           f"compare it at --per_device_train_batch_size x TP, as tests/test_tensor_parallel.py does")
+    strategies = [s for s in strategies if s not in tensor_parallel]
+    optim = flag_value(fixed, "--optim") or "adamw"
+    # checked before anything is launched: the pair, and the strategy on these processes of this one node
+    refused = {s: f"strategy {s!r} cannot use optimizer {optim!r}: {why}" if (why := incompatibility(s, optim))
+               else layout_refusal(all_strategies()[s], opts.num_processes, opts.num_processes) for s in strategies}
+    explicit = next((s for s, why in refused.items() if why and opts.strategy != "all"), None)
+    if explicit:
+        raise HfscaleError(refused[explicit])
+    strategies = [s for s in strategies if not refused[s]]  # under "all" they are left out
+    for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
+        if flag_value(fixed, flag) is not None or flag in fixed:
+            raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
+    check_training_flags(fixed, appended=True)
+    check_local_processes(opts.num_processes)  # every run starts on this node
+    return strategies
