@@ -242,33 +242,53 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
-        full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
-        bsh = micro_batch * seq * shape.hidden
-        per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
-            mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
-        one_block = (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq
+        one_block = recomputed_block_bytes(shape, seq, micro_batch, mode, device, table)
         peak_extra = max(peak_extra, one_block)
         backward_end = kept - loss_share + one_block
     factor = 1.0
     if compiled and device in COMPILED_ACTIVATION_FACTOR:
-        output = "returned" if logits_output else "loss_only"
-        factor, measured = compiled_figure(COMPILED_ACTIVATION_FACTOR[device], output, lambda by_mode: by_mode.get(mode))
-        upper_bound = measured not in (None, output)  # a loss-only step's figure measured with the logits returned
-        if factor is None:
-            factor = COMPILED_FACTOR_FALLBACK[device]
-            calibration += f", x {factor:g} compiled (two whole runs' factor: no compiled row of {mode})"
-        else:
-            calibration += f", x {factor:g} compiled"
-        peak_extra *= factor
-        if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
-            itemsize = logits_bytes(mode)
-            rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
-            per_logit, peak_measured = compiled_figure(
-                COMPILED_LOGITS_PEAK_BYTES[device], output,
-                lambda by_rows: (by_rows.get(rows) or {}).get(itemsize, (by_rows.get("ragged") or {}).get(itemsize)))
-            if per_logit is not None:
-                peak_extra = max(per_logit * micro_batch * seq * shape.vocab, peak_extra if mode.endswith("/1") else 0.0)
-                upper_bound = upper_bound or peak_measured != output
-        if upper_bound:
-            calibration += "; measured with the logits returned: an upper bound for the loss alone"
+        factor, peak_extra, note = compiled_step(shape, seq, micro_batch, mode, device, peak_extra, fused_loss,
+                                                 logits_output)
+        calibration += note
     return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)
+
+
+def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str,
+                           table: dict) -> float:
+    """What a checkpointed backward holds for the block it recomputes: the block's full activations (the mode's
+    uncheckpointed coefficients in `table`, the calibration the step's figures come from, per b·s·h and per b·a·s²
+    element) and its backward's gradients beside them (RECOMPUTE_GRADIENT_BYTES)."""
+    full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
+    per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
+        mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
+    bsh = micro_batch * seq * shape.hidden
+    return (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq
+
+
+def compiled_step(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str, peak_extra: float,
+                  fused_loss: bool, logits_output: bool) -> tuple[float, float, str]:
+    """(the factor torch.compile keeps of the eager activations, the step's peak above them, the calibration's note)
+    on `device`, from the figures measured with the step's own output (COMPILED_*; a loss-only step without its own
+    takes the returned one's, an upper bound). The peak: the eager one scaled by the factor, or - unless the loss is
+    fused - the measured bytes per logit where larger (a checkpointed step's recomputed block can be)."""
+    output = "returned" if logits_output else "loss_only"
+    factor, measured = compiled_figure(COMPILED_ACTIVATION_FACTOR[device], output, lambda by_mode: by_mode.get(mode))
+    upper_bound = measured not in (None, output)  # a loss-only step's figure measured with the logits returned
+    if factor is None:
+        factor = COMPILED_FACTOR_FALLBACK[device]
+        note = f", x {factor:g} compiled (two whole runs' factor: no compiled row of {mode})"
+    else:
+        note = f", x {factor:g} compiled"
+    peak_extra *= factor
+    if not fused_loss and device in COMPILED_LOGITS_PEAK_BYTES:  # the larger of the logits' and a block's share
+        itemsize = logits_bytes(mode)
+        rows = "aligned" if shape.vocab % COMPILED_ALIGNMENT_ELEMENTS == 0 else "ragged"
+        per_logit, peak_measured = compiled_figure(
+            COMPILED_LOGITS_PEAK_BYTES[device], output,
+            lambda by_rows: (by_rows.get(rows) or {}).get(itemsize, (by_rows.get("ragged") or {}).get(itemsize)))
+        if per_logit is not None:
+            peak_extra = max(per_logit * micro_batch * seq * shape.vocab, peak_extra if mode.endswith("/1") else 0.0)
+            upper_bound = upper_bound or peak_measured != output
+    if upper_bound:
+        note += "; measured with the logits returned: an upper bound for the loss alone"
+    return factor, peak_extra, note
