@@ -70,6 +70,13 @@ CASES = {
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
     "validation share of everything": (["--validation_split_percentage", "100"],
                                        "--validation_split_percentage must be between 0 and 100, got 100"),
+    # a flag of another strategy: the Trainer would ignore it without a word
+    "powersgd rank without powersgd": (["--powersgd_rank", "4"], "--powersgd_rank is for ddp_powersgd; 'ddp' compresses nothing"),
+    "fsdp config for ddp": (["--fsdp_config", '{"version": 2}'], "--fsdp_config is for the fsdp strategies; 'ddp' is ddp"),
+    "ddp buckets for zero1": (["--strategy", "zero1", "--ddp_bucket_cap_mb", "50"],
+                              "--ddp_bucket_cap_mb is read by DDP only; 'zero1' is deepspeed (its buckets: reduce_bucket_size"),
+    "compile mode with compile off": (["--torch_compile", "false", "--torch_compile_mode", "max-autotune"],
+                                      "--torch_compile_mode max-autotune compiles the model"),
     "no validation share": (["--eval_strategy", "steps", "--validation_split_percentage", "0"],  # read as not given
                             "--validation_split_percentage must be between 0 and 100, got 0"),
     # another source's flag: each was ignored, the run trained on other text than the command line said

@@ -382,6 +382,29 @@ def test_ddp_compiles_by_default_on_a_gpu_and_says_how_to_turn_it_off(gpus, monk
     assert "compiled (--torch_compile false for eager)" in format_summary(results)
 
 
+def test_a_run_with_no_timed_step_says_why():
+    """A run no longer than its untimed warm-up (--max_steps 2 at the default 2) has no speed: the summary says so
+    and how to time every step, rather than a bare "n/a over 0 steps"."""
+    from hfscale.run.results import Results
+    from hfscale.run.summary import format_summary
+
+    results = Results.from_dict({"status": "ok", "run_name": "r", "model": {"name": "tiny", "params_model": 1e6},
+                                 "config": {"world_size": 1, "token_budget": 1e11},
+                                 "perf": {"measured_steps": 0, "warmup_steps": 2}})
+    assert "over 0 steps (none after the 2 untimed: --perf_warmup_steps 0 times every step)" in format_summary(results)
+
+
+def test_a_compile_mode_or_backend_alone_compiles_and_the_plan_says_so():
+    """transformers compiles whenever --torch_compile_mode or --torch_compile_backend is named: the plan (estimate,
+    summary, results) must say compiled too - before, a run said "eager" while its start-up proof found it compiled."""
+    from hfscale.train import check_args
+
+    for named in (["--torch_compile_mode", "default"], ["--torch_compile_backend", "aot_eager"]):
+        _, _, training, state = check_args(["--use_cpu", *named])
+        assert training["torch_compile"] and state.plan.torch_compile, named
+    assert not check_args(["--use_cpu"])[3].plan.torch_compile
+
+
 def test_a_gpu_run_leaves_more_first_steps_untimed_unless_told(gpus, monkeypatch):
     """On a GPU steps 3-5 paid a one-off cost in every run measured (one H200): the GPU route leaves 5 steps untimed,
     half of a run shorter than 10, at least 2; the CPU route and the user's --perf_warmup_steps are untouched."""

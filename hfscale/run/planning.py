@@ -54,6 +54,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     check_compile_mode(kw.get("torch_compile_mode"))
+    _compile_named(kw, explicit)
     if kw["fp16"] and not gpu:
         raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
                            "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
@@ -112,6 +113,19 @@ def check_host_memory(plan: RunPlan, host_bytes: int) -> None:
                            "or turn on --activation_checkpointing")
 
 
+def _compile_named(kw: dict, explicit: set[str]) -> None:
+    """transformers compiles the model whenever --torch_compile_mode or --torch_compile_backend is named, whatever
+    --torch_compile says: the plan (estimate, summary, results) says so too, and an explicit --torch_compile false
+    beside them is a contradiction."""
+    named = next((f for f in ("torch_compile_mode", "torch_compile_backend") if kw.get(f) is not None), None)
+    if named is None:
+        return
+    if "torch_compile" in explicit and not kw["torch_compile"]:
+        raise HfscaleError(f"--{named} {kw[named]} compiles the model (transformers turns --torch_compile on for it); "
+                           f"drop --{named} or --torch_compile false")
+    kw["torch_compile"] = True
+
+
 def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
     """Two Trainer defaults stop the host at every micro-batch on a GPU (hfscale/run/host_syncs.py), so that the host's
     per-step work shows as idle device time; hfscale changes both, and the user's flags win.
@@ -147,8 +161,12 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
                              "cpu_ram_efficient_loading": strategy.rank0_builds, **offload,
                              **user_fsdp_config(kw["fsdp_config"])}
-    elif kw["fsdp"]:
-        raise HfscaleError(f"--fsdp is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
+    elif kw["fsdp"] or kw.get("fsdp_config"):  # the Trainer would ignore them without a word
+        flag = "--fsdp" if kw["fsdp"] else "--fsdp_config"
+        raise HfscaleError(f"{flag} is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
+    if kw.get("ddp_bucket_cap_mb") is not None and strategy.engine != "ddp":
+        where = " (its buckets: reduce_bucket_size in the DeepSpeed JSON)" if strategy.engine == "deepspeed" else ""
+        raise HfscaleError(f"--ddp_bucket_cap_mb is read by DDP only; {strategy.name!r} is {strategy.engine}{where}")
     if kw["ddp_find_unused_parameters"] is None:
         kw["ddp_find_unused_parameters"] = strategy.comm_hook == "powersgd"
     if strategy.comm_hook == "powersgd":
@@ -159,6 +177,8 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
             raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
         if launcher_world_size() < 2:
             raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
+    elif (given := next((f for f in ("powersgd_rank", "powersgd_warmup_steps") if kw[f] is not None), None)):
+        raise HfscaleError(f"--{given} is for ddp_powersgd; {strategy.name!r} compresses nothing")
     return deepspeed_config
 
 

@@ -28,7 +28,9 @@ def format_summary(results) -> str:
         + ("compiled (--torch_compile false for eager)" if cfg.torch_compile else "eager")
         + (" · fused linear cross-entropy" if cfg.fused_linear_cross_entropy else ""),
         f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.measured_steps or 0} steps"
-        + (f" after {perf.warmup_steps} untimed" if perf.measured_steps else "") + " · "
+        + (f" after {perf.warmup_steps} untimed" if perf.measured_steps else
+           f" (none after the {perf.warmup_steps} untimed: --perf_warmup_steps 0 times every step)"
+           if perf.warmup_steps else "") + " · "
         f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per {unit})",
         f"  TFLOPs/{unit}: exact {t('tflops_per_gpu_model')} · hardware {t('tflops_per_gpu_hardware')} · "
         f"BigScience {t('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
