@@ -39,8 +39,8 @@ NAME_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([MBT])(\d*)", re.IGNORECASE)
 UNITS = {"M": 1e6, "B": 1e9, "T": 1e12}
 # "using world size: 16, data-parallel-size: 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 16"
 # (newer Megatron: "data-parallel size", and a context-parallel size)
-HEADER_SIZES = re.compile(r"(world|data-parallel|context-parallel|tensor-model-parallel|pipeline-model-parallel)[- ]size:"
-                          r"\s*(\d+)")
+HEADER_SIZES = re.compile(r"(world|data-parallel|context-parallel|tensor-model-parallel|pipeline-model-parallel)"
+                          r"[- ]size:\s*(\d+)")
 HEADER_KEYS = {"world": "world", "data-parallel": "dp", "context-parallel": "cp", "tensor-model-parallel": "tp",
                "pipeline-model-parallel": "pp"}
 ARGUMENT = re.compile(r"^\s*([a-z_][a-z0-9_]*) \.{2,} (.*?)\s*$")  # "  seq_length ....... 2048" in the arguments block

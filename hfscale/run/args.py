@@ -123,7 +123,6 @@ class DataArguments:
                 for path in files:
                     check_file_content(path, self.text_column)
 
-
     def _check_source(self) -> None:
         """One source of training text, and no flag of another source's (each was silently ignored: the run trained
         on other text than the command line says)."""

@@ -107,10 +107,10 @@ def check_host_memory(plan: RunPlan, host_bytes: int) -> None:
     least = states + plan.host_step_peaks_per_node(mem) / (1 + STEP_PEAK_ERROR)
     if least > host_bytes:
         raise HfscaleError(f"the model states and the steps' activations need at least {least / GB:,.1f} GB {where} "
-                           f"({plan.processes_per_node} process(es); the estimate less its {STEP_PEAK_ERROR:.0%} error, "
-                           f"`hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} GB: lower "
-                           "--per_device_train_batch_size (more --gradient_accumulation_steps keep the global batch) "
-                           "or turn on --activation_checkpointing")
+                           f"({plan.processes_per_node} process(es); the estimate less its {STEP_PEAK_ERROR:.0%} "
+                           f"error, `hfscale estimate` breaks it down), and this host has {host_bytes / GB:,.1f} GB: "
+                           "lower --per_device_train_batch_size (more --gradient_accumulation_steps keep the global "
+                           "batch) or turn on --activation_checkpointing")
 
 
 def _compile_named(kw: dict, explicit: set[str]) -> None:
