@@ -72,6 +72,12 @@ def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -
     return out
 
 
+def first_given(argv: list[str], flags) -> str | None:
+    """The first of `flags` the command line names (`--flag v` or `--flag=v`; its parser takes no abbreviations), for
+    a command that reads them only sometimes: given where they would not be read, they are refused, not ignored."""
+    return next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in flags), None)
+
+
 # A count of GPUs, processes or nodes above this is a typo, not a cluster (about five times the largest training
 # clusters of 2026): refused where it is read, before the per-rank arithmetic behind it runs out of memory or overflows
 MAX_GPUS = 1 << 20

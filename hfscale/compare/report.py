@@ -15,9 +15,10 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
+from ..flags import first_given
 from ..formulas.metrics import SECONDS_PER_DAY, days_to_train, size_label, tflops_label
 from ..plan.options import check_whole_nodes
-from ..plan.links import add_link_flags, link_flags_given, links_from
+from ..plan.links import LINK_FLAGS, add_link_flags, links_from
 from ..plan.project import tokens_per_s_at
 from ..run.results import RESULTS_FILE, Results, read_results
 from .convergence import X_AXES, compare_runs, curve
@@ -358,8 +359,9 @@ def write_report(paths: list[Path], out: Path, with_plots: bool = True, html: bo
 
 
 def main(argv: list[str]) -> None:
-    parser = ArgumentParser(prog="hfscale report", description="Table (markdown, CSV), plots and optional HTML from "
-                            "run, sweep and imported-log directories.")
+    parser = ArgumentParser(prog="hfscale report", allow_abbrev=False,
+                            description="Table (markdown, CSV), plots and optional HTML from run, sweep and "
+                                        "imported-log directories.")
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories (searched for results.json)")
     parser.add_argument("--out", type=Path, help="where report.md/.csv/.html and the PNGs go (default: <first path>/report)")
     parser.add_argument("--html", action="store_true", help="also write a self-contained report.html")
@@ -382,9 +384,9 @@ def main(argv: list[str]) -> None:
                                f"{opts.gpus_per_node}")
         check_whole_nodes([opts.days_at_gpus], opts.gpus_per_node, "--days_at_gpus")
         days_at = (opts.days_at_gpus, opts.gpus_per_node, links_from(opts))
-    elif unread := link_flags_given(parser, opts):
-        raise HfscaleError(f"{unread[0]} is read only with --days_at_gpus (the days each run's configuration would "
-                           f"take at that many GPUs); add --days_at_gpus N or drop {unread[0]}")
+    elif unread := first_given(argv, LINK_FLAGS):  # a silently ignored bandwidth file is a wrong answer trusted
+        raise HfscaleError(f"{unread} is read only with --days_at_gpus (the days each run's configuration would "
+                           f"take at that many GPUs); add --days_at_gpus N or drop {unread}")
     out = opts.out or (opts.paths[0] if opts.paths[0].is_dir() else opts.paths[0].parent) / "report"
     check_writable_dir(out, "--out")
     rows, written = write_report(opts.paths, out, not opts.no_plots, opts.html, opts.smooth, opts.target_loss, days_at)

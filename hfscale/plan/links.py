@@ -35,13 +35,8 @@ def add_link_flags(p) -> None:
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
-LINK_FLAGS = ("gpus_per_node", "intra_bw", "inter_bw", "intra_latency_us", "inter_latency_us", "bandwidth_file")
-
-
-def link_flags_given(parser, opts) -> list[str]:
-    """The link flags set to something other than their defaults (a command that reads them only sometimes refuses
-    them where it would not read them: a silently ignored bandwidth file is a wrong answer the user trusts)."""
-    return [f"--{name}" for name in LINK_FLAGS if getattr(opts, name) != parser.get_default(name)]
+LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--intra_latency_us", "--inter_latency_us",
+              "--bandwidth_file")
 
 
 def links_from(opts) -> tuple[Links, Links, Links]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
-from ..flags import comma_list, positive, refuse_renamed
+from ..flags import comma_list, first_given, positive, refuse_renamed
 from ..formulas.metrics import GB
 from ..formulas.peaks import DEVICES
 from ..models import MODEL_OVERRIDES
@@ -223,7 +223,7 @@ RUN_FLAGS = ("--model", "--model_name_or_path", *(f"--{flag}" for flag in MODEL_
 
 
 def refuse_run_flags_beside_results(argv: list[str], opts) -> None:
-    given = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in RUN_FLAGS), None)
+    given = first_given(argv, RUN_FLAGS)
     if opts.results and given:
         raise HfscaleError(f"{given} describes the run of a projection from --tokens_per_s_per_gpu or --tflops_per_gpu; "
                            f"{opts.results} brings its own model and run: drop {given}")
