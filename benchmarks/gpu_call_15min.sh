@@ -1,9 +1,11 @@
 #!/bin/bash
-# The first 15-minute lease of the `device` tool, in one call (benchmarks/gpu_lease.sh): what the last lease
-# (results/h200_2026-11-26) left unmeasured, the most important first.
+# A 15-minute lease of the `device` tool, in one call (benchmarks/gpu_lease.sh): the loss-only forward's speed and
+# memory. Measured on an H200 on 2026-11-27 (results/h200_2026-11-27: 1.004 of the hand-written step, 51.3% MFU);
+# on an H100 still to measure. The next lease on an H200 is gpu_call_strategies.sh.
 # Run there as:  bash benchmarks/gpu_call_15min.sh   (carry: .whl, timeout_s 590)
-# Sized from 2026-11-26 (H200): the wheels' install about 25 s; a compiled 350M reference 70 s (each) and a 40-step compiled
-# 350M run 40-80 s; a 1.3B compiled run about 90 s; a compiled grid point 11-29 s. The machine's start is on top.
+# Sized from 2026-11-27 (H200): 476 s in all; the wheels' install about 25 s; a compiled 350M reference 40-70 s (each)
+# and a 40-step compiled 350M run 45-85 s; a 1.3B compiled run about 85 s; a compiled grid point 9-25 s. The machine's
+# start is on top (about 30 s).
 source "$(dirname "$0")/gpu_lease.sh"  # left, suite, pack
 # 1. 350M compiled ran at 0.948 of the hand-written step on an H200 because its step returned the b x s x V logits
 #    (accelerate converted them to fp32; torch.compile gave the unused output a zero gradient the backward read: 2.1 ms

@@ -5,6 +5,7 @@ files tests/test_memory.py checks the estimate against)."""
 import json
 import re
 import shlex
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -197,6 +198,18 @@ def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
         assert opts.budget_s != default, f"{name}: no deadline"
         deadlines.append(opts.budget_s)
     assert deadlines == sorted(set(deadlines)) and deadlines[-1] < 560
+
+
+def test_a_short_call_brings_every_deadline_inside_its_limit(tmp_path):
+    """A short second call on a warm machine (LEASE_S, its timeout_s) must end its sections before the tool stops it:
+    an item starts only before its section's deadline and may run a whole item past it, so no deadline may fall
+    within ITEM_S of the limit; without LEASE_S each section keeps its own."""
+    script = (f'RESULTS_DIR={tmp_path}/res OUT={tmp_path}; source benchmarks/gpu_lease.sh >/dev/null 2>&1; '
+              'echo "$(left 340) $(LEASE_S=300 left 340) $(LEASE_S=300 left 100) $ITEM_S"')
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    whole, short, early, item = map(int, out)
+    assert 339 <= whole <= 340 and item >= 100
+    assert 299 - item <= short <= 300 - item and 99 <= early <= 100
 
 
 def test_an_in_process_item_gives_the_device_back_before_the_runs_after_it(monkeypatch):

@@ -258,11 +258,11 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     estimate.main(["--model", "gpt2-350m", "--strategy", "ddp,zero2", "--per_device_train_batch_size", "8",
                    "--seq_len", "1024", "--device", "H100-80GB", "--bf16", "--torch_compile"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- activations of")]
-    bound = "; measured with the logits returned: an upper bound for the loss alone"  # hfscale's step returns the loss
+    factor = act.COMPILED_ACTIVATION_FACTOR["cuda"]["loss_only"]  # hfscale's step returns the loss alone: its figures
     assert notes == [  # ddp's --bf16 is autocast, DeepSpeed's is bf16 weights: each mode's own compiled factor
-        f"- activations of ddp: fitted on CUDA measurements, x 0.497 compiled{bound} "
+        f"- activations of ddp: fitted on CUDA measurements, x {factor['gpt2/sdpa/autocast_bf16/0']:g} compiled "
         "(benchmarks/results/h*_*/cuda_activations.jsonl)",
-        f"- activations of zero2: fitted on CUDA measurements, x 0.554 compiled{bound} "
+        f"- activations of zero2: fitted on CUDA measurements, x {factor['gpt2/sdpa/bf16/0']:g} compiled "
         "(benchmarks/results/h*_*/cuda_activations.jsonl)"]
 
 
@@ -295,6 +295,8 @@ H100_NO_CACHE = REPO / "benchmarks" / "results" / "h100_2026-11-26"  # the grid 
 H100_BLOOM = REPO / "benchmarks" / "results" / "h100_2026-11-26b"  # ... and its BLOOM modes; the ZeRO bucket runs
 H200 = REPO / "benchmarks" / "results" / "h200_2026-11-25"
 H200_COMPILED = REPO / "benchmarks" / "results" / "h200_2026-11-26"  # the compiled grid rows; 350M compiled, ZeRO buckets
+H200_LOSS_ONLY = REPO / "benchmarks" / "results" / "h200_2026-11-27"  # ... of the loss-only step; 350M, 1.3B compiled
+CUDA_FOLDERS = (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED, H200_LOSS_ONLY)
 
 
 def _compiled(row: dict) -> bool:
@@ -305,7 +307,7 @@ def _cuda_rows(compiled: bool | None = False) -> list[dict]:
     """The measured rows (the grid also records what could not run: BLOOM with SDPA, which transformers refuses -
     the estimate takes BLOOM's attention as eager whatever is asked, act.activation_mode); eager, compiled or all."""
     rows = load_benchmark("calibrate_activations").read_rows(
-        [folder / "cuda_activations.jsonl" for folder in (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED)])
+        [folder / "cuda_activations.jsonl" for folder in CUDA_FOLDERS])
     assert all("error" in r for r in rows if r["mode"].startswith("bloom/sdpa"))
     return [r for r in rows if "error" not in r and compiled in (None, _compiled(r))]
 
@@ -426,16 +428,21 @@ def test_the_compiled_factors_are_what_the_fit_gives():
 
 def test_a_loss_only_step_takes_its_own_compiled_figures_and_else_the_returned_ones_as_a_bound(monkeypatch):
     """hfscale's training forward returns the loss alone; the compiled figures measured on steps that returned their
-    logits are its upper bound until a GPU measures the loss-only step (its "logits_output": false rows). A loss-only
-    figure, once in the table, is used for the loss-only step only (figures below are made up, not measurements)."""
+    logits are its upper bound where a GPU has not measured the loss-only step (its "logits_output": false rows). A
+    loss-only figure is used for the loss-only step only (the figures set below are made up, not measurements)."""
     shape, mode = ModelShape("gpt2", 4, 1024, 16, 50257, 1024), "gpt2/sdpa/autocast_bf16/0"
 
     def both():
         return [act.activations(shape, 1024, 4, mode, "cuda", compiled=True, logits_output=returned)
                 for returned in (True, False)]
 
+    measured_returned, measured_loss_only = both()  # the committed tables: each output its own figures
+    assert measured_loss_only.peak < measured_returned.peak and "upper bound" not in measured_loss_only.calibration
+    monkeypatch.delitem(act.COMPILED_ACTIVATION_FACTOR["cuda"], "loss_only")
+    monkeypatch.delitem(act.COMPILED_LOGITS_PEAK_BYTES["cuda"], "loss_only")
     returned, loss_only = both()
-    assert (returned.kept, returned.peak) == (loss_only.kept, loss_only.peak)  # no loss-only figure yet: the bound
+    assert (returned.kept, returned.peak) == (measured_returned.kept, measured_returned.peak)
+    assert (returned.kept, returned.peak) == (loss_only.kept, loss_only.peak)  # no loss-only figure: the bound
     assert "an upper bound for the loss alone" in loss_only.calibration
     assert "upper bound" not in returned.calibration
     monkeypatch.setitem(act.COMPILED_ACTIVATION_FACTOR["cuda"], "loss_only", {mode: 0.4})
@@ -450,8 +457,8 @@ def test_a_loss_only_step_takes_its_own_compiled_figures_and_else_the_returned_o
     assert "an upper bound for the loss alone" in both()[1].calibration
 
 
-GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],
-            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in (H200, H100_NO_CACHE, H100_BLOOM, H200_COMPILED)
+GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],  # the first session's; each later lease's suite.json
+            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in CUDA_FOLDERS[1:]
               for r in json.loads((folder / "suite.json").read_text())["runs"] if r["status"] == "ok")]
 
 
