@@ -47,6 +47,9 @@ CASES = {
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
     "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
+    "negative steps other than -1": (["--max_steps", "-5"], "--max_steps must be positive (or -1: train"),
+    "a fractional interval above 1": (["--save_steps", "1.5"], "--save_steps must be a whole number of steps (or a "
+                                      "fraction of the run below 1), got 1.5"),
     "unknown flag": (["--not_a_flag", "1"], "unknown flag --not_a_flag; `hfscale train --help` lists every flag"),
     "misspelled flag": (["--lerning_rate", "0.1"], "unknown flag --lerning_rate (did you mean --learning_rate?)"),
     "shortened flag": (["--max_step", "3"], "unknown flag --max_step (did you mean --max_steps?)"),  # no abbreviations

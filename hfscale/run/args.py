@@ -223,6 +223,7 @@ HYPERPARAMETER_RANGES = {
     "neftune_noise_alpha": (0.0, None, "must be >= 0"),
     "torch_empty_cache_steps": (1, None, "must be positive"),
 }
+INTERVALS = ("logging_steps", "eval_steps", "save_steps")  # steps, or below 1 a fraction of the run
 
 
 def check_hyperparameters(kw: dict) -> None:
@@ -235,6 +236,9 @@ def check_hyperparameters(kw: dict) -> None:
             raise HfscaleError(f"--{name} must be a finite number, got {value}")
         if value < low or (high is not None and value >= high):
             raise HfscaleError(f"--{name} {rule}, got {value}")
+        if name in INTERVALS and value > 1 and value != int(value):  # TrainingArguments' own error, in every rank
+            raise HfscaleError(f"--{name} must be a whole number of steps (or a fraction of the run below 1), "
+                               f"got {value}")
     min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
@@ -242,8 +246,8 @@ def check_hyperparameters(kw: dict) -> None:
         raise HfscaleError("--count_collectives and --profile_step each run torch's profiler, and only one can run at a "
                            "time: pass one of them")
     last = kw.get("max_steps", -1)
-    if last == 0:  # the Trainer would run one step of its own making
-        raise HfscaleError("--max_steps must be positive (or -1: train --num_train_epochs epochs), got 0")
+    if last == 0 or (last is not None and last < -1):  # 0: the Trainer would run one step of its own making
+        raise HfscaleError(f"--max_steps must be positive (or -1: train --num_train_epochs epochs), got {last}")
     epochs = kw.get("num_train_epochs")
     if (last is None or last < 0) and isinstance(epochs, (int, float)) and not epochs > 0:  # an "ok" run of 0 steps
         raise HfscaleError(f"--num_train_epochs must be positive when --max_steps is not set, got {epochs}")
