@@ -40,13 +40,16 @@ def refuse_renamed(argv: list[str], renamed: dict[str, str] | None = None) -> No
 
 
 def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -> list:
-    """`a,b,c` -> [a, b, c] as `kind` (str, int, bool, float); `all` -> every valid value. Checked: names against
-    `valid` (`what` names them in the message: "unknown optimizer 'sgd'"), numbers positive; an empty list is refused.
-    One line naming the flag otherwise."""
+    """`a,b,c` -> [a, b, c] as `kind` (str, int, bool, float), each value once, in the order given; `all` -> every
+    valid value. Checked: names against `valid` (`what` names them in the message: "unknown optimizer 'sgd'"), numbers
+    positive; an empty list or item (`8,,16`: a value lost to a typo) is refused. One line naming the flag otherwise."""
     if isinstance(text, (list, tuple)):
         items = list(text)
     else:
-        items = [t.strip() for t in str(text).split(",") if t.strip()]
+        items = [t.strip() for t in str(text).split(",")]
+        if len(items) > 1 and not all(items):
+            raise HfscaleError(f"{flag} {text!r} has an empty item: give the values separated by single commas")
+        items = [t for t in items if t]
     if valid is not None and items == [ALL]:
         return list(valid)
     if not items:
@@ -69,7 +72,7 @@ def comma_list(text, flag: str, kind=str, valid=None, what: str | None = None) -
             if valid is not None and value not in valid:
                 raise one_of(what or flag.lstrip("-").replace("_", " "), value, [*valid, ALL])
         out.append(value)
-    return out
+    return list(dict.fromkeys(out))  # a value named twice is one row, one run
 
 
 def first_given(argv: list[str], flags) -> str | None:

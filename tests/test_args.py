@@ -2,7 +2,10 @@
 
 import sys
 
+import pytest
+
 from conftest import env, run
+from hfscale.errors import HfscaleError
 
 PROBE = """
 import os, sys
@@ -53,3 +56,14 @@ def test_help_gives_the_recipe_hfscale_applies_not_the_trainers_default(capsys):
             assert "hfscale's pretraining recipe" in help_, (name, help_)
             shown = {"lr_scheduler_kwargs": str(value).replace("'", '"'), "logging_steps": "max_steps / 50"}
             assert shown.get(name, f"{value:g}" if isinstance(value, float) else str(value)) in help_, (name, value, help_)
+
+
+def test_a_comma_list_keeps_each_value_once_in_the_order_given():
+    """`--strategy ddp,zero1,ddp` is two strategies: one row each in estimate/project, one run each in a sweep (a
+    value named twice made two rows, or two runs of one run folder)."""
+    from hfscale.flags import comma_list
+
+    assert comma_list("ddp,zero1,ddp", "--strategy", valid=["ddp", "zero1"]) == ["ddp", "zero1"]
+    assert comma_list("16, 8,16 ", "--gpus", int) == [16, 8]
+    with pytest.raises(HfscaleError, match="--strategy 'ddp,' has an empty item"):
+        comma_list("ddp,", "--strategy", valid=["ddp"])

@@ -441,6 +441,9 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--gpus_per_node must be at most 1048576"),
     (["launch", "--strategy", "ddp", "--num_machines", str(10**20), "--machine_rank", "0", "--main_process_ip", "n0",
       "--dry_run"], "--num_machines must be at most 1048576"),
+    # a value lost between two commas (before: dropped without a word)
+    (["project", "--model", "tiny", "--gpus", "8,,16", "--tflops_per_gpu", "100"],
+     "--gpus '8,,16' has an empty item: give the values separated by single commas"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),
