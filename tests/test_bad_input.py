@@ -441,6 +441,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--gpus_per_node must be at most 1048576"),
     (["launch", "--strategy", "ddp", "--num_machines", str(10**20), "--machine_rank", "0", "--main_process_ip", "n0",
       "--dry_run"], "--num_machines must be at most 1048576"),
+    (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--python", "", "--", "--strategy", "zero1"],
+     "--python is empty: name the interpreter that has hfscale"),
     # a value lost between two commas (before: dropped without a word)
     (["project", "--model", "tiny", "--gpus", "8,,16", "--tflops_per_gpu", "100"],
      "--gpus '8,,16' has an empty item: give the values separated by single commas"),

@@ -71,6 +71,8 @@ def check(opts) -> None:
         value = getattr(opts, name)
         if value is not None and not _NAME.match(value):
             raise HfscaleError(f"--{name} {value!r} is not one SLURM name (letters, digits, _.,:+=@-; no spaces)")
+    if not opts.python.strip():  # the script would run `'' -m hfscale launch` on every node
+        raise HfscaleError("--python is empty: name the interpreter that has hfscale (e.g. ~/venvs/hfscale/bin/python)")
     if opts.time is not None and not _TIME.match(opts.time):
         raise HfscaleError(f"--time {opts.time!r} is not a SLURM time limit (e.g. 20:00:00 or 2-00:00:00)")
     if opts.requeue is not None:
