@@ -167,6 +167,8 @@ def load_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise HfscaleError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from None
+    except UnicodeDecodeError as err:
+        raise HfscaleError(f"{path}: malformed YAML: not UTF-8 text ({err.reason})") from None
     if not isinstance(data, dict):
         raise HfscaleError(f"{path}: malformed YAML: expected a mapping at the top level")
     return data

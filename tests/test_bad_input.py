@@ -553,6 +553,7 @@ def test_a_run_file_reads_as_its_flags_would(tmp_path):
 LAUNCH_CASES = {
     "malformed YAML": ("distributed_type: MULTI_GPU\nnum_processes: [2\n", "malformed YAML"),
     "not a mapping": ("- DEEPSPEED\n", "expected a mapping at the top level"),
+    "not UTF-8 text": (b"distributed_type: MULTI_GPU\n# \xff\xfe\n", "malformed YAML: not UTF-8 text"),  # a traceback before
     "unknown distributed_type": ("distributed_type: MULTI_TPU9\n", "unknown distributed_type 'MULTI_TPU9'; choose one of: NO"),
     "unknown key": ("distributed_type: MULTI_GPU\nnum_gpus: 2\n", "unknown keys (['num_gpus'])"),
     "missing DeepSpeed JSON": ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nowhere/z.json\n",
@@ -566,7 +567,7 @@ LAUNCH_CASES = {
 def test_bad_launcher_config_is_one_line(case, tmp_path, hfscale_cli):
     text, expected = LAUNCH_CASES[case]
     config = tmp_path / "launcher.yaml"
-    config.write_text(text)
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
     out = tmp_path / "out"
     proc = hfscale_cli(["launch", "--config_file", str(config), "--strategy", "zero1", "--output_dir", str(out)],
                        cwd=tmp_path)
