@@ -443,6 +443,19 @@ def _hfscale_row(out, strategy, gpus, tokens_per_s, status="ok"):
         "memory": {"peak_allocated_gb": 30.5, "peak_rss_gb": 4.0}, "loss_history": [{"step": 1, "loss": 7.0}, {"step": 2, "loss": 6.0}]}))
 
 
+def test_a_run_without_its_world_size_is_a_row_and_no_point_on_the_gpu_axis(tmp_path):
+    """A results file whose config is gone (null: trimmed by hand, say) is still a row; the days-vs-GPUs plot leaves
+    it out - it has no GPU count to stand at (before: a TypeError from matplotlib's ticks)."""
+    runs = tmp_path / "runs"
+    _hfscale_row(runs / "ddp-8", "ddp", 8, 400_000.0)
+    _hfscale_row(runs / "zero1-8", "zero1", 8, 350_000.0)
+    path = runs / "zero1-8" / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "config": None}))
+    rows, written = write_report([runs], tmp_path / "report")
+    assert sorted(r.strategy for r in rows) == ["ddp", "zero1"] and tmp_path / "report" / "days_vs_gpus.png" in written
+    assert next(r for r in rows if r.strategy == "zero1").gpus is None
+
+
 def test_report_table_csv_plots_and_html(tmp_path):
     runs = tmp_path / "runs"
     _hfscale_row(runs / "ddp-8", "ddp", 8, 400_000.0)
@@ -503,6 +516,10 @@ def test_tp_runs_sit_beside_megatron_logs_in_one_table(tmp_path):
     ("model", {"n_layer": True}, "model.n_layer is true, not a number or null"),
     ("steps", "12", 'steps is "12", not a number or null'),
     ("status", 3, "status is 3, not a string"),
+    # a figure no run measures: a report plotted it on a log axis, or divided by it (before: a matplotlib warning)
+    ("perf", {"tokens_per_s": -5}, "perf.tokens_per_s is -5, not a positive number"),
+    ("perf", {"mfu": float("inf")}, "perf.mfu is Infinity, not a positive number"),
+    ("config", {"world_size": 0}, "config.world_size is 0, not a positive number"),
 ])
 def test_a_results_key_of_the_wrong_kind_is_refused_in_one_line(tmp_path, key, value, expected):
     """Every reader (report, project, tune, parity) reads through Results: a declared key holding the wrong kind of

@@ -221,7 +221,7 @@ def plots(rows: list[Row], out: Path, smooth_weight: float = 0.0, days_at_gpus: 
         plt.close(fig)
         written.append(path)
 
-    ok = [r for r in rows if r.ok and r.tokens_per_s]
+    ok = [r for r in rows if r.ok and r.tokens_per_s and r.gpus]  # a file without its world size has no x here
     if ok:
         finish(_days_vs_gpus(plt, ok), "days_vs_gpus.png")
     # One loss plot per x-axis: steps hold different numbers of tokens when GAS or GPUs differ, so runs are

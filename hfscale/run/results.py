@@ -8,6 +8,7 @@ not know (a newer writer's) are kept in `extra` and written back unchanged.
 """
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import get_args
@@ -22,6 +23,8 @@ RESULTS_FILE = "results.json"
 
 class _Section:
     """A dataclass read from / written to one JSON object; keys it does not declare go to `extra`, and back."""
+
+    POSITIVE: tuple[str, ...] = ()  # declared numbers that are sizes or measured rates: > 0 and finite where given
 
     @classmethod
     def from_dict(cls, data: dict | None):
@@ -41,6 +44,10 @@ class _Section:
                     raise TypeError(f"{f.name}.{err}") from None
             elif nested or not _json_fits(values[f.name], f.type):
                 raise TypeError(f"{f.name} is {json.dumps(values[f.name])[:40]}, not {_json_kind(f.type)}")
+        for name in cls.POSITIVE:  # a negative speed or a zero world size: a report would plot or divide by it
+            value = values.get(name)
+            if isinstance(value, _NUMBER) and not 0 < value < math.inf:
+                raise TypeError(f"{name} is {json.dumps(value)}, not a positive number")
         return cls(**values, extra=data)
 
     def to_dict(self) -> dict:
@@ -124,6 +131,7 @@ class ConfigRecord(_Section):
     tp: int | None = None
     pp: int | None = None
     extra: dict = field(default_factory=dict)
+    POSITIVE = ("world_size", "micro_batch_size", "grad_accum", "global_batch_size", "seq_len", "dp", "tp", "pp")
 
 
 @dataclass
@@ -161,6 +169,9 @@ class PerfRecord(_Section):
     measured_peak_tflops: float | None = None
     gc: dict | None = None  # Python's garbage collector: run/trainer.py's GarbageCollectionCallback
     extra: dict = field(default_factory=dict)
+    POSITIVE = ("s_per_iter", "tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "tflops_per_gpu_bigscience",
+                "tflops_per_gpu_model", "tflops_per_gpu_hardware", "mfu", "hfu", "days_to_budget",
+                "gpu_days_to_budget", "tokens_per_step", "peak_tflops", "measured_peak_tflops")
 
 
 @dataclass
