@@ -443,6 +443,14 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
       "--dry_run"], "--num_machines must be at most 1048576"),
     (["slurm", "--nodes", "2", "--gpus_per_node", "8", "--python", "", "--", "--strategy", "zero1"],
      "--python is empty: name the interpreter that has hfscale"),
+    # project's speed given twice (the tokens/s taken, the TFLOPs ignored), above the device's peak, with an unknown
+    # attention (before: each accepted without a word)
+    (["project", "--model", "tiny", "--tokens_per_s_per_gpu", "100", "--tflops_per_gpu", "100"],
+     "give --tokens_per_s_per_gpu or --tflops_per_gpu, not both"),
+    (["project", "--model", "tiny", "--tflops_per_gpu", "5000", "--device", "H100-80GB"],
+     "--tflops_per_gpu 5000 is above the H100-80GB's 989 TFLOPs dense peak"),
+    (["project", "--model", "tiny", "--tflops_per_gpu", "100", "--attn_implementation", "flash9"],
+     "unknown attention implementation 'flash9'; choose one of: eager, sdpa"),
     # a value lost between two commas (before: dropped without a word)
     (["project", "--model", "tiny", "--gpus", "8,,16", "--tflops_per_gpu", "100"],
      "--gpus '8,,16' has an empty item: give the values separated by single commas"),

@@ -23,14 +23,14 @@ from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
 from ..flags import comma_list, first_given, positive, refuse_renamed
 from ..formulas.metrics import GB
-from ..formulas.peaks import DEVICES
+from ..formulas.peaks import DEVICES, device_peak
 from ..models import MODEL_OVERRIDES
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
 from .links import add_link_flags, links_from, meeting_line
-from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_whole_nodes, device_memory_bytes,
-                      strategies_and_families)
+from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_whole_nodes,
+                      device_memory_bytes, strategies_and_families)
 from .projection import Point, best, knee, model_error, project, project_grids
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
@@ -84,6 +84,9 @@ def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) ->
 def run_projection(opts):
     if opts.results and (opts.tokens_per_s_per_gpu or opts.tflops_per_gpu):
         raise HfscaleError("give a results file or --tokens_per_s_per_gpu/--tflops_per_gpu, not both")
+    if opts.tokens_per_s_per_gpu and opts.tflops_per_gpu:  # the speed was taken from one and the other ignored
+        raise HfscaleError("give --tokens_per_s_per_gpu or --tflops_per_gpu, not both: each is the run's speed")
+    check_attention(opts.attn_implementation)
     positive(opts, "tokens_per_s_per_gpu", "tflops_per_gpu", "per_device_train_batch_size",
              "gradient_accumulation_steps", "gpus_per_node", "global_batch_size", "token_budget", "seq_len")
     if not 0 < opts.gain_threshold < 1:
@@ -93,6 +96,11 @@ def run_projection(opts):
     links = links_from(opts)
     device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
                     if opts.device or opts.device_memory_gb is not None else None)
+    if opts.tflops_per_gpu and opts.device:
+        peak = max(filter(None, (device_peak(opts.device, dtype) for dtype in ("bf16", "fp16", "tf32", "fp32"))))
+        if opts.tflops_per_gpu > peak:
+            raise HfscaleError(f"--tflops_per_gpu {opts.tflops_per_gpu:g} is above the {opts.device}'s {peak:g} TFLOPs "
+                               "dense peak: no run achieves it")
     if opts.results and read_results(opts.results).source == "megatron-log":
         base, logged = baseline_from_megatron_log(opts.results, links, opts.gpus_per_node, device_bytes)
         opts.global_batch_size = opts.global_batch_size or logged.global_batch_size  # the log's, by default
