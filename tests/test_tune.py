@@ -130,3 +130,21 @@ def test_tune_refuses_bad_input_in_one_line(tmp_path, argv, expected, hfscale_cl
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_fp16_trials_are_refused_up_front_where_no_gpu_runs_them(tmp_path, gpu, hfscale_cli, monkeypatch):
+    """The trials run on this machine: on one without a GPU each would be refused by its own start-up check (before:
+    the dry run counted 168 trials); where a GPU is seen (faked here) --fp16 is planned like any precision."""
+    from hfscale.plan import tune
+
+    monkeypatch.setattr(tune, "has_accelerator", lambda: gpu)
+    proc = hfscale_cli(["tune", "--model", "tiny", "--strategy", "ddp", "--optim", "adamw", "--fp16", "--dry_run",
+                        "--out", tmp_path / "out"], cwd=tmp_path)
+    if gpu:
+        assert proc.returncode == 0 and "trials would run" in proc.stdout, proc.stderr
+    else:
+        assert proc.returncode == 2 and proc.stderr.strip().endswith(
+            "--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has no fp16; "
+            "use --bf16 (or no precision flag for fp32)"), proc.stderr
+    assert not (tmp_path / "out").exists()

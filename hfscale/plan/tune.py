@@ -39,6 +39,7 @@ from ..launch import (TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_p
                       run_one, split_train_args)
 from ..parallel.distributed import check_local_processes, has_accelerator
 from ..parallel.strategies import get_strategy
+from ..run.planning import FP16_NEEDS_GPU
 from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
 from .baseline import step_noise_s
@@ -105,6 +106,8 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     sizes = sorted(set(comma_list(opts.per_device_train_batch_size, "--per_device_train_batch_size", int)))
     modes = comma_list(opts.activation_checkpointing, "--activation_checkpointing", bool)
     device_type = "cuda" if has_accelerator() else "cpu"  # the trials run here: a CPU machine has no CUDA terms
+    if opts.fp16 and device_type == "cpu":  # every trial would be refused by its own start-up check
+        raise HfscaleError(FP16_NEEDS_GPU)
     out, seq = [], None
     for strategy, optimizer, mbs, ckpt in itertools.product(strategies, optimizers, sizes, modes):
         try:

@@ -34,6 +34,9 @@ def gpu_perf_warmup_steps(max_steps: int) -> int:
     return GPU_PERF_WARMUP_STEPS if max_steps <= 0 else min(GPU_PERF_WARMUP_STEPS, max(2, max_steps // 2))
 
 
+FP16_NEEDS_GPU = ("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has no "
+                  "fp16; use --bf16 (or no precision flag for fp32)")
+
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
                   explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
                   ) -> tuple[dict, RunPlan, bool]:
@@ -56,8 +59,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_compile_mode(kw.get("torch_compile_mode"))
     _compile_named(kw, explicit)
     if kw["fp16"] and not gpu:
-        raise HfscaleError("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU "
-                           "accelerator has no fp16; use --bf16 (or no precision flag for fp32)")
+        raise HfscaleError(FP16_NEEDS_GPU)
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     else:
