@@ -289,6 +289,9 @@ def check_machine_flags(opts, config: dict) -> None:
     would wait for a rendezvous that never comes."""
     if opts.main_process_port is not None and not 0 <= opts.main_process_port < 65536:
         raise HfscaleError(f"--main_process_port must be 0 (a free port) to 65535, got {opts.main_process_port}")
+    if opts.main_process_ip is not None and (not opts.main_process_ip or len(opts.main_process_ip.split()) != 1):
+        raise HfscaleError(f"--main_process_ip {opts.main_process_ip!r} is not one address: give machine rank 0's "
+                           "host name or IP")
     if opts.num_machines == 1:
         if opts.machine_rank not in (None, 0):
             raise HfscaleError(f"--machine_rank must be 0 for --num_machines 1, got {opts.machine_rank}")
@@ -303,6 +306,9 @@ def check_machine_flags(opts, config: dict) -> None:
     if not (isinstance(rank, int) and 0 <= rank < opts.num_machines):
         raise HfscaleError(f"--machine_rank must be 0 to {opts.num_machines - 1} for --num_machines "
                            f"{opts.num_machines}, got {rank}")
+    if opts.main_process_port == 0:  # each machine would pick its own free port, and none would meet
+        raise HfscaleError(f"--main_process_port 0 (a free port) is for one machine: --num_machines "
+                           f"{opts.num_machines} must agree on one port (hfscale slurm writes 29500)")
 
 
 def main(argv: list[str]) -> int:
@@ -311,7 +317,8 @@ def main(argv: list[str]) -> int:
         prog="hfscale launch", allow_abbrev=False,  # a training flag must never be taken for an abbreviation of ours
         description="Start hfscale/train.py through `accelerate launch` after checking the launcher config: "
                     "--config_file (default: the strategy's shipped accelerate_configs/<strategy>.yaml) must be "
-                    "valid and agree with --strategy. Every other flag goes to the training script.")
+                    "valid and agree with --strategy. Every other flag (after `--` too) goes to the training "
+                    "script.")
     parser.add_argument("--config_file", help="an accelerate config (YAML)")
     parser.add_argument("--num_processes", type=int, help="processes on all machines together, as accelerate counts "
                         "them (default: the config's, or every local GPU x --num_machines, or 2 on a CPU machine)")
@@ -322,6 +329,8 @@ def main(argv: list[str]) -> int:
                         help="the rendezvous port (default on one machine: 0, a free port accelerate picks)")
     parser.add_argument("--dry_run", action="store_true", help="print the accelerate command instead of running it")
     opts, train_args = parser.parse_known_args(argv)
+    if "--" in train_args:  # `-- TRAIN FLAGS` as sweep, tune and slurm take them: the same flags
+        train_args.remove("--")
     flags = []
     for flag in ("machine_rank", "main_process_ip", "main_process_port"):
         if getattr(opts, flag) is not None:

@@ -451,6 +451,11 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--tflops_per_gpu 5000 is above the H100-80GB's 989 TFLOPs dense peak"),
     (["project", "--model", "tiny", "--tflops_per_gpu", "100", "--attn_implementation", "flash9"],
      "unknown attention implementation 'flash9'; choose one of: eager, sdpa"),
+    # a rendezvous no machine can meet at (before: written into the launcher's command)
+    (["launch", "--strategy", "ddp", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "n0",
+      "--main_process_port", "0", "--dry_run"], "--main_process_port 0 (a free port) is for one machine"),
+    (["launch", "--strategy", "ddp", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "node 0",
+      "--dry_run"], "--main_process_ip 'node 0' is not one address"),
     # a value lost between two commas (before: dropped without a word)
     (["project", "--model", "tiny", "--gpus", "8,,16", "--tflops_per_gpu", "100"],
      "--gpus '8,,16' has an empty item: give the values separated by single commas"),
@@ -582,6 +587,16 @@ def test_bad_launcher_config_is_one_line(case, tmp_path, hfscale_cli):
     _check_refused(proc, expected, out)
     if "contradicts" not in expected:
         assert f"hfscale: error: {config}: " in proc.stderr  # the file is named
+
+
+def test_launch_takes_the_training_flags_after_a_double_dash_too(tmp_path, hfscale_cli):
+    """`hfscale launch ... -- TRAIN FLAGS`, as sweep, tune and slurm take them, is the same launch (before: "unknown
+    flags --, --max_steps (did you mean --max_steps?)")."""
+    base = ["launch", "--strategy", "ddp", "--num_processes", "2", "--dry_run"]
+    plain = hfscale_cli([*base, "--max_steps", "3"], cwd=tmp_path)
+    dashed = hfscale_cli([*base, "--", "--max_steps", "3"], cwd=tmp_path)
+    assert plain.returncode == dashed.returncode == 0, dashed.stderr
+    assert dashed.stdout == plain.stdout and plain.stdout.rstrip().endswith("train.py --strategy ddp --max_steps 3")
 
 
 def test_launch_without_config_uses_the_shipped_one(tmp_path):
