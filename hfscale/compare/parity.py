@@ -228,6 +228,9 @@ def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
     if explicit:
         raise HfscaleError(refused[explicit])
     strategies = [s for s in strategies if not refused[s]]  # under "all" they are left out
+    if not [s for s in strategies if s != REFERENCE]:  # a parity run of ddp alone judges nothing
+        raise HfscaleError(f"--strategy {opts.strategy}: nothing to compare with {REFERENCE}; name another strategy "
+                           "(default zero1,zero2,zero3,fsdp)")
     for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
         if flag_value(fixed, flag) is not None or flag in fixed:
             raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
