@@ -269,11 +269,15 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
 
     if missing_local_path(name_or_path):
         raise HfscaleError(f"cannot load model {name_or_path!r}: no such directory")
+    local = Path(name_or_path).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():  # transformers: "Should have a `model_type` key"
+        hint = (" (a run's folder: `hfscale export RUN OUT` makes a model of its checkpoint)"
+                if list(local.glob("checkpoint-*")) or (local / "hfscale_checkpoint.json").is_file() else "")
+        raise HfscaleError(f"cannot load model {name_or_path!r}: no config.json in it{hint}")
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:  # missing, unreachable, or a config.json of no known model type
         raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
-    local = Path(name_or_path)
     if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
         raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
                            f"({' or '.join(WEIGHT_FILES)})")

@@ -137,7 +137,10 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     from hfscale.models import PRESETS, build_model
 
     build_model(PRESETS["tiny"], seed=0).save_pretrained(untokenized)
+    run_dir = tmp_path / "a-run"  # a run's output folder given as the model (before: transformers' "Should have a
+    (run_dir / "checkpoint-4").mkdir(parents=True)  # `model_type` key in its config.json" of a folder with none)
     for path, expected in ((tmp_path / "missing", "no such directory"),  # not sent to the Hub as a repo id
+                           (run_dir, "no config.json in it (a run's folder: `hfscale export RUN OUT` makes a model"),
                            (foreign, "Unrecognized model"), (half, "has a config but no weights"),
                            (odd, "its config's heads (5) must divide hidden size (64)"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
