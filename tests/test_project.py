@@ -182,6 +182,23 @@ def test_bandwidth_fit_recovers_latency_and_bus_bandwidth():
     assert fit["latency_s"] == pytest.approx(latency, rel=1e-6) and fit["busbw"] == pytest.approx(busbw, rel=1e-6)
 
 
+def test_a_message_larger_than_memory_is_refused_before_the_ranks_start(hfscale_cli):
+    """Each rank holds the largest message whole and a shard beside it: on a GPU each on its own device, on a CPU
+    machine every rank on one host (faked memory sizes; before, `--max_bytes 1e14` allocated until the OOM killer
+    came). The command refuses it in one line on any machine."""
+    from hfscale.plan.bandwidth import message_memory_refusal
+
+    gb = 10**9
+    assert message_memory_refusal(30 * gb, 8, True, 80 * gb) is None  # 30 + 3.75 GB on each of 8 GPUs
+    assert message_memory_refusal(30 * gb, 8, False, 80 * gb) == (  # the same 8 ranks on one host: 270 GB
+        "--max_bytes 30000000000 needs 270.0 GB, more than the host's available (over 8 processes) 80.0 GB: "
+        "give a smaller --max_bytes")
+    assert "more than a GPU's 80.0 GB" in message_memory_refusal(70 * gb, 2, True, 80 * gb)  # 70 + 35
+    proc = hfscale_cli(["bandwidth", "--num_processes", "2", "--max_bytes", str(10**14)])
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
+        "hfscale: error: --max_bytes 100000000000000 needs"), proc.stderr
+
+
 # Rounds measured on the 2-core machine CI runs on: benchmarks/projection_vs_real.py --keep (the command is in
 # benchmarks/README.md), with the bandwidth file's meeting curve (rounds kept before 2026-11-26 have none)
 PROJECTION_ROUNDS = REPO / "benchmarks" / "results" / "projection_2026-11-26"

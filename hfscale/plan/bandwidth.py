@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
 from ..files import atomic_write_text, check_writable_file, load_json
 from ..flags import at_most_gpus, positive, refuse_renamed
@@ -175,6 +177,18 @@ def read_bandwidth_file(path) -> dict:
 
 
 @exit_on_user_error
+def message_memory_refusal(max_bytes: int, nproc: int, on_gpu: bool, memory_bytes: int) -> str | None:
+    """Why the largest message cannot be held, or None: each rank holds it whole and a shard of it beside
+    (_time_collective), on its own GPU (`memory_bytes`: one device's), or on a CPU machine every rank on the one
+    host (`memory_bytes`: what the host has available). Before: the run allocated until the OOM killer ended it."""
+    held = max_bytes * (1 + 1 / nproc) * (1 if on_gpu else nproc)
+    if held <= memory_bytes:
+        return None
+    where = "a GPU's" if on_gpu else f"the host's available (over {nproc} processes)"
+    return (f"--max_bytes {max_bytes} needs {held / 1e9:,.1f} GB, more than {where} {memory_bytes / 1e9:,.1f} GB: "
+            "give a smaller --max_bytes")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     refuse_renamed(argv)
@@ -212,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     nproc = opts.num_processes or torch.cuda.device_count() or 2
     if nproc < 2:
         raise HfscaleError("--num_processes must be at least 2: a collective over one rank moves nothing")
+    on_gpu = torch.cuda.is_available()
+    refusal = message_memory_refusal(max_bytes, nproc, on_gpu, torch.cuda.get_device_properties(0).total_memory
+                                     if on_gpu else psutil.virtual_memory().available)
+    if refusal:
+        raise HfscaleError(refusal)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "hfscale.plan.bandwidth", "--worker", "--min_bytes", str(opts.min_bytes), "--max_bytes",
            str(max_bytes), "--iters", str(opts.iters), "--compute_ms", str(opts.compute_ms),
