@@ -435,6 +435,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["parity", "--strategy", "zero1", "--tolerance", "nan"], "--tolerance must be positive, got nan"),
     (["parity", "--strategy", "zero1", "--timeout", "0"], "--timeout must be positive, got 0.0"),
     (["parity", "--strategy", "ddp"], "--strategy ddp: nothing to compare with ddp; name another strategy"),
+    (["sweep", "--strategy", "ddp", "--", "--output_dir", "x"], "--output_dir is set by hfscale sweep (each run's "
+                                                                 "folder under --out)"),  # before: "a sweep axis"
     (["strategies", "--matrx"], "unknown flag --matrx (did you mean --matrix?); `hfscale strategies --help` lists every flag"),
     (["estimate", "--model", "tiny", "--gpu", "8"], "unknown flag --gpu (did you mean --gpus?)"),
     # more GPUs than any cluster has: a typo, refused before the per-rank arithmetic (before: MemoryError, OverflowError)

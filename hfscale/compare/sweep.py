@@ -72,6 +72,9 @@ class SweepSpec:
         for flag in ("--strategy", "--optim", "--output_dir", "--per_device_train_batch_size",
                      "--gradient_accumulation_steps", "--activation_checkpointing", "--gradient_checkpointing"):
             if any(arg == flag or arg.startswith(flag + "=") for arg in self.train_args):
+                if flag == "--output_dir":  # not an axis: every run's folder is the sweep's
+                    raise HfscaleError("--output_dir is set by hfscale sweep (each run's folder under --out); remove "
+                                       "it from the fixed train args")
                 raise HfscaleError(f"{flag} is a sweep axis; set it in the sweep spec, not in the fixed train args")
 
 
