@@ -363,6 +363,11 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     older = _checkpoint(tmp_path / "older")
     assert "data" not in json.loads((older / "hfscale_checkpoint.json").read_text())
     assert resolve_resume(str(older), tmp_path, expected) == str(older)
+    # a run's folder names its newest complete checkpoint, as `hfscale export` reads it (before: "incomplete checkpoint
+    # (no hfscale_checkpoint.json ...); the last complete one is none")
+    assert resolve_resume(str(older.parent), tmp_path, expected) == str(older)
+    with pytest.raises(HfscaleError, match="incomplete checkpoint"):
+        resolve_resume(str(tmp_path / "older"), tmp_path, expected)  # a folder of run folders is none of them
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -131,7 +131,12 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_ski
         path = Path(value)
         if not path.is_dir():
             raise HfscaleError(f"--resume_from_checkpoint {value}: no such checkpoint directory")
-        if not is_complete(path):
+        newest = None if is_complete(path) else latest_complete(path)
+        if newest is not None:  # a run's folder, named as `hfscale export` takes it: its newest complete checkpoint
+            logger.info("--resume_from_checkpoint %s is a run's folder: resuming from its newest complete checkpoint "
+                        "%s", value, newest)
+            path = newest
+        elif not is_complete(path):
             last = latest_complete(path.parent)
             raise HfscaleError(f"--resume_from_checkpoint {value}: incomplete checkpoint (no {MARKER}: its save was "
                                f"interrupted); the last complete one is {last or 'none'}")
