@@ -67,3 +67,17 @@ def test_a_comma_list_keeps_each_value_once_in_the_order_given():
     assert comma_list("16, 8,16 ", "--gpus", int) == [16, 8]
     with pytest.raises(HfscaleError, match="--strategy 'ddp,' has an empty item"):
         comma_list("ddp,", "--strategy", valid=["ddp"])
+
+
+def test_a_glob_among_the_data_files_is_the_files_it_matches(tmp_path, monkeypatch):
+    """A run file or a quoted argument hands the pattern over unexpanded (before: "data file not found: d/*.txt");
+    it is the sorted files it matches, and a pattern that matches none is refused naming it."""
+    from hfscale.train import check_args
+
+    for name in ("b.txt", "a.txt"):
+        (tmp_path / name).write_text("some text to train on " * 50)
+    monkeypatch.chdir(tmp_path)
+    _, data_args, _, state = check_args(["--model", "tiny", "--train_files", "*.txt", "--validation_files", "a.*"])
+    assert data_args.train_files == ["a.txt", "b.txt"] and data_args.validation_files == ["a.txt"]
+    with pytest.raises(HfscaleError, match=r"^--train_files '\*.jsonl' matches no file$"):
+        check_args(["--model", "tiny", "--train_files", "*.jsonl"])

@@ -28,7 +28,7 @@ from ..models import PRESETS, check_attention, missing_local_path, model_shape, 
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
-from .data import EMBEDDED, check_file_content, check_local_files
+from .data import EMBEDDED, check_file_content, check_local_files, expand_file_patterns
 from .garbage import DEFAULT_GC_FREQ
 from .recipes import document_recipe
 
@@ -94,9 +94,9 @@ class DataArguments:
     dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
     streaming: bool = field(default=False, metadata={"help": "Stream the Hub dataset instead of downloading it (needs --max_steps)."})
-    train_files: list[str] | None = field(default=None, metadata={"help": "Local .txt/.jsonl/.json/.parquet files instead of a dataset."})
+    train_files: list[str] | None = field(default=None, metadata={"help": "Local .txt/.jsonl/.json/.parquet files (or glob patterns, e.g. 'data/*.jsonl') instead of a dataset."})
     seq_len: int | None = field(default=None, metadata={"help": "Tokens per sample (default: the model's positions, at most 1024)."})
-    validation_files: list[str] | None = field(default=None, metadata={"help": "Local files of validation text (same format as the training files)."})
+    validation_files: list[str] | None = field(default=None, metadata={"help": "Local files (or glob patterns) of validation text (same format as the training files)."})
     validation_split: str | None = field(default=None, metadata={"help": "The Hub dataset's validation split, e.g. validation."})
     validation_split_percentage: float | None = field(default=None, metadata={"help": "Hold out this share of the training documents for evaluation (default 5 when evaluating without --validation_files/--validation_split; 0 < p < 100)."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Any HF tokenizer; default: the model's, else a byte-level BPE trained on the corpus."})
@@ -117,6 +117,8 @@ class DataArguments:
             raise HfscaleError(f"--tokenizer_name {self.tokenizer_name} is not a tokenizer directory (no tokenizer.json "
                                "or tokenizer_config.json)")
 
+        self.train_files = expand_file_patterns(self.train_files, "--train_files")
+        self.validation_files = expand_file_patterns(self.validation_files, "--validation_files")
         for files in (self.train_files, self.validation_files):
             if files:
                 check_local_files(files)

@@ -9,6 +9,7 @@ documents, a seeded choice: no block straddles train and validation). Evaluating
 DEFAULT_VALIDATION_PERCENTAGE.
 """
 
+import glob
 import hashlib
 import json
 import os
@@ -36,11 +37,29 @@ def embedded_files() -> list[Path]:
     return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
 
 
+def expand_file_patterns(files: list[str] | None, flag: str) -> list[str] | None:
+    """Glob patterns among local data files ('data/*.jsonl', as datasets takes them; a run file or a quoted argument
+    reaches here unexpanded by a shell) replaced by the files they match, sorted. A pattern that matches no file is
+    refused, naming it."""
+    if not files:
+        return files
+    out = []
+    for item in files:
+        if glob.has_magic(item):
+            matches = sorted(p for p in glob.glob(os.path.expanduser(item), recursive=True) if Path(p).is_file())
+            if not matches:
+                raise HfscaleError(f"{flag} {item!r} matches no file")
+            out += matches
+        else:
+            out.append(item)
+    return out
+
+
 def check_local_files(files: list[str]) -> str:
     """The `datasets` builder for local files, after checking they exist and share one known format."""
     missing = [f for f in files if not Path(f).is_file()]
     if missing and Path(missing[0]).is_dir():
-        raise HfscaleError(f"{missing[0]} is a directory, not a data file: name its files (a shell glob works)")
+        raise HfscaleError(f"{missing[0]} is a directory, not a data file: name its files (or a glob: {missing[0].rstrip('/')}/*.txt)")
     if missing:
         raise HfscaleError(f"data file not found: {missing[0]}")
     empty = [f for f in files if Path(f).stat().st_size == 0]
