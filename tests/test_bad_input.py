@@ -47,6 +47,8 @@ CASES = {
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
     "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
+    "malformed JSON object": (["--lr_scheduler_kwargs", "{min_lr_rate: 0.1}"], "--lr_scheduler_kwargs is not a JSON "
+                              "object (Expecting property name enclosed in double quotes, character 1): {min_lr_rate"),
     "a glob that matches nothing": (["--train_files", "/nonexistent/*.jsonl"], "--train_files '/nonexistent/*.jsonl' "
                                                                                "matches no file"),
     "negative steps other than -1": (["--max_steps", "-5"], "--max_steps must be positive (or -1: train"),

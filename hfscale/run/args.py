@@ -241,6 +241,13 @@ def check_hyperparameters(kw: dict) -> None:
         if name in INTERVALS and value > 1 and value != int(value):  # TrainingArguments' own error, in every rank
             raise HfscaleError(f"--{name} must be a whole number of steps (or a fraction of the run below 1), "
                                f"got {value}")
+    for name in getattr(TrainingArguments, "_VALID_DICT_FIELDS", ()):  # JSON objects TrainingArguments parses, per rank
+        value = kw.get(name)
+        if isinstance(value, str) and value.startswith("{"):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as err:  # its own message named neither the flag nor the text
+                raise HfscaleError(f"--{name} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
     min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
