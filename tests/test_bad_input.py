@@ -64,7 +64,8 @@ CASES = {
     "deepspeed json of another stage": (["--strategy", "zero1", "--deepspeed", "ds_configs/zero3.json"],
                                         "zero_optimization.stage is 3, but strategy 'zero1' is ZeRO-1"),
     "fsdp with adafactor": (["--strategy", "fsdp", "--optim", "adafactor"], "strategy 'fsdp' cannot use optimizer 'adafactor'"),
-    "malformed fsdp_config": (["--strategy", "fsdp", "--fsdp_config", '{"version": 2,'], "--fsdp_config: malformed JSON"),
+    "malformed fsdp_config": (["--strategy", "fsdp", "--fsdp_config", '{"version": 2,'], "--fsdp_config is not a JSON "
+                              "object (Expecting property name enclosed in double quotes, character 14)"),
     "missing fsdp_config file": (["--strategy", "fsdp", "--fsdp_config", "/nonexistent/fsdp.json"],
                                  "/nonexistent/fsdp.json: file not found"),
     "hsdp on one process": (["--strategy", "fsdp_hybrid"], "needs 2+ nodes with 2+ processes each"),
@@ -581,7 +582,7 @@ def test_a_run_file_reads_as_its_flags_would(tmp_path):
 LAUNCH_CASES = {
     "malformed YAML": ("distributed_type: MULTI_GPU\nnum_processes: [2\n", "malformed YAML"),
     "not a mapping": ("- DEEPSPEED\n", "expected a mapping at the top level"),
-    "not UTF-8 text": (b"distributed_type: MULTI_GPU\n# \xff\xfe\n", "malformed YAML: not UTF-8 text"),  # a traceback before
+    "not UTF-8 text": (b"distributed_type: MULTI_GPU\n# \xff\xfe\n", "malformed YAML: not UTF-8 text"),  # a traceback
     "unknown distributed_type": ("distributed_type: MULTI_TPU9\n", "unknown distributed_type 'MULTI_TPU9'; choose one of: NO"),
     "unknown key": ("distributed_type: MULTI_GPU\nnum_gpus: 2\n", "unknown keys (['num_gpus'])"),
     "missing DeepSpeed JSON": ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nowhere/z.json\n",

@@ -145,6 +145,6 @@ def test_fp16_trials_are_refused_up_front_where_no_gpu_runs_them(tmp_path, gpu, 
         assert proc.returncode == 0 and "trials would run" in proc.stdout, proc.stderr
     else:
         assert proc.returncode == 2 and proc.stderr.strip().endswith(
-            "--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has no fp16; "
-            "use --bf16 (or no precision flag for fp32)"), proc.stderr
+            "--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has no "
+            "fp16; use --bf16 (or no precision flag for fp32)"), proc.stderr
     assert not (tmp_path / "out").exists()

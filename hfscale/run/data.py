@@ -59,7 +59,8 @@ def check_local_files(files: list[str]) -> str:
     """The `datasets` builder for local files, after checking they exist and share one known format."""
     missing = [f for f in files if not Path(f).is_file()]
     if missing and Path(missing[0]).is_dir():
-        raise HfscaleError(f"{missing[0]} is a directory, not a data file: name its files (or a glob: {missing[0].rstrip('/')}/*.txt)")
+        folder = missing[0].rstrip("/")
+        raise HfscaleError(f"{folder} is a directory, not a data file: name its files (or a glob: {folder}/*.txt)")
     if missing:
         raise HfscaleError(f"data file not found: {missing[0]}")
     empty = [f for f in files if Path(f).stat().st_size == 0]
