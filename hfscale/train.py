@@ -31,7 +31,7 @@ from hfscale.formulas.metrics import param_count  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_hyperparameters, check_model,  # noqa: E402
-                              check_model_tokenizer, parse_args)
+                              check_model_tokenizer, check_trainer_combinations, parse_args)
 from hfscale.run.planning import plan_training  # noqa: E402
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
@@ -270,6 +270,7 @@ def check_args(argv: list[str] | None):
     check_hyperparameters(training)
     training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
                                                 model_args.fused_linear_cross_entropy)
+    check_trainer_combinations(training)
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,
                      validation=validation_plan(data_args, evaluating(training["eval_strategy"])))

@@ -81,3 +81,25 @@ def test_a_glob_among_the_data_files_is_the_files_it_matches(tmp_path, monkeypat
     assert data_args.train_files == ["a.txt", "b.txt"] and data_args.validation_files == ["a.txt"]
     with pytest.raises(HfscaleError, match=r"^--train_files '\*.jsonl' matches no file$"):
         check_args(["--model", "tiny", "--train_files", "*.jsonl"])
+
+
+def test_the_trainers_own_combination_checks_run_before_launch_and_never_refuse_a_good_run(monkeypatch):
+    """TrainingArguments' checks of how its flags combine run in check_args on the flags alone (the refusals are in
+    test_bad_input); a good combination passes, and a transformers whose checks read more than the flags (faked: an
+    AttributeError) leaves them to the ranks instead of refusing here."""
+    from transformers import TrainingArguments
+
+    from hfscale.train import check_args
+
+    good = ["--model", "tiny", "--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4",
+            "--load_best_model_at_end", "true"]
+    assert check_args(good)[2]["load_best_model_at_end"] is True
+    bad = ["--model", "tiny", "--load_best_model_at_end", "true"]  # saves by steps, never evaluates
+    with pytest.raises(HfscaleError, match="requires the save and eval strategy to match"):
+        check_args(bad)
+
+    def reads_more(self):
+        raise AttributeError("a flag this check does not build")
+
+    monkeypatch.setattr(TrainingArguments, "_validate_args", reads_more)
+    check_args(bad)  # left to the ranks, as before

@@ -47,6 +47,12 @@ CASES = {
     "profile past the run": (["--profile_step", "9"], "--profile_step takes an optimizer step from 2 to --max_steps"),
     "two profilers": (["--profile_step", "3", "--count_collectives", "3"], "only one can run at a time"),
     "no steps": (["--max_steps", "0"], "--max_steps must be positive (or -1"),
+    # TrainingArguments' own checks of how flags combine, made before launch (before: in every rank, after its
+    # process group started)
+    "best model of another schedule": (["--load_best_model_at_end", "true"], "--load_best_model_at_end requires the "
+                                       "save and eval strategy to match"),
+    "plateau schedule without evaluation": (["--lr_scheduler_type", "reduce_lr_on_plateau"],
+                                            "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"),
     "malformed JSON object": (["--lr_scheduler_kwargs", "{min_lr_rate: 0.1}"], "--lr_scheduler_kwargs is not a JSON "
                               "object (Expecting property name enclosed in double quotes, character 1): {min_lr_rate"),
     "a glob that matches nothing": (["--train_files", "/nonexistent/*.jsonl"], "--train_files '/nonexistent/*.jsonl' "

@@ -15,8 +15,9 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import get_type_hints
 
 from transformers import HfArgumentParser, TrainingArguments
@@ -264,6 +265,31 @@ def check_hyperparameters(kw: dict) -> None:
         step = kw.get(flag) or 0
         if step and (step < 2 or (last is not None and last > 0 and step > last)):
             raise HfscaleError(f"--{flag} takes an optimizer step from 2 to --max_steps ({last}) (0: off), got {step}")
+
+
+def check_trainer_combinations(kw: dict) -> None:
+    """TrainingArguments' own checks of how its flags combine (`_validate_args`: --load_best_model_at_end with another
+    save than eval schedule, reduce_lr_on_plateau without evaluation, ...), made here on the flags alone: built into
+    TrainingArguments they are made in every launched rank, after its process group started. Its checks read only the
+    flags, converted as its __post_init__ converts them; should a later transformers read more, they run in the ranks
+    as before (build_training_arguments) rather than refuse a good run here."""
+    from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
+
+    flags = {f.name: f.default if f.default is not MISSING else
+             f.default_factory() if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
+    args = SimpleNamespace(**{**flags, **kw})
+    try:
+        args.eval_strategy = IntervalStrategy(args.eval_strategy)
+        args.logging_strategy = IntervalStrategy(args.logging_strategy)
+        args.save_strategy = SaveStrategy(args.save_strategy)
+        args.lr_scheduler_type = SchedulerType(args.lr_scheduler_type)
+        if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:  # its fallback, as __post_init__'s
+            args.eval_steps = args.logging_steps
+        TrainingArguments._validate_args(args)
+    except ValueError as err:  # what the ranks would each have said
+        raise HfscaleError(" ".join(str(err).split())) from None
+    except (AttributeError, TypeError):  # a transformers that reads more than the flags: the ranks check it
+        pass
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:
