@@ -79,6 +79,8 @@ CASES = {
     "zero accumulation": (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     "negative token budget": (["--token_budget", "-1"], "--token_budget must be positive"),
     "fp16 on a CPU machine": (["--fp16"], "--fp16 needs a GPU"),
+    "tf32 on a CPU machine": (["--tf32", "true"], "--tf32 is a GPU's matmul mode (Ampere or newer): a CPU run has "
+                                                  "none"),
     "infinite logging interval": (["--logging_steps", "inf"], "--logging_steps must be a finite number, got inf"),
     "NaN token budget": (["--token_budget", "nan"], "--token_budget must be a finite number, got nan"),
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),

@@ -60,6 +60,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     _compile_named(kw, explicit)
     if kw["fp16"] and not gpu:
         raise HfscaleError(FP16_NEEDS_GPU)
+    if kw.get("tf32") and not gpu:  # TrainingArguments refuses it in every rank, after the process group started
+        raise HfscaleError("--tf32 is a GPU's matmul mode (Ampere or newer): a CPU run has none; leave it out")
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     else:
