@@ -53,6 +53,10 @@ CASES = {
                                        "save and eval strategy to match"),
     "plateau schedule without evaluation": (["--lr_scheduler_type", "reduce_lr_on_plateau"],
                                             "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"),
+    "keep the best of no metric": (["--save_strategy", "best"], "--save_strategy best keeps the checkpoint of the best "
+                                   "evaluation: name its --metric_for_best_model"),  # the Trainer's, in every rank
+    "unknown compile backend": (["--torch_compile_backend", "bogus"], "unknown --torch_compile_backend 'bogus'; "
+                                "choose one of: no, eager, aot_eager, inductor"),  # accelerate's, in every rank
     "malformed JSON object": (["--lr_scheduler_kwargs", "{min_lr_rate: 0.1}"], "--lr_scheduler_kwargs is not a JSON "
                               "object (Expecting property name enclosed in double quotes, character 1): {min_lr_rate"),
     "a glob that matches nothing": (["--train_files", "/nonexistent/*.jsonl"], "--train_files '/nonexistent/*.jsonl' "
@@ -160,6 +164,19 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])
         _check_refused(proc, expected, out)
+
+
+def test_liger_kernels_asked_for_where_the_package_is_missing_are_one_line(tmp_path, hfscale_cli, monkeypatch):
+    """The Trainer imports liger-kernel in every rank (an ImportError traceback each); missing (faked here, whatever
+    this machine has installed) it is refused before launch."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else
+                        find_spec(name, *a))
+    out = tmp_path / "out"
+    proc = hfscale_cli(["train", "--max_steps", "1", "--use_liger_kernel", "true", "--output_dir", str(out)])
+    _check_refused(proc, "--use_liger_kernel needs the liger-kernel package, which is not installed here", out)
 
 
 def _check_refused(proc, expected: str, out_dir):

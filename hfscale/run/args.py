@@ -286,6 +286,11 @@ def check_trainer_combinations(kw: dict) -> None:
         if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:  # its fallback, as __post_init__'s
             args.eval_steps = args.logging_steps
         TrainingArguments._validate_args(args)
+        metric = args.metric_for_best_model or ("loss" if args.load_best_model_at_end or args.lr_scheduler_type in (
+            SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY) else None)  # its default metric, as there
+        if args.save_strategy == SaveStrategy.BEST and metric is None:  # the Trainer's own check, in every rank
+            raise ValueError("--save_strategy best keeps the checkpoint of the best evaluation: name its "
+                             "--metric_for_best_model (e.g. loss) and an --eval_strategy")
     except ValueError as err:  # what the ranks would each have said
         raise HfscaleError(" ".join(str(err).split())) from None
     except (AttributeError, TypeError):  # a transformers that reads more than the flags: the ranks check it

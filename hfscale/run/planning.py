@@ -4,6 +4,7 @@ RunPlan (hfscale/runplan.py) - every fact about the run, decided here once. Pure
 and the strategy/DeepSpeed files and changes nothing; `build_training_arguments` (run/args.py) builds what it decided,
 after `parallel.distributed.setup_processes`."""
 
+import importlib.util
 import os
 from contextlib import contextmanager
 
@@ -57,11 +58,15 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     check_compile_mode(kw.get("torch_compile_mode"))
+    check_compile_backend(kw.get("torch_compile_backend"))
     _compile_named(kw, explicit)
     if kw["fp16"] and not gpu:
         raise HfscaleError(FP16_NEEDS_GPU)
     if kw.get("tf32") and not gpu:  # TrainingArguments refuses it in every rank, after the process group started
         raise HfscaleError("--tf32 is a GPU's matmul mode (Ampere or newer): a CPU run has none; leave it out")
+    if kw.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:  # the Trainer's ImportError
+        raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
+                           "(pip install liger-kernel)")
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     else:
@@ -237,6 +242,17 @@ def check_compile_mode(mode: str | None) -> None:
     modes = list(torch._inductor.list_mode_options())
     if mode not in modes:
         raise one_of("--torch_compile_mode", mode, modes)
+
+
+def check_compile_backend(backend: str | None) -> None:
+    """accelerate's torch.compile backends (its DynamoBackend, which each rank's Trainer builds from the name)."""
+    if backend is None:
+        return
+    from accelerate.utils import DynamoBackend
+
+    names = [b.value.lower() for b in DynamoBackend]
+    if backend.lower() not in names:
+        raise one_of("--torch_compile_backend", backend, names)
 
 
 def check_integrations(backends: list[str]) -> None:
