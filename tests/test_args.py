@@ -26,7 +26,7 @@ def test_parse_changes_no_environment_and_creates_no_state():
     # the second also names what is checked against libraries that set variables as they load (inductor, torchao)
     for strategy, optim, extra, expected in (
             ("zero3", "adamw_8bit", [], "zero3 adamw_8bit adamw_bnb_8bit True True"),
-            ("fsdp", "adamw", ["--report_to", "wandb", "--torch_compile_mode", "max-autotune"],
+            ("fsdp", "adamw", ["--report_to", "all", "--torch_compile_mode", "max-autotune"],
              "fsdp adamw adamw_torch False True")):
         proc = run([sys.executable, "-c", PROBE, "--strategy", strategy, "--optim", optim, *extra], timeout=120,
                    environ={k: v for k, v in env().items() if k != "DS_ACCELERATOR"})

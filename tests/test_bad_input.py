@@ -179,6 +179,21 @@ def test_liger_kernels_asked_for_where_the_package_is_missing_are_one_line(tmp_p
     _check_refused(proc, "--use_liger_kernel needs the liger-kernel package, which is not installed here", out)
 
 
+def test_a_reporting_integration_that_is_not_installed_is_one_line(tmp_path, hfscale_cli, monkeypatch):
+    """transformers knows wandb, and its callback raises in every rank when the package is missing (mlflow's: an
+    AttributeError); refused before launch. Installed ones are faked here, whatever this machine has."""
+    from transformers.integrations import integration_utils
+
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["tensorboard"])
+    out = tmp_path / "out"
+    proc = hfscale_cli(["train", "--max_steps", "1", "--report_to", "tensorboard,wandb", "--output_dir", str(out)])
+    _check_refused(proc, "--report_to wandb: its package is not installed here (installed: tensorboard)", out)
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["tensorboard", "wandb"])
+    from hfscale.run.planning import check_integrations
+
+    check_integrations(["tensorboard", "wandb"])  # installed: taken
+
+
 def _check_refused(proc, expected: str, out_dir):
     err_lines = [l for l in proc.stderr.splitlines() if l.startswith("hfscale: error:")]
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])

@@ -259,14 +259,20 @@ def check_integrations(backends: list[str]) -> None:
     """--report_to names transformers knows; the Trainer would raise an unknown one in every launched rank. Its list
     lives in a module whose imports take seconds (and set TORCHINDUCTOR_CACHE_DIR through torchao), so it is read only
     for a name beyond hfscale's own, with the environment kept as it was (parsing changes nothing)."""
-    if all(b in ("all", "none", "tensorboard") for b in backends):
+    if all(b in ("none", "tensorboard") for b in backends):
         return
     with _environment_kept():
-        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+        from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
+                                                                 get_available_reporting_integrations)
     known = ["all", "none", *INTEGRATION_TO_CALLBACK]
     unknown = next((b for b in backends if b not in known), None)
     if unknown:
         raise one_of("--report_to integration", unknown, known)
+    installed = get_available_reporting_integrations()  # a named one missing: a traceback from its callback, per rank
+    missing = next((b for b in backends if b not in ("all", "none", "tensorboard") and b not in installed), None)
+    if missing:
+        raise HfscaleError(f"--report_to {missing}: its package is not installed here (installed: "
+                           f"{', '.join(installed) or 'none'}); install it or leave it out")
 
 
 def _split_tensorboard(report_to) -> tuple[bool, list[str] | str]:
