@@ -176,7 +176,6 @@ def read_bandwidth_file(path) -> dict:
     return data
 
 
-@exit_on_user_error
 def message_memory_refusal(max_bytes: int, nproc: int, on_gpu: bool, memory_bytes: int) -> str | None:
     """Why the largest message cannot be held, or None: each rank holds it whole and a shard of it beside
     (_time_collective), on its own GPU (`memory_bytes`: one device's), or on a CPU machine every rank on the one
@@ -189,6 +188,7 @@ def message_memory_refusal(max_bytes: int, nproc: int, on_gpu: bool, memory_byte
             "give a smaller --max_bytes")
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     refuse_renamed(argv)

@@ -275,8 +275,8 @@ def check_trainer_combinations(kw: dict) -> None:
     as before (build_training_arguments) rather than refuse a good run here."""
     from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
-    flags = {f.name: f.default if f.default is not MISSING else
-             f.default_factory() if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
+    flags = {f.name: f.default if f.default is not MISSING else f.default_factory()
+             if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
     args = SimpleNamespace(**{**flags, **kw})
     try:
         args.eval_strategy = IntervalStrategy(args.eval_strategy)

@@ -38,6 +38,7 @@ def gpu_perf_warmup_steps(max_steps: int) -> int:
 FP16_NEEDS_GPU = ("--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has "
                   "no fp16; use --bf16 (or no precision flag for fp32)")
 
+
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
                   explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
                   ) -> tuple[dict, RunPlan, bool]:
@@ -203,7 +204,8 @@ def user_fsdp_config(value) -> dict:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise HfscaleError(f"--fsdp_config is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
+            raise HfscaleError(f"--fsdp_config is not a JSON object ({err.msg}, character {err.pos}): "
+                               f"{value}") from None
         if not isinstance(value, dict):
             raise HfscaleError("--fsdp_config: expected a JSON object")
         return value
