@@ -482,6 +482,30 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_shapes(text: str) -> list[tuple[int, ...]]:
+    """--grid_shapes: `LxHxAxVxSxB,...` as GRID_SHAPES' tuples (layers, hidden, heads, vocab, seq, MBS), each a shape
+    a model can have."""
+    from hfscale.errors import HfscaleError
+    from hfscale.formulas.metrics import ModelShape
+    from hfscale.models import validate_shape
+
+    shapes = []
+    for item in text.split(","):
+        try:
+            shape = tuple(int(v) for v in item.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if len(shape) != 6 or min(shape) <= 0:
+            raise HfscaleError(f"--grid_shapes: {item!r} is not LAYERSxHIDDENxHEADSxVOCABxSEQxMBS in positive integers")
+        layers, hidden, heads, vocab, seq, _ = shape
+        try:
+            validate_shape(ModelShape("gpt2", layers, hidden, heads, vocab, max(seq, 256)))
+        except HfscaleError as err:
+            raise HfscaleError(f"--grid_shapes: {item!r}: {err}") from None
+        shapes.append(shape)
+    return shapes
+
+
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, its names checked before anything runs (one line and exit 2, not a traceback minutes in).
     tests/test_gpu_suite.py parses every section of the lease scripts (benchmarks/gpu_call_*.sh) with it."""
@@ -513,6 +537,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grid_filter", default="", help="only the grid points whose label (mode, then ' compiled' "
                         "or ' fused loss') this regular expression finds, e.g. 'compiled' or "
                         "'^gpt2/sdpa/[a-z0-9_]+/0$' (SDPA, eager, no checkpointing); default: every point")
+    parser.add_argument("--grid_shapes", help="the grid's shapes instead of its own, each LAYERSxHIDDENxHEADSxVOCABx"
+                        "SEQxMBS, comma-separated (e.g. 8x1024x16x50257x1024x16); the compiled points take every one")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; speed figures then include "
                         "that step's profiler overhead")
@@ -522,6 +548,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         opts.references = set(comma_list(opts.references, "--references", valid=REFERENCES,
                                          what="reference"))
         re.compile(opts.grid_filter)
+        opts.grid_shapes = grid_shapes(opts.grid_shapes) if opts.grid_shapes else None
         variant_names(opts.ddp_variants)
         pairs(1, opts.strategy, opts.optim)
         for section in opts.only.split(","):
@@ -600,12 +627,13 @@ def main() -> None:
                                              variant, extra))
             save()
     if "grid" in sections:
-        shapes = DRY_SHAPES if opts.dry_run else GRID_SHAPES
+        shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
+        compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
         points = [(m, shape, False, False) for m in GRID_MODES for shape in shapes]
-        fused = [(m, shape, False, True) for m in FUSED_MODES for shape in shapes[:COMPILED_SHAPES]]
+        fused = [(m, shape, False, True) for m in FUSED_MODES for shape in compiled_shapes]
         if not opts.dry_run:
             points += [(m, shape, True, False) for m in GRID_MODES if not m.endswith("/1")
-                       for shape in shapes[:COMPILED_SHAPES]] + fused
+                       for shape in compiled_shapes] + fused
         for mode, shape, compiled, fused_loss in points if not opts.dry_run else points[:2] + fused[:1]:
             label = f"{mode}{' compiled' if compiled else ''}{' fused loss' if fused_loss else ''}"
             if opts.grid_filter and not re.search(opts.grid_filter, label):

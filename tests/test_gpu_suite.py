@@ -166,12 +166,33 @@ def test_sections_are_chosen_before_anything_runs(monkeypatch, capsys, tmp_path)
     suite = _suite()
     for flags, message in ((["--references", "eagr"], "unknown reference 'eagr'"),
                            (["--grid_filter", "("], "--grid_filter: missing )"),
+                           (["--grid_shapes", "8x1024x16"], "--grid_shapes: '8x1024x16' is not LAYERSxHIDDENx"),
+                           (["--grid_shapes", "8x1024x15x50257x1024x8"], "--grid_shapes: '8x1024x15x50257x1024x8': "
+                                                                        "heads (15) must divide hidden size (1024)"),
                            (["--only", "runs,grids"], "--only: unknown section 'grids'; choose one of: reference, ")):
         monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--dry_run", "--out", str(tmp_path / "out"), *flags])
         with pytest.raises(SystemExit) as exit_:
             suite.main()
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_chosen_grid_shapes_are_measured_eager_and_compiled(monkeypatch, tmp_path):
+    """--grid_shapes replaces the grid's own shapes, and the compiled points take every chosen one (the grid's own:
+    only the first COMPILED_SHAPES); the points themselves are faked here (a GPU measures them)."""
+    suite, measured = _suite(), []
+    monkeypatch.setattr(suite, "cpu_memory_follows_tensors", lambda: None)
+    monkeypatch.setattr(suite, "grid_point", lambda mode, shape, compiled, device, fused_loss=False: measured.append(
+        (mode, shape, compiled)) or {"mode": mode, "shape": list(shape)})
+    monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--only", "grid", "--out", str(tmp_path / "out"),
+                                      "--grid_shapes", "2x64x4x512x64x2,3x64x4x512x64x2,4x64x4x512x64x2,"
+                                      "2x64x4x512x64x4",
+                                      "--grid_filter", "^gpt2/sdpa/bf16/0( compiled)?$"])
+    suite.main()
+    shapes = [(2, 64, 4, 512, 64, 2), (3, 64, 4, 512, 64, 2), (4, 64, 4, 512, 64, 2), (2, 64, 4, 512, 64, 4)]
+    mode = "gpt2/sdpa/bf16/0"
+    assert len(shapes) > suite.COMPILED_SHAPES
+    assert measured == [(mode, s, False) for s in shapes] + [(mode, s, True) for s in shapes]
 
 
 def lease_sections(script) -> list[tuple[str, list[str]]]:
@@ -183,7 +204,7 @@ def lease_sections(script) -> list[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh", "gpu_call_offload.sh",
-                                    "gpu_call_zero_buckets.sh"])
+                                    "gpu_call_zero_buckets.sh", "gpu_call_loss_only_grid.sh"])
 def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
     """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
     Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than

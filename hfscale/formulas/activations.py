@@ -107,7 +107,8 @@ COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # the logits' bf16 gradient beside it) and 0.41-0.46 (fp32). Aligned: 0, from one 1.3B run (MBS 16, 50304 rows) whose
 # step peak, 33.74 GB above the states, is under what the factor alone keeps (36.61 estimated: 8.5% over); the whole
 # runs' loss-only peaks fell 4 bytes per logit from the returned step's (350M ragged, 1.3B aligned), where the grid's
-# smaller shapes fell 2, so the estimate stands 7-9% over them until a grid of larger shapes says why.
+# smaller shapes fell 2, so the estimate stands 7-9% over them until a grid of larger shapes says why
+# (benchmarks/gpu_call_loss_only_grid.sh measures them).
 COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"returned": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}},
                                        "loss_only": {"ragged": {2: 4.0, 4: 0.4}, "aligned": {2: 0.0}}}}
 COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
