@@ -22,7 +22,8 @@ Sections (--only), run in this order:
   linear cross-entropy (flce); then zero2
   and zero3 with other bucket sizes beside the shipped JSONs (ZERO_VARIANTS). Each: s/it, tokens/s, TFLOPs,
   MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
-  one step of every run (the busiest device ops and the device's idle share of each strategy).
+  one step of every run (the busiest device ops and the device's idle share of each strategy); a profiled run's speed
+  is that of its logging intervals before the profiled one.
 - `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
   checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
   benchmarks/calibrate_activations.py --fit takes).
@@ -179,6 +180,33 @@ def deepspeed_variant(strategy: str, variant: str, overrides: dict, out: Path) -
     return path
 
 
+def speed_before_profile(history: list[dict], warmup_steps: int, logging_steps: int, profiled: int) -> float | None:
+    """A profiled run's s/it without its profiled period (from the end of step `profiled` - 1, the profiler's own host
+    cost on every op inside): the mean over its logging intervals (`perf_history`, each ending at its step) after the
+    warm-up that end before that period, weighted by their steps - after the first of them where another follows, as
+    run/measure.Meter times a run from the first logging step after the warm-up (the first interval holds that log's
+    one-off costs: 0.4 s on one H200). None when no such interval ends before the period."""
+    clean = []
+    for row in history or []:
+        start = max(row["step"] - logging_steps, warmup_steps)
+        if row["step"] <= profiled - 1 and row["step"] > start and row.get("s_per_iter"):
+            clean.append((row["step"] - start, row["s_per_iter"]))
+    clean = clean[1:] if len(clean) > 1 else clean
+    steps = sum(n for n, _ in clean)
+    return sum(n * s for n, s in clean) / steps if steps else None
+
+
+def unprofiled_speed(entry: dict, profiled: int, logging_steps: int) -> dict:
+    """A run entry whose speed figures (s/it, tokens/s, TFLOPs, MFU) leave out its profiled period; the whole run's
+    s/it stays as `s_per_iter_with_profile`. Unchanged where no timed interval ends before that period."""
+    clean = speed_before_profile(entry.get("perf_history"), entry.get("warmup_steps") or 0, logging_steps, profiled)
+    if clean is None or not entry.get("s_per_iter"):
+        return entry
+    scale = entry["s_per_iter"] / clean
+    return {**entry, "s_per_iter_with_profile": entry["s_per_iter"], "s_per_iter": clean,
+            **{k: entry[k] * scale for k in ("tokens_per_s", "tflops_per_gpu", "mfu") if entry.get(k)}}
+
+
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
                extra: list[str] | tuple = ()) -> dict:
     """One `hfscale launch` of the pair, eager unless `compiled` (said explicitly: ddp compiles by default on GPUs)."""
@@ -187,10 +215,11 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
 
     name = f"{strategy}-{optim}" + ("-compiled" if compiled else "") + (f"-{variant}" if variant else "")
     extra = fill_placeholders(extra, opts)
+    logging_steps = 5 if opts.steps >= 10 else 2  # the dry run's 4 steps: an interval after the first
     args = [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(gpus), "--strategy", strategy,
             "--optim", optim, "--model", opts.model, "--seq_len", str(opts.seq_len), "--per_device_train_batch_size",
             str(opts.per_device_train_batch_size), "--max_steps", str(opts.steps),
-            "--logging_steps", "5" if opts.steps >= 10 else "2",  # the dry run's 4 steps: an interval after the first
+            "--logging_steps", str(logging_steps),
             "--save_strategy", "no", "--output_dir", str(out / name), "--overwrite_output_dir",
             *(["--bf16"] if opts.bf16 else []), "--torch_compile", str(compiled).lower(),
             *extra,
@@ -202,7 +231,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     res = json.loads(path.read_text())
     perf, est, mem = res["perf"], res["estimate"], res["memory"]
     steps = [r for r in mem.get("step_per_rank") or [] if r]
-    return {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
+    entry = {"run": name, "status": res["status"], "strategy": strategy, "optim": optim, "compiled": compiled,
             "variant": variant, "flags": list(extra), "host_syncs": res.get("host_syncs"), "profile": res.get("profile"),
             "s_per_iter": perf.get("s_per_iter"), "tokens_per_s": perf.get("tokens_per_s"),
             # the steady state (run/measure.Meter): timed from the step after these, over measured_steps; every
@@ -223,6 +252,8 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
                 "fused_linear_cross_entropy": "--fused_linear_cross_entropy" in extra,
                 "precision": res["config"]["precision"], "activation_checkpointing": False, "torch_compile": compiled,
                 "attention": est.get("attention") or "sdpa", **zero_optimization(strategy, extra)}}
+    profiled = flag_value(extra, "--profile_step")
+    return unprofiled_speed(entry, int(profiled), logging_steps) if profiled else entry
 
 
 def zero_optimization(strategy: str, extra) -> dict:
@@ -540,8 +571,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grid_shapes", help="the grid's shapes instead of its own, each LAYERSxHIDDENxHEADSxVOCABx"
                         "SEQxMBS, comma-separated (e.g. 8x1024x16x50257x1024x16); the compiled points take every one")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
-                        "busiest device ops and the device's idle share of each strategy; speed figures then include "
-                        "that step's profiler overhead")
+                        "busiest device ops and the device's idle share of each strategy; its speed figures are then "
+                        "those of the logging intervals before that step")
     opts = parser.parse_args(argv)
     try:
         resolve_shape(opts.model)

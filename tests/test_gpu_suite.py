@@ -162,6 +162,29 @@ def test_only_the_same_step_gets_a_ratio_to_the_hand_written_one():
     assert [r.get("hand_written_ratio") for r in runs] == [1.1, None, None, None, None] and ref["hfscale_ratio"] == 1.1
 
 
+def test_a_profiled_run_is_timed_without_its_profiled_period():
+    """--profile profiles step 18 of 20: the profiler's host cost on every op lands in the last logging interval. On one
+    H200 (2026-11-27) ddp logged 0.213, 0.118 and 0.289 s/it for steps 6-10, 11-15 and 16-20: its speed is that of
+    11-15, the steady state hfscale's own figure would time (after the first log past the warm-up, whose one-off costs
+    the first interval holds); a run with a single interval before the profiled period takes it, and a run whose every
+    interval reaches that period keeps its own figures."""
+    suite = _suite()
+    history = [{"step": 10, "s_per_iter": 0.213}, {"step": 15, "s_per_iter": 0.118}, {"step": 20, "s_per_iter": 0.289}]
+    assert suite.speed_before_profile(history, 5, 5, 18) == pytest.approx(0.118)
+    assert suite.speed_before_profile(history, 5, 5, 16) == pytest.approx(0.118)  # the period starts after step 15
+    assert suite.speed_before_profile(history, 5, 5, 15) == pytest.approx(0.213)  # 6-10 alone: all there is
+    assert suite.speed_before_profile(history, 0, 5, 21) == pytest.approx((0.118 + 0.289) / 2)
+    assert suite.speed_before_profile(history, 3, 2, 30) == pytest.approx((0.118 * 2 + 0.289 * 2) / 4)  # 14-15, 19-20
+    assert suite.speed_before_profile(history, 5, 5, 10) is None
+    entry = {"s_per_iter": 0.4, "tokens_per_s": 20_000.0, "tflops_per_gpu": 50.0, "mfu": 0.05, "warmup_steps": 5,
+             "perf_history": history}
+    clean = suite.unprofiled_speed(entry, 18, 5)
+    assert clean["s_per_iter"] == pytest.approx(0.118) and clean["s_per_iter_with_profile"] == 0.4
+    assert clean["tokens_per_s"] == pytest.approx(20_000 * 0.4 / 0.118)
+    assert clean["mfu"] == pytest.approx(0.05 * 0.4 / 0.118)
+    assert suite.unprofiled_speed(entry, 10, 5) is entry
+
+
 def test_sections_are_chosen_before_anything_runs(monkeypatch, capsys, tmp_path):
     suite = _suite()
     for flags, message in ((["--references", "eagr"], "unknown reference 'eagr'"),

@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, TINY, run, shared_run
 from hfscale.run.host_syncs import HostReads, is_host_sync
-from hfscale.run.profile import busy_time
+from hfscale.run.profile import busy_time, summarize
 
 # code of the training loop itself: the Trainer's loop, accelerate, hfscale (the model and torch's optimizers are
 # the same in a hand-written loop)
@@ -89,6 +89,28 @@ def test_busy_time_counts_overlapping_device_work_once():
     assert busy_time([]) == 0
     assert busy_time([(0, 10), (20, 25)]) == 15
     assert busy_time([(20, 25), (0, 10), (5, 12), (6, 7)]) == 17  # unsorted, overlapping, nested
+
+
+def test_the_device_busy_time_is_its_work_not_the_spans_of_host_ranges():
+    """On CUDA the profiler also draws each host range (`Optimizer.step#AdamW.step`) on the device's timeline, from its
+    first kernel to its last: idle gaps included. bitsandbytes' 8-bit step, which waits for the device after every
+    parameter, drew a 51 ms span over 9 ms of kernels (one H200, 2026-11-27); counted as work it hid the idle time."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, start, end, device=True, annotation=False):
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA if device else DeviceType.CPU,
+                               is_user_annotation=annotation, time_range=SimpleNamespace(start=start, end=end),
+                               self_device_time_total=end - start, self_cpu_time_total=end - start)
+
+    events = [event("Optimizer.step#AdamW.step", 0, 50_000, annotation=True), event("kOptimizer8bit", 0, 4_000),
+              event("kOptimizer8bit", 40_000, 45_000), event("Optimizer.step#AdamW.step", 0, 60_000, device=False)]
+    summary = summarize(events, wall_s=0.1, on_device=True)
+    assert summary["device_busy_s"] == pytest.approx(0.009)
+    assert summary["device_idle_share"] == pytest.approx(0.91)
+    assert [row["name"] for row in summary["device_top"]] == ["kOptimizer8bit"]
+    assert summary["host_top"][0]["name"] == "Optimizer.step#AdamW.step"  # the host's range stays the host's
 
 
 def test_a_profiled_step_leaves_a_trace_and_says_where_its_host_time_went(hfscale_run):

@@ -4,8 +4,10 @@ The period is the one `--count_collectives` counts: from the end of optimizer st
 previous step's logging, the batch fetch, every micro-batch, the optimizer step). Each rank writes a Chrome/Perfetto
 trace (output_dir/profile/rank{R}_step{N}.json: chrome://tracing, ui.perfetto.dev) and results.json `profile` holds
 rank 0's summary: the period's wall time, the host's busiest ops (self time), and on a GPU the device's busiest ops,
-its busy time (the union of its kernels, copies and sets) and the idle share - the time the device waited for the
-host, which is what separates a Trainer step from a hand-written loop (benchmarks/gpu_suite.py profiles both).
+its busy time (the union of its kernels, copies and sets; not the spans the profiler draws on the device's timeline
+for a host range such as `Optimizer.step#AdamW.step`, which cover idle gaps too) and the idle share - the time the
+device waited for the host, which is what separates a Trainer step from a hand-written loop (benchmarks/gpu_suite.py
+profiles both).
 """
 
 import os
@@ -35,6 +37,8 @@ def summarize(events, wall_s: float, on_device: bool) -> dict:
     host, device, intervals = {}, {}, []
     for e in events:
         on_gpu = e.device_type != DeviceType.CPU
+        if on_gpu and getattr(e, "is_user_annotation", False):
+            continue  # a range's span on the device timeline (Optimizer.step#...), idle gaps included: no device work
         table = device if on_gpu else host
         self_us = e.self_device_time_total if on_gpu else e.self_cpu_time_total
         row = table.setdefault(e.name, [0.0, 0])
