@@ -166,6 +166,14 @@ ZERO_VARIANTS = [("zero2", "auto-buckets", {"reduce_bucket_size": "auto"}),
                  ("zero3", "5e7-buckets", {"reduce_bucket_size": 50_000_000})]
 
 
+def zero_variant_names(asked: str) -> set[str]:
+    """--zero_variants: a comma list of ZERO_VARIANTS' names, "all" or "none"."""
+    from hfscale.flags import comma_list
+
+    names = list(dict.fromkeys(variant for _, variant, _ in ZERO_VARIANTS))
+    return set() if asked == "none" else set(comma_list(asked, "--zero_variants", valid=names, what="ZeRO variant"))
+
+
 def deepspeed_variant(strategy: str, variant: str, overrides: dict, out: Path) -> Path:
     """The strategy's shipped DeepSpeed JSON with `overrides` in its zero_optimization, written to
     out/ds_configs/STRATEGY-VARIANT.json."""
@@ -560,6 +568,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry_run", action="store_true", help="on this CPU machine: tiny sizes, no compilation")
     parser.add_argument("--ddp_variants", default="all", help="which of ddp's variants run after the pairs: a comma "
                         f"list of {', '.join(v or 'compiled' for v, _, _ in DDP_VARIANTS)}; all (default) or none")
+    parser.add_argument("--zero_variants", default="all", help="which bucket variants run beside zero2's and zero3's "
+                        f"shipped JSONs when those strategies are chosen: a comma list of "
+                        f"{', '.join(dict.fromkeys(v for _, v, _ in ZERO_VARIANTS))}; all (default) or none")
     parser.add_argument("--references", default="eager,compiled", help="which hand-written steps the reference "
                         "section times, a comma list of eager, compiled (default: both) and loss-only (compiled, "
                         "hfscale's training forward: the loss alone)")
@@ -581,6 +592,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         re.compile(opts.grid_filter)
         opts.grid_shapes = grid_shapes(opts.grid_shapes) if opts.grid_shapes else None
         variant_names(opts.ddp_variants)
+        zero_variant_names(opts.zero_variants)
         pairs(1, opts.strategy, opts.optim)
         for section in opts.only.split(","):
             if section not in SECTIONS:
@@ -644,7 +656,8 @@ def main() -> None:
         if not opts.dry_run:
             todo += [(strategy, "adamw", False, variant,
                       ["--deepspeed", str(deepspeed_variant(strategy, variant, values, opts.out))])
-                     for strategy, variant, values in ZERO_VARIANTS if strategy in {s for s, _ in chosen_pairs}]
+                     for strategy, variant, values in ZERO_VARIANTS
+                     if strategy in {s for s, _ in chosen_pairs} and variant in zero_variant_names(opts.zero_variants)]
         if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
             todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])
                     for s, o, c, v, extra in todo if "--count_host_syncs" not in extra]

@@ -64,6 +64,23 @@ def test_ddp_variants_are_chosen_by_name():
         suite.variant_names("compiled,gc1")
 
 
+@pytest.mark.parametrize("asked, expected", [("all", ["", "", "auto-buckets", "5e7-buckets", "auto-buckets", "5e7-buckets"]),
+                                              ("none", ["", ""]), ("5e7-buckets", ["", "", "5e7-buckets", "5e7-buckets"])])
+def test_zero_variants_are_chosen_by_name(asked, expected, monkeypatch, tmp_path):
+    """--zero_variants picks which bucket variants run beside the shipped zero2/zero3 JSONs (none: the strategies
+    alone, as a short lease re-measures them); the runs themselves are faked here."""
+    suite, started = _suite(), []
+    monkeypatch.setattr(suite, "cpu_memory_follows_tensors", lambda: None)
+    monkeypatch.setattr(suite, "launch_run", lambda strategy, optim, opts, out, gpus, compiled, variant, extra: (
+        started.append(variant) or {"run": f"{strategy}-{variant}", "status": "fail", "error": "faked"}))
+    monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--only", "runs", "--strategy", "zero2,zero3", "--optim", "adamw",
+                                      "--zero_variants", asked, "--out", str(tmp_path / "out")])
+    suite.main()
+    assert started == expected
+    with pytest.raises(HfscaleError, match="unknown ZeRO variant 'auto'; choose one of: auto-buckets, 5e7-buckets"):
+        suite.zero_variant_names("auto")
+
+
 def test_the_zero_variants_carry_their_bucket_sizes_into_the_run_and_its_estimate(tmp_path, monkeypatch):
     """The suite's before/after of the shipped ZeRO JSONs: each variant is the shipped JSON with other bucket sizes
     (transformers' "auto", filled from the model as the estimate fills it; a tenth of DeepSpeed's reduce bucket),
