@@ -7,8 +7,8 @@ training stack's imports, nor `hfscale --help` for any.
 import importlib
 import sys
 
-from .errors import ArgumentParser, exit_on_user_error
-from .formulas.peaks import measure_peak_tflops, table_peak
+from .errors import ArgumentParser, HfscaleError, exit_on_user_error
+from .formulas.peaks import matmul_memory_refusal, measure_peak_tflops, table_peak
 from .parallel.optimizers import OPTIMIZERS
 from .parallel.strategies import all_strategies, matrix_markdown
 from .run.garbage import paused
@@ -35,12 +35,21 @@ def cmd_peak(argv: list[str]) -> None:
     from .flags import positive
 
     positive(opts, "size", "seconds")
+    import psutil
     import torch  # a second to import: only for the command that measures
 
     on_cuda = torch.cuda.is_available()
     device = "cuda" if on_cuda else "cpu"
     name = torch.cuda.get_device_name() if on_cuda else f"CPU ({torch.get_num_threads()} threads)"
-    for dtype in [opts.dtype] if opts.dtype else (["bf16", "tf32", "fp32"] if on_cuda else ["fp32", "bf16"]):
+    dtypes = [opts.dtype] if opts.dtype else (["bf16", "tf32", "fp32"] if on_cuda else ["fp32", "bf16"])
+    if opts.size:
+        memory = torch.cuda.mem_get_info()[0] if on_cuda else psutil.virtual_memory().available
+        for dtype in dtypes:
+            refusal = matmul_memory_refusal(opts.size, dtype, memory, "the GPU's free" if on_cuda else
+                                            "the host's available")
+            if refusal:
+                raise HfscaleError(refusal)
+    for dtype in dtypes:
         measured = measure_peak_tflops(device, dtype, opts.size, opts.seconds)
         table = table_peak(name, dtype) if on_cuda else None
         ratio = f" ({measured / table:.0%} of datasheet {table:g})" if table else ""

@@ -518,6 +518,9 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),
+    # matrices no host holds (before: torch's allocator error as a traceback)
+    (["peak", "--size", "100000000"], "--size 100000000 needs 120,000,000.0 GB for its three fp32 matrices, more "
+                                      "than the host's available"),
 ])
 def test_other_commands_refuse_bad_input(tmp_path, argv, expected, hfscale_cli):
     proc = hfscale_cli(argv, cwd=tmp_path)

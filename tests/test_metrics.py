@@ -171,6 +171,19 @@ def test_tflops_label_one_decimal_always_and_never_zero_for_a_real_figure():
     assert tflops_label(0.0352) == "0.035" and tflops_label(None) == ""
 
 
+def test_peak_refuses_matrices_the_device_cannot_hold():
+    """`hfscale peak --size N` holds three N x N matrices: 8192 in bf16 is 0.4 GB on a GPU with 80 free, 100,000 in
+    fp32 is 120 GB; the GPU route passes its free memory, the CPU route the host's available."""
+    from hfscale.formulas.peaks import matmul_memory_refusal
+
+    assert matmul_memory_refusal(8192, "bf16", 80e9, "the GPU's free") is None
+    assert matmul_memory_refusal(8192, "bf16", 3 * 8192 ** 2 * 2, "the GPU's free") is None  # exactly enough
+    message = matmul_memory_refusal(100_000, "fp32", 80e9, "the GPU's free")
+    assert message == ("--size 100000 needs 120.0 GB for its three fp32 matrices, more than the GPU's free 80.0 GB: "
+                       "give a smaller --size")
+    assert matmul_memory_refusal(100_000, "bf16", 80e9, "the GPU's free") is None  # 60 GB in two-byte elements
+
+
 def test_measure_peak_leaves_no_trace_on_a_faked_gpu(monkeypatch):
     """On a GPU the probe flips TF32 for its own GEMMs and allocates two 8k matrices: afterwards the run's TF32 setting
     is what it was and the allocator's peak no longer holds the probe (faked device: CPU tensors, recorded calls)."""

@@ -90,6 +90,20 @@ def table_peak(device_name: str, dtype: str) -> float | None:
     return peak * int(mig.group(1)) / MIG_COMPUTE_SLICES if peak and mig else peak
 
 
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+MATMUL_OPERANDS = 3  # a @ b = c: each size x size
+
+
+def matmul_memory_refusal(size: int, dtype: str, memory_bytes: float, where: str) -> str | None:
+    """Why `hfscale peak --size` cannot hold its matrices in `memory_bytes` (`where`: "a GPU's", "the host's
+    available"), or None. Before: torch's allocator error as a traceback, or the OOM killer."""
+    need = MATMUL_OPERANDS * size * size * DTYPE_BYTES[dtype]
+    if need <= memory_bytes:
+        return None
+    return (f"--size {size} needs {need / 1e9:,.1f} GB for its three {dtype} matrices, more than {where} "
+            f"{memory_bytes / 1e9:,.1f} GB: give a smaller --size")
+
+
 def measure_peak_tflops(device: str = "cpu", dtype: str = "fp32", size: int | None = None, seconds: float = 1.0) -> float:
     """Best matmul throughput actually reached: repeated size x size GEMMs for about `seconds`. Leaves no trace:
     the TF32 setting is restored, the matrices freed and (on CUDA) the allocator's peak reset, so neither the run's
