@@ -154,7 +154,8 @@ def evaluating(eval_strategy) -> bool:
 
 
 def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, construction=None, parallelism=None):
-    from hfscale.run.trainer import GarbageCollectionCallback, HfscaleTrainer, StrategyCallback
+    from hfscale.run.callbacks import GarbageCollectionCallback, StrategyCallback
+    from hfscale.run.trainer import HfscaleTrainer
 
     plan, results = state.plan, record.results
     on_cuda = results.environment.device_type == "cuda"

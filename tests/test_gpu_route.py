@@ -248,7 +248,7 @@ def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch)
     import torch
 
     from hfscale.parallel.verify import StrategyMismatch
-    from hfscale.run.trainer import MAX_SKIPPED_STEPS, StrategyCallback
+    from hfscale.run.callbacks import MAX_SKIPPED_STEPS, StrategyCallback
 
     param = torch.nn.Parameter(torch.zeros(4))
     optimizer = torch.optim.AdamW([param])

@@ -167,7 +167,7 @@ class PerfRecord(_Section):
     peak_tflops: float | None = None
     peak_source: str | None = None
     measured_peak_tflops: float | None = None
-    gc: dict | None = None  # Python's garbage collector: run/trainer.py's GarbageCollectionCallback
+    gc: dict | None = None  # Python's garbage collector: run/callbacks.py's GarbageCollectionCallback
     extra: dict = field(default_factory=dict)
     POSITIVE = ("s_per_iter", "tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "tflops_per_gpu_bigscience",
                 "tflops_per_gpu_model", "tflops_per_gpu_hardware", "mfu", "hfu", "days_to_budget",
