@@ -218,7 +218,7 @@ def unprofiled_speed(entry: dict, profiled: int, logging_steps: int) -> dict:
 def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: bool = False, variant: str = "",
                extra: list[str] | tuple = ()) -> dict:
     """One `hfscale launch` of the pair, eager unless `compiled` (said explicitly: ddp compiles by default on GPUs)."""
-    from hfscale.launch import flag_value
+    from hfscale.flags import flag_value
     from hfscale.models import PRESETS
 
     name = f"{strategy}-{optim}" + ("-compiled" if compiled else "") + (f"-{variant}" if variant else "")
@@ -267,7 +267,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
 def zero_optimization(strategy: str, extra) -> dict:
     """{"zero_optimization": ...} of the DeepSpeed JSON a ZeRO run used (its --deepspeed, else the shipped one), so its
     estimate can be checked later with the buckets it ran with; {} for the other engines."""
-    from hfscale.launch import flag_value
+    from hfscale.flags import flag_value
     from hfscale.parallel.strategies import get_strategy, load_deepspeed_config
 
     chosen, path = get_strategy(strategy), flag_value(extra, "--deepspeed")

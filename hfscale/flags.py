@@ -1,12 +1,16 @@
 """Command-line values every hfscale command reads the same way: comma-separated lists of a flag's values, on/off
-values, and the flags renamed to the Trainer's names (refused for one release with a one-line hint).
+values, the flags renamed to the Trainer's names (refused for one release with a one-line hint), and the training
+flags a command passes on to its runs (after `--`: a flag's value, the list without it).
 
 One vocabulary: a planner's flag has the name of the training flag it stands for (`--per_device_train_batch_size`,
 `--gradient_accumulation_steps`, `--activation_checkpointing`, `--bf16`, ...), and a list of values is that flag with
 comma-separated values (`--per_device_train_batch_size 1,2,4`, `--strategy zero1,zero3` or `all`).
 """
 
+from pathlib import Path
+
 from .errors import HfscaleError, one_of
+from .files import is_run_file, read_run_file
 
 ALL = "all"
 BOOLEANS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
@@ -99,3 +103,43 @@ def positive(opts, *names: str) -> None:
         value = getattr(opts, name)
         if value is not None and not 0 < value < float("inf"):
             raise HfscaleError(f"--{name} must be positive, got {value}")
+
+
+def flag_value(args: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` in an argument list (None when absent)."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def train_flag(args: list[str], name: str) -> str | None:
+    """A training flag's value, given as `--name V` or as a key of the run file the flags are."""
+    if not is_run_file(args):
+        return flag_value(args, name)
+    data = read_run_file(Path(args[0]))
+    value = data.get(name.lstrip("-")) if isinstance(data, dict) else None
+    return None if value is None else str(value)
+
+
+def drop_flag(args: list[str], name: str) -> list[str]:
+    """args without `--name V` / `--name=V`."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own flags, the training flags after `--`), as `hfscale sweep|parity|slurm ... -- TRAIN FLAGS`."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]

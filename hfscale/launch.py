@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 
 from .errors import ArgumentParser, HfscaleError, one_of
-from .files import is_run_file, load_json, load_yaml, read_run_file
-from .flags import at_most_gpus
+from .files import is_run_file, load_json, load_yaml
+from .flags import at_most_gpus, flag_value, train_flag
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import config_dir
@@ -48,46 +48,6 @@ class Outcome:
     seconds: float
     error: str | None  # one line
     log_tail: str
-
-
-def flag_value(args: list[str], name: str) -> str | None:
-    """The value of `--name V` or `--name=V` in an argument list (None when absent)."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def train_flag(args: list[str], name: str) -> str | None:
-    """A training flag's value, given as `--name V` or as a key of the run file the flags are."""
-    if not is_run_file(args):
-        return flag_value(args, name)
-    data = read_run_file(Path(args[0]))
-    value = data.get(name.lstrip("-")) if isinstance(data, dict) else None
-    return None if value is None else str(value)
-
-
-def drop_flag(args: list[str], name: str) -> list[str]:
-    """args without `--name V` / `--name=V`."""
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == name:
-            skip = True
-        elif not arg.startswith(name + "="):
-            out.append(arg)
-    return out
-
-
-def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the command's own flags, the training flags after `--`), as `hfscale sweep|parity|slurm ... -- TRAIN FLAGS`."""
-    if "--" not in argv:
-        return list(argv), []
-    cut = argv.index("--")
-    return argv[:cut], argv[cut + 1:]
 
 
 def launch_command(train_args: list[str], nproc: int, config_file: str | None = None,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
-from ..flags import at_most_gpus
-from ..launch import check_training_flags, drop_flag, flag_value, split_train_args, strategy_launch
+from ..flags import at_most_gpus, drop_flag, flag_value, split_train_args
+from ..launch import check_training_flags, strategy_launch
 from ..run.checkpoints import LATEST
 
 DEFAULT_PORT = 29500

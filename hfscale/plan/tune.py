@@ -32,11 +32,10 @@ from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
-from ..flags import RENAMED, comma_list, positive, refuse_renamed
+from ..flags import RENAMED, comma_list, drop_flag, positive, refuse_renamed, split_train_args
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
-from ..launch import (TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, drop_flag, refuse_run_file,
-                      run_one, split_train_args)
+from ..launch import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
 from ..parallel.distributed import check_local_processes, has_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.planning import FP16_NEEDS_GPU
