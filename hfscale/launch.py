@@ -15,39 +15,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from .errors import ArgumentParser, HfscaleError, one_of
+from .errors import ArgumentParser, HfscaleError
 from .files import is_run_file, load_json, load_yaml
 from .flags import at_most_gpus, flag_value, train_flag
 from .formulas.metrics import param_count
 from .models import resolve_shape
-from .parallel.configs import config_dir
+from .parallel.configs import check_accelerate_config, launcher_deepspeed_json
 from .parallel.distributed import check_agree, check_local_processes, config_strategy
 from .parallel.strategies import check_pair, get_strategy, layout_refusal, tp_layout_refusal
+from .run.outcome import STATUSES, Outcome, classify, kill_tree
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
 from .runplan import hsdp_mesh
 
 TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
-STATUSES = ("ok", "OOM", "fail", "timeout", "refused")  # final: a sweep skips such a run when started again
-STOPPED = "stopped"  # saved and stopped on SIGUSR1 (run/stopping.py): run again
 LOG_FILE = "launch.log"
-# What an out-of-memory looks like in a log: CUDA allocator, torch's CPU allocator, the C++ runtime.
-# how the stack says it ran out of memory: torch's caching allocator (CUDA, ROCm's HIP), a kernel's own cudaMalloc
-# ("CUDA error: out of memory"), cuBLAS creating its handle or workspace, NCCL's buffers, and the host's allocators
-OOM_MARKERS = ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError", "CUDA error: out of memory",
-               "CUBLAS_STATUS_ALLOC_FAILED", "Cuda failure 'out of memory'", "Cuda failure: out of memory",
-               "DefaultCPUAllocator: can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
-OOM_KILLED = "Signal 9 (SIGKILL)"  # torchrun's words for a child the kernel's OOM killer (or a user) killed
-
-
-@dataclass
-class Outcome:
-    status: str
-    returncode: int | None
-    seconds: float
-    error: str | None  # one line
-    log_tail: str
 
 
 def launch_command(train_args: list[str], nproc: int, config_file: str | None = None,
@@ -68,54 +49,6 @@ def launch_command(train_args: list[str], nproc: int, config_file: str | None = 
     if free_main_port:  # two jobs on one node must not collide
         cmd += ["--main_process_port", "0"]
     return cmd + [TRAIN_SCRIPT, *train_args]
-
-
-def kill_tree(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM the process and all its descendants, then SIGKILL what is left after grace_s (0: SIGKILL at once).
-
-    The whole tree, found before anything is signalled: torchrun starts each rank in a session of its own, so
-    signalling the launcher's process group would leave the ranks running as orphans."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for sig in ((signal.SIGTERM, signal.SIGKILL) if grace_s > 0 else (signal.SIGKILL,)):
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        _, procs = psutil.wait_procs(procs, timeout=grace_s if sig == signal.SIGTERM else 10)
-        if not procs:
-            return
-
-
-def classify(returncode: int | None, log: str, results_status: str | None, timed_out: bool) -> tuple[str, str | None]:
-    """(status, one-line error) from how the process ended, its log and what its results file says."""
-    if timed_out:
-        return "timeout", "killed after the sweep's timeout"
-    if returncode == 0 and results_status == "ok":
-        return "ok", None
-    if returncode == 0 and results_status == STOPPED:
-        return STOPPED, "stopped on SIGUSR1 after saving a checkpoint; the sweep runs it again when started again"
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    user_errors = [line for line in lines if line.startswith("hfscale: error:")]
-    if results_status == "refused" or user_errors:
-        return "refused", (user_errors[0][len("hfscale: error:"):].strip() if user_errors else _last_error(lines))
-    oom = [line for line in lines if any(m in line for m in OOM_MARKERS)]
-    if oom:
-        return "OOM", oom[-1][:300]
-    if any(OOM_KILLED in line for line in lines):
-        return "OOM", "a rank was killed by SIGKILL (the kernel's OOM killer, unless someone else killed it)"
-    return "fail", _last_error(lines) or f"exit code {returncode}"
-
-
-def _last_error(lines: list[str]) -> str | None:
-    for line in reversed(lines):
-        if "Error" in line or "error" in line or "Exception" in line:
-            return line[:300]
-    return lines[-1][:300] if lines else None
 
 
 def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s: float | None,
@@ -147,37 +80,6 @@ def run_training(train_args: list[str], output_dir: Path, nproc: int, timeout_s:
     return Outcome(status, proc.returncode, seconds, error, text[-2000:])
 
 
-def check_accelerate_config(path) -> dict:
-    """What `accelerate launch --config_file` would reject, as one line naming the file: missing, malformed YAML,
-    not a mapping, an unknown distributed_type, keys accelerate does not know, a DeepSpeed JSON that is missing."""
-    from accelerate.commands.config.config_args import load_config_from_file  # imports torch: only when asked
-    from accelerate.utils import DistributedType
-
-    config = load_yaml(path)
-
-    kinds = [k.value for k in DistributedType]
-    if config.get("distributed_type", "NO") not in kinds:
-        raise HfscaleError(f"{path}: {one_of('distributed_type', config['distributed_type'], kinds)}")
-    try:
-        load_config_from_file(str(path))
-    except (ValueError, TypeError, KeyError) as err:
-        raise HfscaleError(f"{path}: {' '.join(str(err).split())}") from None
-    return config
-
-
-def _deepspeed_json(config: dict, config_path: Path) -> str | None:
-    """The DeepSpeed JSON a launcher config names, as a path that exists from here: as written (relative to the
-    working directory, as accelerate reads it), else the copy shipped with hfscale under the same name."""
-    name = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
-    if config.get("distributed_type") != "DEEPSPEED" or not name:
-        return None
-    for candidate in (Path(name), config_dir("ds_configs") / Path(name).name):
-        if candidate.is_file():
-            return str(candidate.resolve())
-    raise HfscaleError(f"{config_path}: deepspeed_config_file {name} not found (relative paths are read from the "
-                       f"working directory; hfscale also ships ds_configs/{Path(name).name} only for its own names)")
-
-
 def default_num_processes() -> int:
     """Processes on one node by default: every visible GPU; on a CPU machine, 2."""
     import torch  # a second to import: only when no --num_processes was given
@@ -200,7 +102,7 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
         raise HfscaleError(f"--num_processes must be positive, got {nproc}")
     config_path = Path(config_file) if config_file else get_strategy(asked or "ddp").accelerate_config_path
     config = check_accelerate_config(config_path)
-    deepspeed_json = _deepspeed_json(config, config_path)
+    deepspeed_json = launcher_deepspeed_json(config, config_path)
     launched = None
     if config_file:
         try:

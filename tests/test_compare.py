@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, hfscale_here, run
 from hfscale.errors import HfscaleError
-from hfscale.launch import classify
+from hfscale.run.outcome import classify
 from hfscale.compare.megatron import import_log
 from hfscale.compare.megatron_log import parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation

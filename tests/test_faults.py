@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env, run
-from hfscale.launch import kill_tree
+from hfscale.run.outcome import kill_tree
 
 pytestmark = pytest.mark.multiprocess
 

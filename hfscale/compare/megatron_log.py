@@ -14,7 +14,7 @@ curves in the form of an hfscale run's (`histories`). Pure text in, dicts out: n
 import re
 
 from ..errors import HfscaleError
-from ..launch import OOM_MARKERS
+from ..run.outcome import OOM_MARKERS
 
 # a logged value is the token after its label, whatever it is: one that is not a number (a damaged or hand-edited
 # line) is named when it is read (`_float`), rather than the line skipped or the number cut short

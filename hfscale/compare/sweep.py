@@ -30,11 +30,11 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed, split_train_args
-from ..launch import (STATUSES, STOPPED, RunSpec, check_training_flags, decided_without_launch, run_one,
-                      strategy_launch)
+from ..launch import RunSpec, check_training_flags, decided_without_launch, run_one, strategy_launch
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
+from ..run.outcome import STATUSES, STOPPED
 
 SWEEP_FILE = "sweep.json"
 AXES = ("strategy", "optim", "num_processes", "per_device_train_batch_size", "gradient_accumulation_steps",
