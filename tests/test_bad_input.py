@@ -179,6 +179,27 @@ def test_liger_kernels_asked_for_where_the_package_is_missing_are_one_line(tmp_p
     _check_refused(proc, "--use_liger_kernel needs the liger-kernel package, which is not installed here", out)
 
 
+@pytest.mark.parametrize("attention", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_where_it_cannot_run_is_one_line(attention, tmp_path, hfscale_cli, monkeypatch):
+    """FlashAttention needs its package and a CUDA GPU (transformers' is_flash_attn_N_available, faked here both
+    ways): without them transformers raised an ImportError in every rank as it built the model; with them the run
+    goes on (only the check is faked: the run itself is refused later for the GPU this machine lacks)."""
+    import transformers.utils
+
+    from hfscale.run.planning import check_flash_attention
+
+    version = attention[-1]
+    monkeypatch.setattr(transformers.utils, f"is_flash_attn_{version}_available", lambda: False)
+    out = tmp_path / "out"
+    proc = hfscale_cli(["train", "--max_steps", "1", "--attn_implementation", attention, "--output_dir", str(out)])
+    _check_refused(proc, f"--attn_implementation {attention} needs a CUDA GPU and the FlashAttention {version} "
+                         "package, which this machine lacks: use sdpa", out)
+    monkeypatch.setattr(transformers.utils, f"is_flash_attn_{version}_available", lambda: True)
+    check_flash_attention(attention)
+    check_flash_attention("sdpa")
+    check_flash_attention(None)
+
+
 def test_a_reporting_integration_that_is_not_installed_is_one_line(tmp_path, hfscale_cli, monkeypatch):
     """transformers knows wandb, and its callback raises in every rank when the package is missing (mlflow's: an
     AttributeError); refused before launch. Installed ones are faked here, whatever this machine has."""

@@ -39,6 +39,20 @@ FP16_NEEDS_GPU = ("--fp16 needs a GPU: on CPU accelerate silently trains in fp32
                   "no fp16; use --bf16 (or no precision flag for fp32)")
 
 
+def check_flash_attention(attention: str | None) -> None:
+    """--attn_implementation flash_attention_N needs its package and a CUDA GPU (transformers' is_flash_attn_N_available
+    checks both); without them every rank raised transformers' ImportError as it built the model."""
+    if attention and attention.startswith("flash_attention_"):
+        import transformers.utils
+
+        version = attention.removeprefix("flash_attention_")
+        available = getattr(transformers.utils, f"is_flash_attn_{version}_available", None)
+        if available is not None and not available():
+            raise HfscaleError(f"--attn_implementation {attention} needs a CUDA GPU and the FlashAttention {version} "
+                               "package, which this machine lacks: use sdpa (PyTorch's fused attention, with its own "
+                               "flash kernel on GPUs)")
+
+
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
                   explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
                   ) -> tuple[dict, RunPlan, bool]:
@@ -68,6 +82,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     if kw.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:  # the Trainer's ImportError
         raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
                            "(pip install liger-kernel)")
+    check_flash_attention(attention)
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     else:
