@@ -103,3 +103,20 @@ def test_the_trainers_own_combination_checks_run_before_launch_and_never_refuse_
 
     monkeypatch.setattr(TrainingArguments, "_validate_args", reads_more)
     check_args(bad)  # left to the ranks, as before
+
+
+@pytest.mark.parametrize("new, old", [(None, None), (True, None), (False, None), (None, True), (None, False),
+                                      (True, True), (False, False)])
+def test_the_plan_recomputes_activations_as_the_trainer_does(new, old, tmp_path):
+    """--gradient_checkpointing is the Trainer's deprecated name of --activation_checkpointing, read only when the new
+    name is not given: the plan (estimate, HFU, run name) decides as TrainingArguments itself does."""
+    from transformers import TrainingArguments
+
+    from hfscale.train import check_args
+
+    argv = [*(["--activation_checkpointing", str(new).lower()] if new is not None else []),
+            *(["--gradient_checkpointing", str(old).lower()] if old is not None else [])]
+    plan = check_args([*argv, "--output_dir", str(tmp_path / "out")])[3].plan
+    trainer_says = TrainingArguments(output_dir=str(tmp_path / "t"), activation_checkpointing=new,
+                                     gradient_checkpointing=old, use_cpu=True).activation_checkpointing
+    assert plan.activation_checkpointing is bool(trainer_says)

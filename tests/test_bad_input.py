@@ -32,6 +32,9 @@ CASES = {
     "a Hub kernel the model cannot take": (["--model", "tiny-bloom", "--attn_implementation", "org/kernel"],
                                            "BloomForCausalLM has no 'org/kernel' attention"),
     "incompatible pair": (["--strategy", "zero2_offload", "--optim", "adamw_8bit"], "cannot use optimizer 'adamw_8bit'"),
+    # the Trainer follows the new name; the plan (estimate, HFU, run name) had read either as on
+    "checkpointing flags that disagree": (["--gradient_checkpointing", "true", "--activation_checkpointing", "false"],
+                                          "--activation_checkpointing false and --gradient_checkpointing true disagree"),
     "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),

@@ -53,6 +53,19 @@ def check_flash_attention(attention: str | None) -> None:
                                "flash kernel on GPUs)")
 
 
+def resolve_checkpointing(kw: dict) -> bool:
+    """Whether the run recomputes activations, as TrainingArguments decides it: --gradient_checkpointing is its
+    deprecated alias of --activation_checkpointing, read only when the new name is not given. Both given and
+    disagreeing is refused: the Trainer followed the new name where hfscale's plan (its estimate, HFU and run name)
+    had read either as on."""
+    new, old = kw.get("activation_checkpointing"), kw.get("gradient_checkpointing")
+    if new is not None and old is not None and bool(new) != bool(old):
+        raise HfscaleError(f"--activation_checkpointing {str(bool(new)).lower()} and --gradient_checkpointing "
+                           f"{str(bool(old)).lower()} disagree: --gradient_checkpointing is the Trainer's deprecated "
+                           "name of --activation_checkpointing; give that one alone")
+    return bool(new if new is not None else old)
+
+
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
                   explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
                   ) -> tuple[dict, RunPlan, bool]:
@@ -83,6 +96,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
         raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
                            "(pip install liger-kernel)")
     check_flash_attention(attention)
+    checkpointing = resolve_checkpointing(kw)
     if not gpu:
         kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
     else:
@@ -99,7 +113,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                    # the flags' precision; train.run() reads back what torch really computes in (TF32) once built
                    precision=compute_precision(kw["bf16"], kw["fp16"], os.environ.get("ACCELERATE_MIXED_PRECISION"),
                                                kw["tf32"]),
-                   activation_checkpointing=bool(kw.get("activation_checkpointing") or kw.get("gradient_checkpointing")),
+                   activation_checkpointing=checkpointing,
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
                    device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
                    fused_linear_cross_entropy=fused_linear_cross_entropy)
