@@ -35,6 +35,16 @@ CASES = {
     # the Trainer follows the new name; the plan (estimate, HFU, run name) had read either as on
     "checkpointing flags that disagree": (["--gradient_checkpointing", "true", "--activation_checkpointing", "false"],
                                           "--activation_checkpointing false and --gradient_checkpointing true disagree"),
+    # transformers 5.24's checkpointing options the plan does not model: its estimate and HFU would be wrong
+    "checkpointing some layers": (["--activation_checkpointing", "--activation_checkpointing_kwargs",
+                                   '{"every_n_layers": 2}'], "--activation_checkpointing_kwargs every_n_layers 2: "
+                                                             "hfscale's plan does not model checkpointing only some"),
+    "checkpointed inputs on the host": (["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs",
+                                         '{"offload": true}'], "--gradient_checkpointing_kwargs offload: hfscale's plan "
+                                                               "does not model the checkpointed inputs held in host"),
+    # a run file's mapping was checked, the command line's JSON text was not
+    "min_lr_rate above 1 on the command line": (["--lr_scheduler_kwargs", '{"min_lr_rate": 5}'],
+                                                "--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got 5"),
     "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),

@@ -229,6 +229,21 @@ HYPERPARAMETER_RANGES = {
 INTERVALS = ("logging_steps", "eval_steps", "save_steps")  # steps, or below 1 a fraction of the run
 
 
+def json_object_flag(kw: dict, name: str) -> dict:
+    """A flag TrainingArguments takes as a JSON object (`--lr_scheduler_kwargs '{"min_lr_rate": 0.1}'` on the command
+    line, a mapping in a run file) as the dict it parses it into; {} when not given or not an inline object."""
+    value = kw.get(name)
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:  # its own message named neither the flag nor the text
+            raise HfscaleError(f"--{name} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
 def check_hyperparameters(kw: dict) -> None:
     """Optimizer and scheduler values in their ranges: one line naming the flag, never a traceback from a library."""
     for name, (low, high, rule) in HYPERPARAMETER_RANGES.items():
@@ -243,13 +258,8 @@ def check_hyperparameters(kw: dict) -> None:
             raise HfscaleError(f"--{name} must be a whole number of steps (or a fraction of the run below 1), "
                                f"got {value}")
     for name in getattr(TrainingArguments, "_VALID_DICT_FIELDS", ()):  # JSON objects TrainingArguments parses, per rank
-        value = kw.get(name)
-        if isinstance(value, str) and value.startswith("{"):
-            try:
-                json.loads(value)
-            except json.JSONDecodeError as err:  # its own message named neither the flag nor the text
-                raise HfscaleError(f"--{name} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
-    min_lr = (kw.get("lr_scheduler_kwargs") or {}).get("min_lr_rate") if isinstance(kw.get("lr_scheduler_kwargs"), dict) else None
+        json_object_flag(kw, name)
+    min_lr = json_object_flag(kw, "lr_scheduler_kwargs").get("min_lr_rate")
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
     if kw.get("count_collectives") and kw.get("profile_step"):

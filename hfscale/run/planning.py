@@ -18,7 +18,7 @@ from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
-from .args import require_finite
+from .args import json_object_flag, require_finite
 
 # torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
 # H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
@@ -63,7 +63,18 @@ def resolve_checkpointing(kw: dict) -> bool:
         raise HfscaleError(f"--activation_checkpointing {str(bool(new)).lower()} and --gradient_checkpointing "
                            f"{str(bool(old)).lower()} disagree: --gradient_checkpointing is the Trainer's deprecated "
                            "name of --activation_checkpointing; give that one alone")
-    return bool(new if new is not None else old)
+    on = bool(new if new is not None else old)
+    name = "activation_checkpointing_kwargs" if kw.get("activation_checkpointing_kwargs") is not None else \
+        "gradient_checkpointing_kwargs"
+    options = json_object_flag(kw, name)
+    if on and options.get("every_n_layers", 1) != 1:  # transformers 5.24's Trainer: some layers keep everything
+        raise HfscaleError(f"--{name} every_n_layers {options['every_n_layers']}: hfscale's plan does not model "
+                           "checkpointing only some layers (its memory estimate and HFU would count every layer as "
+                           "recomputed); leave every_n_layers at 1")
+    if on and options.get("offload"):
+        raise HfscaleError(f"--{name} offload: hfscale's plan does not model the checkpointed inputs held in host "
+                           "memory (its estimate would count them on the device); leave offload out")
+    return on
 
 
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
