@@ -504,7 +504,11 @@ def test_the_trainer_loop_makes_no_host_sync_per_micro_batch_on_either_route(gpu
         assert kw["accelerator_config"] == ({"non_blocking": True} if visible else None)
         assert kw["dataloader_pin_memory"]  # non-blocking copies come from pinned memory
         mine = check_args(["--logging_nan_inf_filter", "true", "--accelerator_config", '{"non_blocking": false}'])[2]
-        assert mine["logging_nan_inf_filter"] is True and "false" in mine["accelerator_config"]
+        assert mine["logging_nan_inf_filter"] is True
+        assert mine["accelerator_config"] == ({"non_blocking": False} if visible else '{"non_blocking": false}')
+        # other accelerate settings keep the GPU route's non-blocking copies
+        other = check_args(["--accelerator_config", '{"split_batches": false}'])[2]["accelerator_config"]
+        assert other == ({"non_blocking": True, "split_batches": False} if visible else '{"split_batches": false}')
     args = build_training_arguments({**kw, "output_dir": None})  # the CPU route's (a faked GPU cannot be built on)
     assert not args.accelerator_config.non_blocking and not args.logging_nan_inf_filter and not args.dataloader_pin_memory
 

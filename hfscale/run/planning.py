@@ -184,9 +184,14 @@ def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
     - accelerator_config: accelerate copies each batch to the device with a blocking copy, which torch makes with a
       stream synchronize; on the GPU route non-blocking, from pinned memory (the Trainer's dataloader_pin_memory
       default), as accelerate's docs pair them. The CPU route copies nothing between devices and pins nothing (the
-      Trainer turns pinning off under use_cpu, and would warn at every run that non_blocking lacks it): untouched."""
-    if gpu and "accelerator_config" not in explicit:
-        kw["accelerator_config"] = {"non_blocking": True}
+      Trainer turns pinning off under use_cpu, and would warn at every run that non_blocking lacks it): untouched.
+      An inline --accelerator_config of other settings keeps the non-blocking copies (a file of them is the user's
+      whole config, as written)."""
+    if not gpu:
+        return
+    given = kw.get("accelerator_config") if "accelerator_config" in explicit else None
+    if given is None or isinstance(given, dict) or (isinstance(given, str) and given.startswith("{")):
+        kw["accelerator_config"] = {"non_blocking": True, **json_object_flag(kw, "accelerator_config")}
 
 
 def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None) -> dict | None:
