@@ -42,6 +42,9 @@ CASES = {
     "checkpointed inputs on the host": (["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs",
                                          '{"offload": true}'], "--gradient_checkpointing_kwargs offload: hfscale's plan "
                                                                "does not model the checkpointed inputs held in host"),
+    # keyword arguments that are not an object: the scheduler's ** raised in every rank
+    "scheduler keywords that are not an object": (["--lr_scheduler_kwargs", "5"], "--lr_scheduler_kwargs must be a "
+                                                  "JSON object of keyword arguments ('{\"name\": value}'), got '5'"),
     # a run file's mapping was checked, the command line's JSON text was not
     "min_lr_rate above 1 on the command line": (["--lr_scheduler_kwargs", '{"min_lr_rate": 5}'],
                                                 "--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got 5"),

@@ -259,6 +259,11 @@ def check_hyperparameters(kw: dict) -> None:
                                f"got {value}")
     for name in getattr(TrainingArguments, "_VALID_DICT_FIELDS", ()):  # JSON objects TrainingArguments parses, per rank
         json_object_flag(kw, name)
+        value = kw.get(name)  # keyword arguments are an object; the configs (accelerator, fsdp, deepspeed) also a path
+        if name.endswith("_kwargs") and value is not None and not isinstance(value, dict) and not (
+                isinstance(value, str) and value.startswith("{")):  # the scheduler's ** raised in every rank
+            raise HfscaleError(f"--{name} must be a JSON object of keyword arguments ('{{\"name\": value}}'), "
+                               f"got {value!r}")
     min_lr = json_object_flag(kw, "lr_scheduler_kwargs").get("min_lr_rate")
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
