@@ -104,6 +104,8 @@ CASES = {
     "infinite logging interval": (["--logging_steps", "inf"], "--logging_steps must be a finite number, got inf"),
     "NaN token budget": (["--token_budget", "nan"], "--token_budget must be a finite number, got nan"),
     "resume from nothing": (["--resume_from_checkpoint", "/nonexistent/checkpoint-4"], "no such checkpoint directory"),
+    "resume from a file": (["--resume_from_checkpoint", str(REPO / "README.md")],
+                           f"is a file, not a checkpoint directory: give the folder that holds it ({REPO})"),
     "validation share of everything": (["--validation_split_percentage", "100"],
                                        "--validation_split_percentage must be between 0 and 100, got 100"),
     # a flag of another strategy: the Trainer would ignore it without a word
@@ -496,6 +498,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--deepspeed is for the zero* strategies"),
     (["tune", "--gpus", "2"], "--gpus is now --num_processes"),
     (["export", "/nonexistent/checkpoint-9", "OUT"], "no such checkpoint directory"),
+    (["export", str(REPO / "README.md"), "OUT"], f"is a file, not a checkpoint directory: give the folder that holds "
+                                                 f"it ({REPO})"),
     (["import-logs", "/nonexistent/61B-megatron.out"], "log file not found"),
     (["import-logs", "."], ". is a directory, not a log file"),
     (["report", "/nonexistent/runs"], "no such run or sweep directory"),

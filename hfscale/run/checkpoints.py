@@ -129,6 +129,9 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_ski
             return None
     else:
         path = Path(value)
+        if path.is_file():
+            raise HfscaleError(f"--resume_from_checkpoint {value} is a file, not a checkpoint directory: give the "
+                               f"folder that holds it ({path.parent})")
         if not path.is_dir():
             raise HfscaleError(f"--resume_from_checkpoint {value}: no such checkpoint directory")
         newest = None if is_complete(path) else latest_complete(path)

@@ -25,7 +25,7 @@ def _empty_model(checkpoint: Path):
 
     config = AutoConfig.from_pretrained(checkpoint)  # local directory: no code is run from it
     with torch.device("cpu"):
-        return AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _ddp_state_dict(checkpoint: Path) -> dict:
@@ -91,6 +91,9 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in DTYPES:
         raise one_of("dtype", dtype, DTYPES)
+    if checkpoint.is_file():
+        raise HfscaleError(f"{checkpoint} is a file, not a checkpoint directory: give the folder that holds it "
+                           f"({checkpoint.parent})")
     if not checkpoint.is_dir():
         raise HfscaleError(f"{checkpoint}: no such checkpoint directory")
     if not is_complete(checkpoint) and checkpoint_dirs(checkpoint):  # a run's output directory
