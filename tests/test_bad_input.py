@@ -556,6 +556,13 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     # a value lost between two commas (before: dropped without a word)
     (["project", "--model", "tiny", "--gpus", "8,,16", "--tflops_per_gpu", "100"],
      "--gpus '8,,16' has an empty item: give the values separated by single commas"),
+    # a 3D layout flag where no megatron* layout is weighed (before: ignored without a word)
+    (["estimate", "--model", "tiny", "--strategy", "ddp", "--sequence_parallel"],
+     "--sequence_parallel describes the 3D layouts: add megatron or megatron-deepspeed to --strategy"),
+    (["project", "--model", "tiny", "--tflops_per_gpu", "100", "--recompute_granularity", "selective"],
+     "--recompute_granularity describes the 3D layouts"),
+    (["estimate", "--model", "tiny", "--strategy", "megatron", "--tp", "2", "--gpus", "2", "--recompute_granularity",
+      "selective"], "--recompute_granularity selective is what --activation_checkpointing recomputes"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

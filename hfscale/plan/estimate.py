@@ -12,14 +12,14 @@ term is, where its constants come from and how far it was checked.
 import json
 from dataclasses import dataclass
 
-from ..errors import ArgumentParser, HfscaleError
+from ..errors import ArgumentParser
 from ..flags import ALL, comma_list, positive, refuse_renamed
 from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES, construction_host_bytes, max_micro_batch
 from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
-                      check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, recompute_of,
+                      check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, recompute_of,
                       shape_from_options, strategies_and_families)
 
 
@@ -77,8 +77,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     host_bytes = opts.host_memory_gb * GB if opts.host_memory_gb else None
     strategies, families = strategies_and_families(opts.strategy, with_3d=bool(opts.tp or opts.pp))
-    if (opts.tp or opts.pp) and not families:
-        raise HfscaleError("--tp/--pp describe the 3D layouts: add megatron or megatron-deepspeed to --strategy")
+    check_grid_flags(opts, families, opts.activation_checkpointing)
     optimizers = optimizers_option(opts.optim)
     sizes = micro_batches(opts.per_device_train_batch_size)
     per_node = min(opts.gpus, opts.gpus_per_node)

@@ -113,6 +113,20 @@ def add_grid_flags(p: ArgumentParser) -> None:
                         "or only the attention (selective)")
 
 
+def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
+    """The 3D layout flags describe the megatron* layouts: refused where none is weighed (--sequence_parallel and
+    --recompute_granularity were ignored without a word), and a granularity without activation checkpointing (there
+    is nothing to recompute)."""
+    given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--sequence_parallel", opts.sequence_parallel),
+                                   ("--recompute_granularity", opts.recompute_granularity != "full")) if on]
+    if given and not families:
+        raise HfscaleError(f"{given[0]} describe{'' if given[0] == '--tp/--pp' else 's'} the 3D layouts: add megatron "
+                           "or megatron-deepspeed to --strategy")
+    if opts.recompute_granularity != "full" and not checkpointing:
+        raise HfscaleError(f"--recompute_granularity {opts.recompute_granularity} is what --activation_checkpointing "
+                           "recomputes: turn that on, or leave the granularity out")
+
+
 def recompute_of(opts) -> str:
     """Megatron's recomputation for these options: none without --activation_checkpointing."""
     return opts.recompute_granularity if opts.activation_checkpointing else "none"

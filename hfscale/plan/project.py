@@ -29,8 +29,8 @@ from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
 from .links import add_link_flags, links_from, meeting_line
-from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_whole_nodes,
-                      device_memory_bytes, strategies_and_families)
+from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
+                      check_whole_nodes, device_memory_bytes, strategies_and_families)
 from .projection import Point, best, knee, model_error, project, project_grids
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
@@ -117,8 +117,7 @@ def run_projection(opts):
         raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
     strategies, families = (strategies_and_families(opts.strategy, with_3d=True, timed=True) if opts.strategy
                             else ([base.plan.strategy], []))
-    if (opts.tp or opts.pp) and not families:
-        raise HfscaleError("--tp/--pp describe the 3D layouts: add megatron or megatron-deepspeed to --strategy")
+    check_grid_flags(opts, families, base.plan.activation_checkpointing)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
                             else "none", opts.sequence_parallel)
