@@ -174,6 +174,11 @@ class Fit:
     reason: str | None = None  # why not, in words
 
 
+def _gb(nbytes: float) -> str:
+    """GB to one decimal, or three significant digits below 1 GB (a tiny model needs more than '0.0')."""
+    return f"{nbytes / GB:,.1f}" if nbytes >= GB else f"{nbytes / GB:.3g}"
+
+
 def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
     """Does the plan (a RunPlan or a 3D GridPlan) fit `device_bytes` per GPU (and `host_bytes` of host RAM per node,
     when given)?"""
@@ -182,9 +187,9 @@ def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=N
     if device_bytes is None:
         return Fit(None, mem.device_total, host, "no device memory given: not judged")
     if mem.device_total > device_bytes:
-        return Fit(False, mem.device_total, host, f"needs {mem.device_total / GB:,.1f} GB per GPU, the device has "
+        return Fit(False, mem.device_total, host, f"needs {_gb(mem.device_total)} GB per GPU, the device has "
                                                   f"{device_bytes / GB:g}")
     if host_bytes is not None and host > host_bytes:
-        return Fit(False, mem.device_total, host, f"needs {host / GB:,.1f} GB of host RAM per node, it has "
+        return Fit(False, mem.device_total, host, f"needs {_gb(host)} GB of host RAM per node, it has "
                                                   f"{host_bytes / GB:g}")
     return Fit(True, mem.device_total, host)
