@@ -33,15 +33,16 @@ CASES = {
                                            "BloomForCausalLM has no 'org/kernel' attention"),
     "incompatible pair": (["--strategy", "zero2_offload", "--optim", "adamw_8bit"], "cannot use optimizer 'adamw_8bit'"),
     # the Trainer follows the new name; the plan (estimate, HFU, run name) had read either as on
-    "checkpointing flags that disagree": (["--gradient_checkpointing", "true", "--activation_checkpointing", "false"],
-                                          "--activation_checkpointing false and --gradient_checkpointing true disagree"),
+    "checkpointing flags that disagree": (
+        ["--gradient_checkpointing", "true", "--activation_checkpointing", "false"],
+        "--activation_checkpointing false and --gradient_checkpointing true disagree"),
     # transformers 5.24's checkpointing options the plan does not model: its estimate and HFU would be wrong
     "checkpointing some layers": (["--activation_checkpointing", "--activation_checkpointing_kwargs",
                                    '{"every_n_layers": 2}'], "--activation_checkpointing_kwargs every_n_layers 2: "
                                                              "hfscale's plan does not model checkpointing only some"),
-    "checkpointed inputs on the host": (["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs",
-                                         '{"offload": true}'], "--gradient_checkpointing_kwargs offload: hfscale's plan "
-                                                               "does not model the checkpointed inputs held in host"),
+    "checkpointed inputs on the host": (
+        ["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", '{"offload": true}'],
+        "--gradient_checkpointing_kwargs offload: hfscale's plan does not model the checkpointed inputs held in host"),
     # keyword arguments that are not an object: the scheduler's ** raised in every rank
     "scheduler keywords that are not an object": (["--lr_scheduler_kwargs", "5"], "--lr_scheduler_kwargs must be a "
                                                   "JSON object of keyword arguments ('{\"name\": value}'), got '5'"),

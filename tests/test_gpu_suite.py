@@ -64,8 +64,9 @@ def test_ddp_variants_are_chosen_by_name():
         suite.variant_names("compiled,gc1")
 
 
-@pytest.mark.parametrize("asked, expected", [("all", ["", "", "auto-buckets", "5e7-buckets", "auto-buckets", "5e7-buckets"]),
-                                              ("none", ["", ""]), ("5e7-buckets", ["", "", "5e7-buckets", "5e7-buckets"])])
+@pytest.mark.parametrize("asked, expected", [
+    ("all", ["", "", "auto-buckets", "5e7-buckets", "auto-buckets", "5e7-buckets"]), ("none", ["", ""]),
+    ("5e7-buckets", ["", "", "5e7-buckets", "5e7-buckets"])])
 def test_zero_variants_are_chosen_by_name(asked, expected, monkeypatch, tmp_path):
     """--zero_variants picks which bucket variants run beside the shipped zero2/zero3 JSONs (none: the strategies
     alone, as a short lease re-measures them); the runs themselves are faked here."""

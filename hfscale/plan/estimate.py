@@ -19,8 +19,8 @@ from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
-                      check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option, recompute_of,
-                      shape_from_options, strategies_and_families)
+                      check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option,
+                      recompute_of, shape_from_options, strategies_and_families)
 
 
 @dataclass

@@ -103,7 +103,8 @@ class StrategyCallback(TrainerCallback):
         running = getattr(args, "mixed_precision", None)  # flags, or ACCELERATE_MIXED_PRECISION from the environment
         verify.check_precision(self.facts, strategy, args.bf16 or running == "bf16", args.fp16 or running == "fp16")
         params = self.facts["parameters"]
-        verify.check_sharded("parameters", params["elements_local"], self.engine_params, self.plan.shard_ranks, strategy)
+        verify.check_sharded("parameters", params["elements_local"], self.engine_params, self.plan.shard_ranks,
+                             strategy)
         if strategy.tensor_parallel and self.plan.shard_ranks == 1:  # TP alone: exactly the plan's slices
             verify.require(params["elements_local"] == self.engine_params, f"this rank holds "
                            f"{params['elements_local']:,} parameters, the TP plan {self.engine_params:,}", strategy)
@@ -113,7 +114,8 @@ class StrategyCallback(TrainerCallback):
         if self.powersgd is not None:
             trainer.powersgd_state = apply_powersgd(verify.uncompiled(trainer.model_wrapped), self.powersgd)
             if self.resume_from:
-                self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from, args.process_index)
+                self.facts["powersgd_restored"] = restore_powersgd(self.powersgd_state, self.resume_from,
+                                                                   args.process_index)
         self._publish()
 
     def _record_construction_memory(self) -> None:

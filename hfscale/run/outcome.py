@@ -8,8 +8,9 @@ import psutil
 
 STATUSES = ("ok", "OOM", "fail", "timeout", "refused")  # final: a sweep skips such a run when started again
 STOPPED = "stopped"  # saved and stopped on SIGUSR1 (run/stopping.py): run again
-# How the stack says in a log that it ran out of memory: torch's caching allocator (CUDA, ROCm's HIP), a kernel's own cudaMalloc
-# ("CUDA error: out of memory"), cuBLAS creating its handle or workspace, NCCL's buffers, and the host's allocators
+# How the stack says in a log that it ran out of memory: torch's caching allocator (CUDA, ROCm's HIP), a kernel's own
+# cudaMalloc ("CUDA error: out of memory"), cuBLAS creating its handle or workspace, NCCL's buffers, and the host's
+# allocators
 OOM_MARKERS = ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError", "CUDA error: out of memory",
                "CUBLAS_STATUS_ALLOC_FAILED", "Cuda failure 'out of memory'", "Cuda failure: out of memory",
                "DefaultCPUAllocator: can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
