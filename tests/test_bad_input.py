@@ -43,6 +43,11 @@ CASES = {
     "checkpointed inputs on the host": (
         ["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", '{"offload": true}'],
         "--gradient_checkpointing_kwargs offload: hfscale's plan does not model the checkpointed inputs held in host"),
+    # the Trainer's KeyError at the first evaluation, after training up to it
+    "a best-model metric no evaluation reports": (
+        ["--load_best_model_at_end", "true", "--eval_strategy", "steps", "--save_strategy", "steps",
+         "--metric_for_best_model", "accuracy"],
+        "unknown --metric_for_best_model 'accuracy': an evaluation reports loss, perplexity, tokens_evaluated"),
     # keyword arguments that are not an object: the scheduler's ** raised in every rank
     "scheduler keywords that are not an object": (["--lr_scheduler_kwargs", "5"], "--lr_scheduler_kwargs must be a "
                                                   "JSON object of keyword arguments ('{\"name\": value}'), got '5'"),

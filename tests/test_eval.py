@@ -98,3 +98,31 @@ def test_eval_loss_is_the_mean_token_cross_entropy_of_the_validation_text(tmp_pa
     with torch.no_grad():
         losses = [model(input_ids=b[None], labels=b[None]).loss.item() for b in blocks]
     assert evals[1]["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+
+
+def test_the_best_model_metrics_are_what_an_evaluation_reports():
+    """--metric_for_best_model is checked before launch against EVAL_METRICS (a typo was the Trainer's KeyError at the
+    first evaluation, after training up to it): those names are what an evaluation's metrics hold - hfscale's
+    token-weighted loss, the perplexity its log adds, and the Trainer's timings."""
+    import time
+
+    import numpy as np
+    from transformers.trainer_utils import EvalPrediction, speed_metrics
+
+    from hfscale.run.args import EVAL_METRICS
+    from hfscale.run.trainer import HfscaleTrainer, token_weighted_eval_loss
+
+    stats = np.array([[6.0, 3.0], [2.0, 1.0]])  # per block: summed cross-entropy, predicted tokens
+    metrics = {f"eval_{k}": v for k, v in token_weighted_eval_loss(EvalPrediction(stats, None)).items()}
+    metrics.update(speed_metrics("eval", time.time(), num_samples=2, num_steps=1))
+    logged = []
+    from types import SimpleNamespace
+
+    fake = HfscaleTrainer.__new__(HfscaleTrainer)  # its log() alone: no model, no accelerator
+    fake.__dict__.update(meter=None, step_memory=None, _clock_start=None, _eval_start=None,
+                         state=SimpleNamespace(global_step=2), plan=SimpleNamespace(tokens_per_step=64))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("transformers.Trainer.log", lambda self, logs, *a, **k: logged.append(dict(logs)))
+        HfscaleTrainer.log(fake, metrics)
+    assert {k.removeprefix("eval_") for k in logged[0] if k.startswith("eval_")} == set(EVAL_METRICS)
+    assert metrics["eval_loss"] == 2.0

@@ -282,6 +282,12 @@ def check_hyperparameters(kw: dict) -> None:
             raise HfscaleError(f"--{flag} takes an optimizer step from 2 to --max_steps ({last}) (0: off), got {step}")
 
 
+# What an evaluation reports, the names --metric_for_best_model takes (with or without the Trainer's eval_ prefix):
+# run/trainer.py's token_weighted_eval_loss (loss, tokens_evaluated) and HfscaleTrainer.log (perplexity), the
+# Trainer's own timings.
+EVAL_METRICS = ("loss", "perplexity", "tokens_evaluated", "runtime", "samples_per_second", "steps_per_second")
+
+
 def check_trainer_combinations(kw: dict) -> None:
     """TrainingArguments' own checks of how its flags combine (`_validate_args`: --load_best_model_at_end with another
     save than eval schedule, reduce_lr_on_plateau without evaluation, ...), made here on the flags alone: built into
@@ -306,6 +312,9 @@ def check_trainer_combinations(kw: dict) -> None:
         if args.save_strategy == SaveStrategy.BEST and metric is None:  # the Trainer's own check, in every rank
             raise ValueError("--save_strategy best keeps the checkpoint of the best evaluation: name its "
                              "--metric_for_best_model (e.g. loss) and an --eval_strategy")
+        if metric is not None and metric.removeprefix("eval_") not in EVAL_METRICS:  # a KeyError at the first eval
+            raise HfscaleError(f"unknown --metric_for_best_model '{metric}': an evaluation reports "
+                               f"{', '.join(EVAL_METRICS)} (each also as eval_<name>)")
     except ValueError as err:  # what the ranks would each have said
         raise HfscaleError(" ".join(str(err).split())) from None
     except (AttributeError, TypeError):  # a transformers that reads more than the flags: the ranks check it
