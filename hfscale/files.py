@@ -21,6 +21,8 @@ def check_writable_dir(path, flag: str, _named=None) -> None:
     """A folder hfscale will create (parents too) or write into, checked before any work: refused in one line when a
     file stands in the way or the nearest existing folder cannot be written. Leaves nothing behind."""
     named = path if _named is None else _named
+    if not str(path).strip():  # Path("") is ".", where os.makedirs("") raises
+        raise HfscaleError(f"{flag} is empty: give a folder")
     existing = Path(path).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
@@ -96,6 +98,8 @@ def exclusive_dir(path, flag: str, what: str = "run"):
 
 def check_writable_file(path, flag: str) -> None:
     """A file hfscale will write (atomically, its folder created): as check_writable_dir, for its folder."""
+    if not str(path).strip():
+        raise HfscaleError(f"{flag} is empty: name a file")
     if Path(path).is_dir():
         raise HfscaleError(f"{flag} {path} is a folder; name a file")
     check_writable_dir(Path(path).expanduser().absolute().parent, flag, _named=path)

@@ -569,6 +569,9 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
      "--recompute_granularity describes the 3D layouts"),
     (["estimate", "--model", "tiny", "--strategy", "megatron", "--tp", "2", "--gpus", "2", "--recompute_granularity",
       "selective"], "--recompute_granularity selective is what --activation_checkpointing recomputes"),
+    # an empty path (before: train's ranks raised makedirs(''); bandwidth measured and wrote nothing)
+    (["train", "--model", "tiny", "--max_steps", "1", "--output_dir", ""], "--output_dir is empty: give a folder"),
+    (["bandwidth", "--out", ""], "--out is empty: name a file"),
     (["peak", "--size", "-3"], "--size must be positive, got -3"),
     (["peak", "--size", "0"], "--size must be positive, got 0"),
     (["peak", "--seconds", "nan"], "--seconds must be positive, got nan"),

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     while size <= max_bytes:
         sizes.append(size)
         size *= 4
-    if opts.out and not opts.worker:
+    if opts.out is not None and not opts.worker:
         check_writable_file(opts.out, "--out")
     if opts.worker:
         worker(sizes, opts.iters, opts.out, opts.compute_ms / 1e3)

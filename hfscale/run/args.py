@@ -257,6 +257,8 @@ def check_hyperparameters(kw: dict) -> None:
         if name in INTERVALS and value > 1 and value != int(value):  # TrainingArguments' own error, in every rank
             raise HfscaleError(f"--{name} must be a whole number of steps (or a fraction of the run below 1), "
                                f"got {value}")
+    if kw.get("output_dir") is not None and not str(kw["output_dir"]).strip():  # each rank raised makedirs('')
+        raise HfscaleError("--output_dir is empty: give a folder (or leave it out: runs/<run name>)")
     for name in getattr(TrainingArguments, "_VALID_DICT_FIELDS", ()):  # JSON objects TrainingArguments parses, per rank
         json_object_flag(kw, name)
         value = kw.get(name)  # keyword arguments are an object; the configs (accelerator, fsdp, deepspeed) also a path
