@@ -654,10 +654,11 @@ def main() -> None:
                 todo += [("ddp", "adamw", compiled, variant, extra) for variant, compiled, extra in DDP_VARIANTS
                          if (variant or "compiled") in chosen]
         if not opts.dry_run:
+            chosen_strategies, chosen_zero = {s for s, _ in chosen_pairs}, zero_variant_names(opts.zero_variants)
             todo += [(strategy, "adamw", False, variant,
                       ["--deepspeed", str(deepspeed_variant(strategy, variant, values, opts.out))])
                      for strategy, variant, values in ZERO_VARIANTS
-                     if strategy in {s for s, _ in chosen_pairs} and variant in zero_variant_names(opts.zero_variants)]
+                     if strategy in chosen_strategies and variant in chosen_zero]
         if opts.profile:  # one step of every run profiled: where each strategy's step goes (docs/strategies.md)
             todo = [(s, o, c, v, extra if "--profile_step" in extra else [*extra, "--profile_step", "PROFILED"])
                     for s, o, c, v, extra in todo if "--count_host_syncs" not in extra]
