@@ -1,7 +1,7 @@
 #!/bin/bash
 # A 15-minute lease of the `device` tool, in one call (benchmarks/gpu_lease.sh): the loss-only forward's speed and
-# memory. Measured on an H200 on 2026-11-27 (results/h200_2026-11-27: 1.004 of the hand-written step, 51.3% MFU);
-# on an H100 still to measure. The next lease on an H200 is gpu_call_strategies.sh.
+# memory. Measured on an H200 (results/h200_2026-11-27: 1.004 of the hand-written step, 51.3% MFU) and an H100
+# (results/h100_2026-11-27: 0.991, 48.3%) on 2026-11-27. The next leases: gpu_call_strategies.sh, gpu_call_mfu.sh.
 # Run there as:  bash benchmarks/gpu_call_15min.sh   (carry: .whl, timeout_s 590)
 # Sized from 2026-11-27 (H200): 476 s in all; the wheels' install about 25 s; a compiled 350M reference 40-70 s (each)
 # and a 40-step compiled 350M run 45-85 s; a 1.3B compiled run about 85 s; a compiled grid point 9-25 s. The machine's

@@ -128,6 +128,10 @@ DDP_VARIANTS = [("", True, []),
                 ("vocab128", True, ["--vocab_size", "VOCAB128"]),
                 ("flce", True, ["--fused_linear_cross_entropy"]),
                 ("mbs2x+vocab128", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128"]),
+                # ... with inductor's matmul autotuning (Triton templates benchmarked against cuBLAS per shape; no CUDA
+                # graphs): the H100 ran the pair at 48.3%, the H200 at 51.3% (results/h100_2026-11-27/)
+                ("mbs2x+vocab128+autotune", True, ["--per_device_train_batch_size", "MBS2X", "--vocab_size", "VOCAB128",
+                                                   "--torch_compile_mode", "max-autotune-no-cudagraphs"]),
                 # every step its own logging interval: which steps after the warm-up pay the one-off 0.2-0.4 s one H200
                 # showed in steps 3-5 of every run (results/h200_2026-11-25/record.md)
                 ("per-step", True, ["--logging_steps", "1", "--perf_warmup_steps", "1"])]  # intervals from step 2

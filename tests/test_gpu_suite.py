@@ -58,7 +58,8 @@ def _suite():
 def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
     assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "workers2", "host-syncs", "profile",
-                                          "mbs2x", "vocab128", "flce", "mbs2x+vocab128", "per-step"}
+                                          "mbs2x", "vocab128", "flce", "mbs2x+vocab128", "mbs2x+vocab128+autotune",
+                                          "per-step"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
@@ -144,6 +145,8 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
         assert kw["per_device_train_batch_size"] == (16 if "mbs2x" in variant else 8)
         assert state.plan.shape.vocab == (50304 if "vocab128" in variant else 50257)
         assert state.plan.fused_linear_cross_entropy is (variant == "flce")
+        assert kw.get("torch_compile_mode") == {"cudagraphs": "reduce-overhead",
+                                                "mbs2x+vocab128+autotune": "max-autotune-no-cudagraphs"}.get(variant)
         # per-step: every step its own interval from step 2; the rest: the GPU route's 5 untimed steps
         assert kw["perf_warmup_steps"] == (1 if variant == "per-step" else 5)
         if variant == "trainer-syncs":
@@ -245,7 +248,8 @@ def lease_sections(script) -> list[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh", "gpu_call_offload.sh",
-                                    "gpu_call_zero_buckets.sh", "gpu_call_loss_only_grid.sh"])
+                                    "gpu_call_zero_buckets.sh", "gpu_call_loss_only_grid.sh",
+                                    "gpu_call_mfu.sh"])
 def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
     """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
     Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than

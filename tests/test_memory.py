@@ -297,7 +297,8 @@ H200 = REPO / "benchmarks" / "results" / "h200_2026-11-25"
 H200_COMPILED = REPO / "benchmarks" / "results" / "h200_2026-11-26"  # the compiled grid rows; 350M compiled, ZeRO buckets
 H200_LOSS_ONLY = REPO / "benchmarks" / "results" / "h200_2026-11-27"  # ... of the loss-only step; 350M, 1.3B compiled
 H200_STRATEGIES = REPO / "benchmarks" / "results" / "h200_2026-11-27b"  # ... at MBS 8-16; each strategy profiled
-CUDA_FOLDERS = (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED, H200_LOSS_ONLY, H200_STRATEGIES)
+H100_LOSS_ONLY = REPO / "benchmarks" / "results" / "h100_2026-11-27"  # the loss-only rows again; 350M, 1.3B compiled
+CUDA_FOLDERS = (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED, H200_LOSS_ONLY, H200_STRATEGIES, H100_LOSS_ONLY)
 
 
 def _compiled(row: dict) -> bool:

@@ -88,13 +88,14 @@ RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
 # (run/forward.py), measured on two H200 leases of 2026-11-27: benchmarks/results/h200_2026-11-27/ (the same 3 shapes
 # per mode at MBS 4: it keeps what the returned step keeps, within 0.2%) and h200_2026-11-27b/ (8 layers at MBS 8 and
 # 16, the whole runs' micro-batches: under autocast the compiled step keeps less per token as the micro-batch grows,
-# 0.49-0.51 of the eager estimate at MBS 4, 0.474 at 8, 0.463 at 16; bf16 0.556 at every size; fp32 0.655-0.72). Every
+# 0.49-0.51 of the eager estimate at MBS 4, 0.474 at 8, 0.463 at 16; bf16 0.556 at every size; fp32 0.655-0.72); an
+# H100 lease the same day measured the MBS 4 rows again (h100_2026-11-27/: the same figures to 0.001). Every
 # row within 9%. A loss-only step without a figure of its own takes the returned one, an upper bound (the logits'
 # gradient is one more tensor to hold), and says so; calibrate_activations.fit_compiled fits each key apart.
 STEP_OUTPUTS = ("returned", "loss_only")
 COMPILED_ACTIVATION_FACTOR = {"cuda": {
     "returned": {"gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696},
-    "loss_only": {"gpt2/sdpa/autocast_bf16/0": 0.469, "gpt2/sdpa/bf16/0": 0.556, "gpt2/sdpa/fp32/0": 0.66}}}
+    "loss_only": {"gpt2/sdpa/autocast_bf16/0": 0.472, "gpt2/sdpa/bf16/0": 0.556, "gpt2/sdpa/fp32/0": 0.661}}}
 COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
 # returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
@@ -110,7 +111,8 @@ COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # 1.3B run (MBS 16, 50304 rows) whose step peak is under what the factor alone keeps. The whole loss-only runs' peaks
 # fell more from the returned step's than the logits term says: with the first lease's factors (MBS 4 only) the
 # estimate stood 7% (350M, MBS 8) and 8.5% (1.3B, MBS 16) over them. The second lease's grid at MBS 8 and 16 found
-# the rest in what the compiled autocast step keeps (above): with the factors fitted over both, 1.9% and 2.6% over.
+# the rest in what the compiled autocast step keeps (above): with the factors fitted over both, 1.9% and 2.6% over;
+# 2.4% and 3.3% with the H100's MBS 4 rows fitted beside them (the same runs on the H100: the same peaks to 0.01 GB).
 COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"returned": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}},
                                        "loss_only": {"ragged": {2: 4.0, 4: 0.4}, "aligned": {2: 0.0}}}}
 COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
