@@ -109,7 +109,7 @@ def test_the_best_model_metrics_are_what_an_evaluation_reports():
     import numpy as np
     from transformers.trainer_utils import EvalPrediction, speed_metrics
 
-    from hfscale.run.args import EVAL_METRICS
+    from hfscale.run.checks import EVAL_METRICS
     from hfscale.run.trainer import HfscaleTrainer, token_weighted_eval_loss
 
     stats = np.array([[6.0, 3.0], [2.0, 1.0]])  # per block: summed cross-entropy, predicted tokens

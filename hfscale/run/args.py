@@ -15,9 +15,8 @@ import json
 import math
 import os
 import sys
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import get_type_hints
 
 from transformers import HfArgumentParser, TrainingArguments
@@ -29,6 +28,7 @@ from ..models import PRESETS, check_attention, missing_local_path, model_shape, 
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
+from .checks import check_hyperparameters
 from .data import EMBEDDED, check_file_content, check_local_files, expand_file_patterns
 from .garbage import DEFAULT_GC_FREQ
 from .recipes import document_recipe
@@ -193,134 +193,6 @@ class RunState:
     checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
     resume_from: str | None = None  # the complete checkpoint this run resumes from
     validation: dict | None = None  # where validation text comes from (run/data.validation_plan), None: no evaluation
-
-
-# What torch's AdamW, bitsandbytes' AdamW8bit, transformers' Adafactor and the Trainer's schedulers accept; checked
-# before anything is written, for every optimizer (each refuses the same ranges, deep inside a launched run).
-_TINY = math.ulp(0.0)  # the smallest positive float: a lower bound that makes a range "must be positive"
-HYPERPARAMETER_RANGES = {
-    "learning_rate": (0.0, None, "must be >= 0"),
-    "adam_beta1": (0.0, 1.0, "must be in [0, 1)"),
-    "adam_beta2": (0.0, 1.0, "must be in [0, 1)"),
-    "adam_epsilon": (0.0, None, "must be >= 0"),
-    "weight_decay": (0.0, None, "must be >= 0"),
-    "max_grad_norm": (0.0, None, "must be >= 0 (0 turns clipping off)"),
-    "warmup_steps": (0.0, None, "must be >= 0 (a number of steps, or a fraction of them below 1)"),
-    "gc_freq": (0, None, "must be >= 0 (optimizer steps between collections; 0: Python's automatic collection)"),
-    # the rest would be a traceback in every launched rank, or a silently odd run (a negative peak: a negative MFU)
-    "seed": (0, 2**32, "must be in [0, 2**32) (numpy's seed range)"),
-    "data_seed": (0, 2**32, "must be in [0, 2**32) (numpy's seed range)"),
-    "peak_tflops": (_TINY, None, "must be positive"),
-    "perf_warmup_steps": (0, None, "must be >= 0 (0: every step timed)"),
-    "logging_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
-    "eval_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
-    "save_steps": (_TINY, None, "must be positive (steps, or a fraction of the run below 1)"),
-    "per_device_eval_batch_size": (1, None, "must be positive"),
-    "eval_accumulation_steps": (1, None, "must be positive"),
-    "eval_delay": (0, None, "must be >= 0"),
-    "dataloader_num_workers": (0, None, "must be >= 0"),
-    "dataloader_prefetch_factor": (1, None, "must be positive"),
-    "ddp_bucket_cap_mb": (_TINY, None, "must be positive"),
-    "ddp_timeout": (1, None, "must be positive (seconds)"),
-    "label_smoothing_factor": (0.0, 1.0, "must be in [0, 1)"),
-    "neftune_noise_alpha": (0.0, None, "must be >= 0"),
-    "torch_empty_cache_steps": (1, None, "must be positive"),
-}
-INTERVALS = ("logging_steps", "eval_steps", "save_steps")  # steps, or below 1 a fraction of the run
-
-
-def json_object_flag(kw: dict, name: str) -> dict:
-    """A flag TrainingArguments takes as a JSON object (`--lr_scheduler_kwargs '{"min_lr_rate": 0.1}'` on the command
-    line, a mapping in a run file) as the dict it parses it into; {} when not given or not an inline object."""
-    value = kw.get(name)
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as err:  # its own message named neither the flag nor the text
-            raise HfscaleError(f"--{name} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
-        return parsed if isinstance(parsed, dict) else {}
-    return {}
-
-
-def check_hyperparameters(kw: dict) -> None:
-    """Optimizer and scheduler values in their ranges: one line naming the flag, never a traceback from a library."""
-    for name, (low, high, rule) in HYPERPARAMETER_RANGES.items():
-        value = kw.get(name)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not math.isfinite(value):
-            raise HfscaleError(f"--{name} must be a finite number, got {value}")
-        if value < low or (high is not None and value >= high):
-            raise HfscaleError(f"--{name} {rule}, got {value}")
-        if name in INTERVALS and value > 1 and value != int(value):  # TrainingArguments' own error, in every rank
-            raise HfscaleError(f"--{name} must be a whole number of steps (or a fraction of the run below 1), "
-                               f"got {value}")
-    if kw.get("output_dir") is not None and not str(kw["output_dir"]).strip():  # each rank raised makedirs('')
-        raise HfscaleError("--output_dir is empty: give a folder (or leave it out: runs/<run name>)")
-    for name in getattr(TrainingArguments, "_VALID_DICT_FIELDS", ()):  # JSON objects TrainingArguments parses, per rank
-        json_object_flag(kw, name)
-        value = kw.get(name)  # keyword arguments are an object; the configs (accelerator, fsdp, deepspeed) also a path
-        if name.endswith("_kwargs") and value is not None and not isinstance(value, dict) and not (
-                isinstance(value, str) and value.startswith("{")):  # the scheduler's ** raised in every rank
-            raise HfscaleError(f"--{name} must be a JSON object of keyword arguments ('{{\"name\": value}}'), "
-                               f"got {value!r}")
-    min_lr = json_object_flag(kw, "lr_scheduler_kwargs").get("min_lr_rate")
-    if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
-        raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
-    if kw.get("count_collectives") and kw.get("profile_step"):
-        raise HfscaleError("--count_collectives and --profile_step each run torch's profiler, and only one can run at a "
-                           "time: pass one of them")
-    last = kw.get("max_steps", -1)
-    if last == 0 or (last is not None and last < -1):  # 0: the Trainer would run one step of its own making
-        raise HfscaleError(f"--max_steps must be positive (or -1: train --num_train_epochs epochs), got {last}")
-    epochs = kw.get("num_train_epochs")
-    if (last is None or last < 0) and isinstance(epochs, (int, float)) and not epochs > 0:  # an "ok" run of 0 steps
-        raise HfscaleError(f"--num_train_epochs must be positive when --max_steps is not set, got {epochs}")
-    for flag in ("count_collectives", "profile_step"):
-        step = kw.get(flag) or 0
-        if step and (step < 2 or (last is not None and last > 0 and step > last)):
-            raise HfscaleError(f"--{flag} takes an optimizer step from 2 to --max_steps ({last}) (0: off), got {step}")
-
-
-# What an evaluation reports, the names --metric_for_best_model takes (with or without the Trainer's eval_ prefix):
-# run/trainer.py's token_weighted_eval_loss (loss, tokens_evaluated) and HfscaleTrainer.log (perplexity), the
-# Trainer's own timings.
-EVAL_METRICS = ("loss", "perplexity", "tokens_evaluated", "runtime", "samples_per_second", "steps_per_second")
-
-
-def check_trainer_combinations(kw: dict) -> None:
-    """TrainingArguments' own checks of how its flags combine (`_validate_args`: --load_best_model_at_end with another
-    save than eval schedule, reduce_lr_on_plateau without evaluation, ...), made here on the flags alone: built into
-    TrainingArguments they are made in every launched rank, after its process group started. Its checks read only the
-    flags, converted as its __post_init__ converts them; should a later transformers read more, they run in the ranks
-    as before (build_training_arguments) rather than refuse a good run here."""
-    from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
-
-    flags = {f.name: f.default if f.default is not MISSING else f.default_factory()
-             if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
-    args = SimpleNamespace(**{**flags, **kw})
-    try:
-        args.eval_strategy = IntervalStrategy(args.eval_strategy)
-        args.logging_strategy = IntervalStrategy(args.logging_strategy)
-        args.save_strategy = SaveStrategy(args.save_strategy)
-        args.lr_scheduler_type = SchedulerType(args.lr_scheduler_type)
-        if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:  # its fallback, as __post_init__'s
-            args.eval_steps = args.logging_steps
-        TrainingArguments._validate_args(args)
-        metric = args.metric_for_best_model or ("loss" if args.load_best_model_at_end or args.lr_scheduler_type in (
-            SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY) else None)  # its default metric, as there
-        if args.save_strategy == SaveStrategy.BEST and metric is None:  # the Trainer's own check, in every rank
-            raise ValueError("--save_strategy best keeps the checkpoint of the best evaluation: name its "
-                             "--metric_for_best_model (e.g. loss) and an --eval_strategy")
-        if metric is not None and metric.removeprefix("eval_") not in EVAL_METRICS:  # a KeyError at the first eval
-            raise HfscaleError(f"unknown --metric_for_best_model '{metric}': an evaluation reports "
-                               f"{', '.join(EVAL_METRICS)} (each also as eval_<name>)")
-    except ValueError as err:  # what the ranks would each have said
-        raise HfscaleError(" ".join(str(err).split())) from None
-    except (AttributeError, TypeError):  # a transformers that reads more than the flags: the ranks check it
-        pass
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:

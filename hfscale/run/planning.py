@@ -18,7 +18,8 @@ from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
-from .args import json_object_flag, require_finite
+from .args import require_finite
+from .checks import json_object_flag
 
 # torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
 # H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
