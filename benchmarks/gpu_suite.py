@@ -387,7 +387,7 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss:
     from hfscale.formulas.metrics import ModelShape
     from hfscale.models import build_model
     from hfscale.run.forward import use_training_forward
-    from hfscale.run.measure import StepMemory
+    from hfscale.run.memory import StepMemory
 
     fam, attn, prec, ck = mode.split("/")
     l, h, a, v, s, b = shape

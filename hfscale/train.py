@@ -42,8 +42,8 @@ from hfscale.run.profile import StepProfiler  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import position_identity, validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
-from hfscale.run.measure import (ConstructionMemory, MeasureCallback, Meter, StepMemory,  # noqa: E402
-                                 TensorBoardWriter, memory_now)
+from hfscale.run.measure import MeasureCallback, Meter, TensorBoardWriter  # noqa: E402
+from hfscale.run.memory import ConstructionMemory, StepMemory, memory_now  # noqa: E402
 from hfscale.run.summary import print_summary  # noqa: E402
 from hfscale.run.forward import use_training_forward  # noqa: E402
 from hfscale.run.recipes import apply_defaults  # noqa: E402

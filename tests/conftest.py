@@ -544,7 +544,7 @@ HOST_SHAPE = ["--n_layer", "12", "--hidden_size", "768", "--n_head", "12", "--pe
 HOST_RUNS = {"ddp": ("ddp", "adafactor", {}), "fsdp": ("fsdp", "adamw", {}), "zero3": ("zero3", "adafactor", {}),
              "zero3-no-init": ("zero3", "adamw_8bit", {"ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"})}
 # ddp's run starts from an empty data cache, as a machine's first run does: its rank 0 tokenizes and packs the corpus
-# before the build (~5 s more), and its build must still measure a whole copy (measure.release_freed_memory)
+# before the build (~5 s more), and its build must still measure a whole copy (run/memory.release_freed_memory)
 COLD_CACHE_RUNS = {"ddp"}
 
 

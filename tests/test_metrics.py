@@ -266,7 +266,7 @@ def test_a_one_step_run_does_not_compare_its_step_with_the_steady_estimate():
     """The first optimizer step creates the gradients and the optimizer states inside it (torch's AdamW: 12 of the 16
     bytes per parameter), so a run of one step measured 2.52 GB above the states where the steady step holds 0.61 (a
     153M model, ddp, CPU). The summary says why it has no figure to compare; from the second step on it compares."""
-    from hfscale.run.measure import StepMemory
+    from hfscale.run.memory import StepMemory
     from hfscale.run.summary import memory_line
     from hfscale.run.results import Results
 
@@ -286,7 +286,7 @@ def test_the_run_peak_outlives_the_per_step_resets():
     statistics on CUDA); the run's peak in results.json is still the largest of the run, not the last step's. A
     200 MB tensor held through one step and freed: the last step's peak forgets it, the run's does not."""
     from hfscale.formulas.metrics import GB
-    from hfscale.run.measure import StepMemory, _proc_status_bytes, memory_now
+    from hfscale.run.memory import StepMemory, _proc_status_bytes, memory_now
 
     steps = StepMemory(on_cuda=False)
     assert steps.available  # Linux, with /proc/self/clear_refs: what CI runs on
@@ -305,7 +305,7 @@ def test_the_build_window_opens_with_the_freed_heap_handed_back():
     """What a rank freed before the build (the first run's tokenizing and packing) but glibc still holds would be
     reused by the build without growing the resident set: the window would show that much less than the model.
     ConstructionMemory.start hands it back first (release_freed_memory)."""
-    from hfscale.run.measure import _proc_status_bytes, release_freed_memory
+    from hfscale.run.memory import _proc_status_bytes, release_freed_memory
 
     chunks, pins = [], []
     for _ in range(2000):

@@ -60,7 +60,7 @@ class StrategyCallback(TrainerCallback):
         self.engine_params = total_params  # what the engine shards: the whole model, or under TP this rank's slices
         self.powersgd, self.record = powersgd, record
         self.resume_from = resume_from
-        self.construction = construction  # measure.ConstructionMemory: host memory to build and shard the model
+        self.construction = construction  # run/memory.ConstructionMemory: host memory to build and shard the model
         self.facts: dict = {}
         self.gradient_bytes: int | None = None
         self.accumulating_gradient_bytes: int | None = None  # after the first micro-batch, with gradient accumulation
