@@ -8,7 +8,7 @@ import pytest
 
 from conftest import bf16_args, bf16_result
 from hfscale.formulas import comm
-from hfscale.formulas.memory import block_numel, parameter_tensors
+from hfscale.formulas.tensors import block_numel, parameter_tensors
 from hfscale.run.collectives import bytes_by_kind, collectives_of, tally
 from hfscale.parallel.strategies import get_strategy
 

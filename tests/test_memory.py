@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, load_benchmark, run
-from hfscale.formulas import activations as act, memory
+from hfscale.formulas import activations as act, memory, tensors
 from hfscale.formulas.metrics import ModelShape, param_count
 from hfscale.models import PRESETS, build_model, hf_config
 from hfscale.parallel.optimizers import get_optimizer
@@ -29,8 +29,8 @@ def _meta_model(shape):
 def test_parameter_tensors_are_the_models(name):
     shape = LOPSIDED if name == "lopsided" else PRESETS[name]
     real = [(n, tuple(p.shape)) for n, p in _meta_model(shape).named_parameters()]
-    assert [(t.name, t.shape) for t in memory.parameter_tensors(shape)] == real
-    assert sum(t.numel for t in memory.parameter_tensors(shape)) == param_count(shape)
+    assert [(t.name, t.shape) for t in tensors.parameter_tensors(shape)] == real
+    assert sum(t.numel for t in tensors.parameter_tensors(shape)) == param_count(shape)
 
 
 def _state_bytes(optimizer) -> int:
@@ -228,7 +228,7 @@ def test_estimate_command_table_and_json():
                 "--activation_checkpointing", "--gradient_accumulation_steps", "4", "--json"], timeout=120)
     assert gas4.returncode == 0, gas4.stderr
     accumulating = {r["strategy"]: r["memory"] for r in json.loads(gas4.stdout)["rows"]}
-    assert accumulating["fsdp"]["gradients"] == 2 * sum(t.numel for t in memory.parameter_tensors(PRESETS["bloom-7b1"]))
+    assert accumulating["fsdp"]["gradients"] == 2 * sum(t.numel for t in tensors.parameter_tensors(PRESETS["bloom-7b1"]))
     assert accumulating["fsdp"]["gradients"] > 3 * on_8["fsdp"]["memory"]["gradients"]  # vs fp32 eighths at GAS 1
     assert accumulating["zero3"]["gradients"] < accumulating["fsdp"]["gradients"] / 4
     # ZeRO-2's busiest rank also holds the whole embedding (14.5% of bloom-7b1, more than a 1/8 slice) that its slice cuts
@@ -499,7 +499,7 @@ def test_tp_slices_follow_the_plan_table_and_the_korthikanti_ratio():
 
     from hfscale.formulas import parallel3d
     from hfscale.formulas.activations import tp_activation_scales
-    from hfscale.formulas.memory import parameter_tensors, tp_local_tensors
+    from hfscale.formulas.tensors import parameter_tensors, tp_local_tensors
     from hfscale.models import PRESETS
 
     for preset in ("tiny", "tiny-bloom", "bloom-7b1"):

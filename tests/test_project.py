@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, load_benchmark, probe, run
 from hfscale.formulas import comm
-from hfscale.formulas.memory import block_numel, parameter_tensors, zero3_gathers
+from hfscale.formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from hfscale.formulas.metrics import param_count
 from hfscale.parallel.optimizers import get_optimizer
 from hfscale.parallel.strategies import get_strategy
@@ -91,7 +91,7 @@ def test_deepspeed_reduces_in_the_jsons_communication_data_type_and_its_route():
 
 
 def test_zero3_gathers_again_for_the_backward_only_what_the_reuse_distance_released():
-    """formulas/memory.zero3_gathers: persistent parameters (at most the threshold) never gathered for compute; block i
+    """formulas/tensors.zero3_gathers: persistent parameters (at most the threshold) never gathered for compute; block i
     of L kept from forward to backward while 2(L - i) blocks + 2 heads are within stage3_max_reuse_distance."""
     shape = PRESETS["gpt2-350m"]
     b, head, L = block_numel(shape), shape.vocab * shape.hidden, shape.n_layer
@@ -423,7 +423,7 @@ def test_powersgd_bytes_equal_the_real_hooks_factor_sizes():
     """torch's PowerSGD hook counts the elements it all-reduces (total_numel_after_compression): after warm-up,
     one step's count equals powersgd_elements of the model's tensors (tests/probes/powersgd_hooks.py, its own gloo
     process)."""
-    from hfscale.formulas.memory import parameter_tensors
+    from hfscale.formulas.tensors import parameter_tensors
 
     shape = PRESETS["tiny"]
     counts = probe("powersgd_hooks", "counts")["counts"]

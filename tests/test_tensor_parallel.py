@@ -1,6 +1,6 @@
 """hfscale's tensor-parallel plan (hfscale/parallel/tensor_parallel.py) on a real 2-process TP mesh (gloo): the split
 models train exactly as the whole ones, every parameter is the DTensor the plan says, and each rank holds what the plan's
-table (formulas/memory.tp_local_tensors) and the 3D memory formula (formulas/parallel3d.stage_parameters) count. Then
+table (formulas/tensors.tp_local_tensors) and the 3D memory formula (formulas/parallel3d.stage_parameters) count. Then
 the strategies that run it through the Trainer, tp and fsdp_tp: parity with ddp, the start-up proof, exact resume."""
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from conftest import probe, shared_run
 from hfscale.formulas import parallel3d as p3d
 from hfscale.models import PRESETS
-from hfscale.formulas.memory import tp_local_tensors
+from hfscale.formulas.tensors import tp_local_tensors
 from hfscale.parallel.tensor_parallel import PLANS, tp_refusal
 
 pytestmark = pytest.mark.multiprocess
@@ -93,7 +93,7 @@ def _proves_the_plan(res, world: int, tp: int) -> None:
     """The start-up proof: every parameter the DTensor the plan's table says (none mismatched, all checked), the
     ranks of a TP group on one batch and the data-parallel groups on different ones, each rank's parameters the
     plan's TP slices (sharded further over the nodes under fsdp_tp)."""
-    from hfscale.formulas.memory import tp_local_tensors
+    from hfscale.formulas.tensors import tp_local_tensors
 
     check = res["strategy_check"]
     assert check["world_size_torch"] == world and check["tensor_parallel"]["tp"] == tp

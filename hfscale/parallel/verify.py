@@ -225,11 +225,11 @@ def _placement_dim(placement) -> int | None:
 
 
 def inspect_tensor_parallel(model, family: str, tp: int) -> dict:
-    """Every parameter's placements against the TP plan's table (formulas.memory.TP_SPLITS): on the mesh's "tp"
+    """Every parameter's placements against the TP plan's table (formulas.tensors.TP_SPLITS): on the mesh's "tp"
     dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
     data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. (The elements this rank holds are compared with
     the plan's count by the caller, from inspect_parameters.)"""
-    from ..formulas.memory import tp_split_dim
+    from ..formulas.tensors import tp_split_dim
 
     mismatches, checked = [], 0
     for name, p in model.named_parameters():

@@ -13,7 +13,8 @@ from pathlib import Path
 from ..errors import HfscaleError
 from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
-from ..formulas.memory import DTYPE_BYTES, block_numel, parameter_tensors, zero3_gathers
+from ..formulas.memory import DTYPE_BYTES
+from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import SECONDS_PER_DAY, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..runplan import RunPlan, accumulation_steps

@@ -13,7 +13,7 @@ import time
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..formulas.memory import tp_local_tensors
+from ..formulas.tensors import tp_local_tensors
 from ..parallel import verify
 from ..parallel.hooks import PowerSGDConfig, apply_powersgd, powersgd_facts, restore_powersgd
 from . import garbage
