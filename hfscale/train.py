@@ -34,7 +34,7 @@ from hfscale.run.args import RunState, build_training_arguments, check_model, ch
 from hfscale.run.checks import check_hyperparameters, check_trainer_combinations  # noqa: E402
 from hfscale.run.planning import plan_training  # noqa: E402
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
-from hfscale.parallel.verify import probe_logits, weights_fingerprint  # noqa: E402
+from hfscale.parallel.fingerprint import probe_logits, weights_fingerprint  # noqa: E402
 from hfscale.run.checkpoints import LATEST, data_position, identity, resolve_resume, set_aside_unusable  # noqa: E402
 from hfscale.run.collectives import CollectiveCounter  # noqa: E402
 from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402

@@ -170,7 +170,7 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hfscale.parallel.verify import probe_ids
+    from hfscale.parallel.fingerprint import probe_ids
 
     # Computed as the engine computed them: the run's logits are bf16 (ddp: autocast over fp32 weights; FSDP2 and
     # DeepSpeed: a bf16 module whose weights are the exported fp32 masters rounded)

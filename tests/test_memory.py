@@ -34,7 +34,7 @@ def test_parameter_tensors_are_the_models(name):
 
 
 def _state_bytes(optimizer) -> int:
-    from hfscale.parallel.verify import storage_bytes
+    from hfscale.parallel.storage import storage_bytes
 
     return storage_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
 

@@ -5,6 +5,7 @@ StrategyMismatch (a one-line error) when the run is not what the user asked for.
 """
 
 from ..errors import HfscaleError
+from .storage import base_optimizer, local_part, stored_tensors
 from .strategies import Strategy
 
 # A shard may be a little larger than total/N (padding, uneven splits); anything near a full copy is not sharded.
@@ -15,34 +16,12 @@ class StrategyMismatch(HfscaleError):
     pass
 
 
-def _local(t):
-    """The part of a tensor this rank stores: DTensor shards and DeepSpeed ZeRO-3 partitions included."""
-    if hasattr(t, "ds_tensor"):  # ZeRO-3 parameter: t is an empty placeholder, ds_tensor the partition
-        return t.ds_tensor
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _stored(t) -> list:
-    """The plain tensors behind a local tensor: itself, or the parts of a quantized state subclass (torchao's
-    OptimState8bit: uint8 codes, fp32 block scales and its map; its own dtype is only an appearance)."""
-    if hasattr(t, "codes") and hasattr(t, "scale"):
-        return [t.codes, t.scale, *([t.qmap] if hasattr(t, "qmap") else [])]
-    return [t]
-
-
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def base_optimizer(optimizer):
-    """The torch optimizer holding the states, under accelerate's and DeepSpeed's wrappers."""
-    while hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
 def inspect_parameters(model) -> dict:
-    tensors = [_local(p) for p in model.parameters()]
+    tensors = [local_part(p) for p in model.parameters()]
     dtensors = [p for p in model.parameters() if hasattr(p, "placements")]
     return {
         "elements_local": sum(t.numel() for t in tensors),
@@ -71,7 +50,7 @@ def inspect_weight_decay(optimizer) -> list[list]:
     elements: dict[float, int] = {}
     for group, group_tensors in zip(base.param_groups, tensors):
         decay = float(group.get("weight_decay", 0.0))
-        elements[decay] = elements.get(decay, 0) + sum(_local(t).numel() for t in group_tensors)
+        elements[decay] = elements.get(decay, 0) + sum(local_part(t).numel() for t in group_tensors)
     return [[decay, n] for decay, n in sorted(elements.items())]
 
 
@@ -84,7 +63,7 @@ def inspect_optimizer_states(optimizer) -> dict:
         for key, value in state.items():
             if not hasattr(value, "numel") or value.numel() <= 1:
                 continue
-            parts = _stored(_local(value))
+            parts = stored_tensors(local_part(value))
             elements += parts[0].numel()  # a quantized state's codes: one per element
             for part in parts:
                 nbytes += part.numel() * part.element_size()
@@ -100,87 +79,6 @@ def inspect_optimizer_states(optimizer) -> dict:
         "keys": sorted(keys),
         "factored": any(k.endswith("_row") for k in keys),
     }
-
-
-def _tensors(obj, depth: int = 0):
-    """Every tensor in obj (a tensor, or lists/tuples/dicts of them, a few levels deep)."""
-    if hasattr(obj, "untyped_storage"):
-        yield obj
-    elif isinstance(obj, (list, tuple)) and depth < 3:
-        for x in obj:
-            yield from _tensors(x, depth + 1)
-    elif isinstance(obj, dict) and depth < 3:
-        for x in obj.values():
-            yield from _tensors(x, depth + 1)
-
-
-def storage_bytes(tensors, seen: set | None = None) -> int:
-    """Bytes of the distinct storages behind these tensors (views and shared tensors counted once; DTensors and
-    ZeRO-3 parameters by their local part). `seen` carries storages already counted elsewhere."""
-    seen = set() if seen is None else seen
-    total = 0
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        for t in _stored(_local(tensor)):
-            if not hasattr(t, "untyped_storage") or t.numel() == 0:
-                continue
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
-
-
-# DeepSpeed ZeRO optimizer attributes that hold gradients (stage 1/2: per-partition views, and the partition's
-# accumulators between micro-batches; stage 3: a flat buffer) and fp32 master partitions (stage_1_and_2.py, stage3.py
-# of DeepSpeed 0.19).
-_ZERO_GRADIENTS = ("averaged_gradients", "all_grad_tensors", "grad_partitions_flat_buffer",
-                   "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")
-_ZERO_MASTERS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
-
-
-def _fsdp_unsharded_gradients(module):
-    """FSDP2 keeps the gradients it has not reduce-scattered yet (accumulation under no_sync) on its unsharded
-    parameters, or in their accumulators when the reduce dtype differs (torch's _fsdp_param.py)."""
-    for sub in module.modules():
-        state = sub._get_fsdp_state() if hasattr(sub, "_get_fsdp_state") else None
-        for group in getattr(state, "_fsdp_param_groups", None) or []:
-            for fsdp_param in group.fsdp_params:
-                yield fsdp_param.unsharded_accumulated_grad
-                unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                yield None if unsharded is None else unsharded.grad
-
-
-def measure_gradients(model_wrapped) -> int:
-    """Bytes of gradients this rank holds (right before its optimizer step, or between accumulated micro-batches):
-    the parameters' .grad (their local shard), FSDP2's unsharded gradients not yet reduce-scattered, and under
-    DeepSpeed ZeRO the optimizer's gradient partitions and the fp32 masters' .grad."""
-    seen: set = set()
-    module = getattr(model_wrapped, "module", model_wrapped)
-    total = storage_bytes((p.grad for p in module.parameters()), seen)
-    total += storage_bytes(_fsdp_unsharded_gradients(module), seen)
-    zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
-    if zero is not None:
-        for name in _ZERO_GRADIENTS:
-            total += storage_bytes(_tensors(getattr(zero, name, None)), seen)
-        masters = [m for name in _ZERO_MASTERS for m in _tensors(getattr(zero, name, None))]
-        total += storage_bytes((m.grad for m in masters), seen)
-    return total
-
-
-def measure_model_states(model_wrapped, optimizer) -> dict:
-    """Bytes of parameters, fp32 master weights and optimizer states this rank holds, wherever they live (each storage
-    once): the independent side of the memory estimate's check."""
-    seen: set = set()
-    module = getattr(model_wrapped, "module", model_wrapped)
-    out = {"parameters": storage_bytes(module.parameters(), seen)}
-    zero = getattr(model_wrapped, "optimizer", None) if hasattr(model_wrapped, "zero_optimization_stage") else None
-    out["master_weights"] = sum(storage_bytes(_tensors(getattr(zero, n, None)), seen) for n in _ZERO_MASTERS) if zero else 0
-    base = base_optimizer(optimizer)
-    out["optimizer_states"] = storage_bytes(
-        (v for state in base.state.values() for v in state.values() if hasattr(v, "numel") and v.numel() > 1), seen)
-    return out
 
 
 def uncompiled(model_wrapped):
@@ -372,47 +270,3 @@ def check_placement(kind: str, devices: list[str], strategy: Strategy, on_accele
         require("cpu" not in devices, f"{kind} should be on the device but live on {devices}", strategy)
 
 
-def weights_fingerprint(model, engine: str) -> dict:
-    """{parameter name: [sum, L1 norm, L2 norm]} of the full (gathered) weights, identical on every rank.
-
-    Collective: every rank must call it. Used to prove that strategies end with the same weights.
-    """
-    import contextlib
-
-    import torch
-
-    params = list(model.named_parameters())
-    gather = contextlib.nullcontext()
-    if engine == "deepspeed" and any(hasattr(p, "ds_tensor") for _, p in params):
-        import deepspeed
-
-        gather = deepspeed.zero.GatheredParameters([p for _, p in params])
-    out = {}
-    with gather, torch.no_grad():
-        for name, p in params:
-            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).double()
-            out[name] = [full.sum().item(), full.abs().sum().item(), full.norm().item()]
-    return out
-
-
-PROBE_TOKENS = 16
-
-
-def probe_ids(vocab: int):
-    """A fixed input for comparing a training model with its exported copy."""
-    import torch
-
-    return (torch.arange(PROBE_TOKENS) * 7919 % vocab).unsqueeze(0)
-
-
-def probe_logits(model, vocab: int, device) -> list[float]:
-    """Logits of the first 4 positions x 8 vocabulary entries for probe_ids, in fp32. Collective under ZeRO-3/FSDP
-    (every rank must call it: the forward gathers the sharded parameters)."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        logits = model(input_ids=probe_ids(vocab).to(device)).logits
-    model.train(was_training)
-    return logits[0, :4, :8].float().flatten().tolist()

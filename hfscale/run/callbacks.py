@@ -14,7 +14,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from ..formulas.tensors import tp_local_tensors
-from ..parallel import verify
+from ..parallel import storage, verify
 from ..parallel.hooks import PowerSGDConfig, apply_powersgd, powersgd_facts, restore_powersgd
 from . import garbage
 
@@ -143,7 +143,7 @@ class StrategyCallback(TrainerCallback):
 
         def step(*args, **kwargs):  # called after every micro-batch; the optimizer steps at the boundary only
             if self.gradient_bytes is None and engine.is_gradient_accumulation_boundary():
-                self.gradient_bytes = verify.measure_gradients(engine)
+                self.gradient_bytes = storage.measure_gradients(engine)
             return real_step(*args, **kwargs)
 
         engine.step = step
@@ -153,11 +153,11 @@ class StrategyCallback(TrainerCallback):
         while accumulating - full under DDP and ZeRO-1, a partition under ZeRO-2/3, full under FSDP2 with accelerate's
         no_sync (docs/estimate.md)."""
         if self.accumulating_gradient_bytes is None:
-            self.accumulating_gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped)
+            self.accumulating_gradient_bytes = storage.measure_gradients(self.trainer.model_wrapped)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.gradient_bytes is None and not hasattr(self.trainer.model_wrapped, "zero_optimization_stage"):
-            self.gradient_bytes = verify.measure_gradients(self.trainer.model_wrapped)
+            self.gradient_bytes = storage.measure_gradients(self.trainer.model_wrapped)
 
     def on_step_end(self, args, state, control, **kwargs):
         if not self.states_checked and self._optimizer_has_stepped(state.global_step):
@@ -217,7 +217,7 @@ class StrategyCallback(TrainerCallback):
 
     def _measure_model_states(self) -> None:
         """Bytes of parameters, gradients, fp32 masters and optimizer states on every rank (all ranks take part)."""
-        mine = ({**verify.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
+        mine = ({**storage.measure_model_states(self.trainer.model_wrapped, self.trainer.optimizer),
                  "gradients": self.gradient_bytes}, self.accumulating_gradient_bytes)
         ranks = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:

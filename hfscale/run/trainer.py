@@ -21,7 +21,8 @@ from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..errors import HfscaleError
-from ..parallel import tensor_parallel, verify
+from ..parallel import tensor_parallel
+from ..parallel.storage import base_optimizer
 from ..parallel.distributed import barrier, eager_optimizer_step
 from ..parallel.hooks import force_fsdp_state, save_powersgd, use_tensor_parallel_state
 from .checkpoints import write_marker
@@ -184,7 +185,7 @@ class HfscaleTrainer(Trainer):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if not self._tp_checkpoints:
             return super()._save_optimizer_and_scheduler(output_dir)
-        tensor_parallel.save_optimizer(verify.base_optimizer(self.optimizer), output_dir, self.args.should_save)
+        tensor_parallel.save_optimizer(base_optimizer(self.optimizer), output_dir, self.args.should_save)
         if self.args.should_save:
             torch.save(self.lr_scheduler.state_dict(), Path(output_dir) / "scheduler.pt")
 
@@ -201,7 +202,7 @@ class HfscaleTrainer(Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if not self._tp_checkpoints or checkpoint is None:
             return super()._load_optimizer_and_scheduler(checkpoint)
-        if tensor_parallel.load_optimizer(verify.base_optimizer(self.optimizer), checkpoint):
+        if tensor_parallel.load_optimizer(base_optimizer(self.optimizer), checkpoint):
             self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=True))
 
     def create_accelerator_and_postprocess(self) -> None:
