@@ -16,7 +16,8 @@ from hfscale.run.outcome import classify
 from hfscale.compare.megatron import import_log
 from hfscale.compare.megatron_log import parse_log, parse_name
 from hfscale.compare.parity import compare, weights_deviation
-from hfscale.compare.report import COLUMNS, wide_range, write_report
+from hfscale.compare.plots import wide_range
+from hfscale.compare.report import COLUMNS, write_report
 from hfscale.compare.sweep import SweepSpec, expand
 from hfscale.launch import RunSpec, stub_results
 from hfscale.run.results import Results, write_results
