@@ -54,6 +54,14 @@ CASES = {
     # a run file's mapping was checked, the command line's JSON text was not
     "min_lr_rate above 1 on the command line": (["--lr_scheduler_kwargs", '{"min_lr_rate": 5}'],
                                                 "--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got 5"),
+    # transformers reads --optim_args for none of adamw, adafactor and bitsandbytes' AdamW8bit: ignored without a word
+    "optimizer arguments nothing reads": (["--optim_args", "beta1=0.5"], "--optim_args: adamw (adamw_torch here) "
+                                          "reads none of them, and they would be ignored; its settings are "
+                                          "--learning_rate, --adam_beta1"),
+    "optimizer arguments without their =": (["--optim_args", "beta1"], "--optim_args 'beta1': give key=value pairs"),
+    "a torchao block size the estimate does not model": (
+        ["--strategy", "fsdp", "--optim", "adamw_8bit", "--optim_args", "block_size=128"],
+        "--optim_args block_size: not with hfscale: the memory estimate models torchao's default 256-element blocks"),
     "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),

@@ -365,11 +365,13 @@ def test_zero3_partitions_in_the_dtype_its_config_trains_in():
 def test_the_trainer_builds_the_optimizer_each_registry_entry_names(monkeypatch):
     """The optimizer class transformers' Trainer really builds from the name the registry hands it, per engine and
     route: torchao's AdamW8bit under fsdp* (DTensor states), bitsandbytes' elsewhere; torch's fused AdamW only on a
-    GPU; transformers' Adafactor. Checked against transformers' own mapping, not the registry's table."""
+    GPU; transformers' Adafactor. Checked against transformers' own mapping, not the registry's table; and the
+    --optim_args keys each reads, against what they change in the keywords it builds the optimizer with."""
     import torch
     from transformers import Trainer, TrainingArguments
 
     from hfscale.parallel.optimizers import OPTIMIZERS
+    from hfscale.run.checks import OPTIM_ARGS_READ
 
     expected = {("adamw_8bit", "fsdp"): "torchao.optim.adam.AdamW8bit",
                 ("adamw_8bit", None): "bitsandbytes.optim.adamw.AdamW",  # with optim_bits=8 (below)
@@ -387,6 +389,11 @@ def test_the_trainer_builds_the_optimizer_each_registry_entry_names(monkeypatch)
                 assert kwargs.get("fused", False) is (name == "adamw" and on_gpu), (name, on_gpu, kwargs)
                 if built.startswith("bitsandbytes"):
                     assert kwargs["optim_bits"] == 8
+                # what --optim_args changes: exactly the keys run/checks.OPTIM_ARGS_READ says this optimizer reads
+                args.optim_args = "beta1=0.5,eps=0.5,block_size=64,bf16_stochastic_round=true,scale_parameter=true"
+                changed = {k for k, v in Trainer.get_optimizer_cls_and_kwargs(args, model)[1].items()
+                           if kwargs.get(k) != v}
+                assert changed == set(OPTIM_ARGS_READ.get(hf_name, ())), (name, engine, changed)
 
 
 def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypatch):

@@ -140,3 +140,36 @@ def check_trainer_combinations(kw: dict) -> None:
         raise HfscaleError(" ".join(str(err).split())) from None
     except (AttributeError, TypeError):  # a transformers that reads more than the flags: the ranks check it
         pass
+
+
+# The --optim_args keys transformers reads for the optimizers hfscale's names map to (trainer_optimizer.py): torchao's
+# AdamW8bit (adamw_8bit under fsdp*) reads bf16_stochastic_round and block_size; bitsandbytes' AdamW8bit, torch's AdamW
+# and Adafactor read none - their settings are the Trainer's own flags (Adafactor takes the learning rate and weight
+# decay alone: no betas, no epsilon).
+OPTIM_ARGS_READ = {"adamw_torch_8bit": ("bf16_stochastic_round", "block_size")}
+OPTIM_ARGS_REFUSED = {"block_size": "the memory estimate models torchao's default 256-element blocks "
+                                    "(formulas/memory.TORCHAO_BLOCK)"}
+OPTIMIZER_FLAGS = {"adafactor": "--learning_rate and --weight_decay"}
+ADAM_FLAGS = "--learning_rate, --adam_beta1, --adam_beta2, --adam_epsilon and --weight_decay"
+
+
+def check_optim_args(text: str | None, hf_optim: str, optim: str) -> None:
+    """--optim_args ('key=value,key=value') where the optimizer reads them: elsewhere transformers ignores the whole
+    string without a word, and a pair without its '=' was its ValueError in every rank."""
+    if not text:
+        return
+    pairs = [pair.split("=") for pair in text.replace(" ", "").split(",")]
+    if any(len(pair) != 2 or not pair[0] for pair in pairs):
+        raise HfscaleError(f"--optim_args {text!r}: give key=value pairs separated by commas")
+    read, flags = OPTIM_ARGS_READ.get(hf_optim, ()), OPTIMIZER_FLAGS.get(optim, ADAM_FLAGS)
+    if not read:
+        raise HfscaleError(f"--optim_args: {optim} ({hf_optim} here) reads none of them, and they would be ignored; "
+                           f"its settings are {flags}")
+    for key, value in pairs:
+        if key not in read:
+            raise HfscaleError(f"--optim_args: {optim} ({hf_optim} here) does not read {key}; it reads "
+                               f"{', '.join(read)} (its other settings: {flags})")
+        if key in OPTIM_ARGS_REFUSED:
+            raise HfscaleError(f"--optim_args {key}: not with hfscale: {OPTIM_ARGS_REFUSED[key]}")
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no", "y", "n", "t", "f", "on", "off"):
+            raise HfscaleError(f"--optim_args {key}={value}: true or false")

@@ -19,7 +19,7 @@ from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
 from .args import require_finite
-from .checks import json_object_flag
+from .checks import check_optim_args, json_object_flag
 
 # torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
 # H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
@@ -93,6 +93,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_pair(strategy.name, optimizer.name)
     gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
     kw["optim"] = optimizer.hf_name(gpu, strategy.engine)
+    check_optim_args(kw.get("optim_args"), kw["optim"], optimizer.name)
     deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path)
     world = launcher_world_size()
     _apply_batch_sizes(kw, world)
