@@ -274,18 +274,23 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
         hint = (" (a run's folder: `hfscale export RUN OUT` makes a model of its checkpoint)"
                 if list(local.glob("checkpoint-*")) or (local / "hfscale_checkpoint.json").is_file() else "")
         raise HfscaleError(f"cannot load model {name_or_path!r}: no config.json in it{hint}")
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:  # missing, unreachable, or a config.json of no known model type
         raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
-    if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
-        raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
-                           f"({' or '.join(WEIGHT_FILES)})")
-    shape = shape_from_config(config)
+    except StrictDataclassError as err:  # a value of the wrong kind in config.json ("n_layer": "abc")
+        raise HfscaleError(f"cannot load model {name_or_path!r}: its config.json: "
+                           f"{' '.join(str(err).split())}") from None
     try:
+        shape = shape_from_config(config)
         validate_shape(shape)
     except HfscaleError as err:  # transformers reads such a config without complaint and fails building the model
         raise HfscaleError(f"cannot load model {name_or_path!r}: its config's {err}") from None
+    if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
+        raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
+                           f"({' or '.join(WEIGHT_FILES)})")
     return shape
 
 

@@ -181,6 +181,11 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     odd.mkdir()
     (odd / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 5}')
     (odd / "model.safetensors").write_bytes(b"")
+    mistyped, llama = tmp_path / "mistyped", tmp_path / "llama"  # huggingface_hub's validation traceback; a family
+    mistyped.mkdir()  # the formulas do not know, named before its missing weights
+    (mistyped / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two", "n_embd": 64, "n_head": 4}')
+    llama.mkdir()
+    (llama / "config.json").write_text('{"model_type": "llama"}')
     # weights but no tokenizer: transformers 5 would make an empty tokenizer of the config, every text encoding to []
     untokenized = tmp_path / "untokenized"
     from hfscale.models import PRESETS, build_model
@@ -192,6 +197,9 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (run_dir, "no config.json in it (a run's folder: `hfscale export RUN OUT` makes a model"),
                            (foreign, "Unrecognized model"), (half, "has a config but no weights"),
                            (odd, "its config's heads (5) must divide hidden size (64)"),
+                           (mistyped, "its config.json: Validation error for field 'n_layer': TypeError: Field "
+                                      "'n_layer' expected int, got str (value: 'two')"),
+                           (llama, "its config's model type 'llama' is not supported; hfscale knows: gpt2, bloom"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])
