@@ -88,9 +88,30 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
 
     import torch
 
-    checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in DTYPES:
         raise one_of("dtype", dtype, DTYPES)
+    checkpoint, out = _checked_paths(Path(checkpoint), Path(out))
+    model = _consolidated_model(checkpoint)
+    model.to(getattr(torch, DTYPES[dtype]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+            if (checkpoint / name).is_file():
+                shutil.copy2(checkpoint / name, staging / name)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return checkpoint
+
+
+def _checked_paths(checkpoint: Path, out: Path) -> tuple[Path, Path]:
+    """(the complete, intact checkpoint to read - a run's newest when given its output directory -, out), or one line
+    saying why not: nothing is read or written before these checks."""
     if checkpoint.is_file():
         raise HfscaleError(f"{checkpoint} is a file, not a checkpoint directory: give the folder that holds it "
                            f"({checkpoint.parent})")
@@ -109,6 +130,11 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
     check_writable_dir(out, "out")
     if out.exists() and any(out.iterdir()):
         raise HfscaleError(f"{out} exists and is not empty; choose a new directory")
+    return checkpoint, out
+
+
+def _consolidated_model(checkpoint: Path):
+    """The checkpoint's whole model, every shard of every rank gathered into one, its tied head tied."""
     try:  # the files are the user's: a truncated or overwritten one fails deep in safetensors, DeepSpeed or DCP
         model = _empty_model(checkpoint)
         state = consolidated_state_dict(checkpoint, model)
@@ -124,21 +150,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "fp32") -> Path:
         raise HfscaleError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]})")
     model.tie_weights()
-    model.to(getattr(torch, DTYPES[dtype]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        model.save_pretrained(staging, safe_serialization=True)
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
-            if (checkpoint / name).is_file():
-                shutil.copy2(checkpoint / name, staging / name)
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return checkpoint
+    return model
 
 
 def main(argv: list[str]) -> None:
