@@ -101,23 +101,9 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_compile_mode(kw.get("torch_compile_mode"))
     check_compile_backend(kw.get("torch_compile_backend"))
     _compile_named(kw, explicit)
-    if kw["fp16"] and not gpu:
-        raise HfscaleError(FP16_NEEDS_GPU)
-    if kw.get("tf32") and not gpu:  # TrainingArguments refuses it in every rank, after the process group started
-        raise HfscaleError("--tf32 is a GPU's matmul mode (Ampere or newer): a CPU run has none; leave it out")
-    if kw.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:  # the Trainer's ImportError
-        raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
-                           "(pip install liger-kernel)")
-    check_flash_attention(attention)
+    _check_route(kw, gpu, attention)
     checkpointing = resolve_checkpointing(kw)
-    if not gpu:
-        kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
-    else:
-        if strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
-            kw["torch_compile"] = True
-        if "perf_warmup_steps" not in explicit:
-            kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
-    _no_host_syncs(kw, explicit, gpu)
+    _route_defaults(kw, strategy, explicit, gpu)
     if "eval_steps" in explicit and "eval_strategy" not in explicit:  # the Trainer's default "no" would ignore them
         kw["eval_strategy"] = "steps"  # --eval_steps N alone: evaluate every N steps, as the flag says
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
@@ -137,6 +123,31 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
     check_host_memory(plan, psutil.virtual_memory().total)
     return kw, plan, tensorboard
+
+
+def _check_route(kw: dict, gpu: bool, attention: str | None) -> None:
+    """What the route (a GPU, or this CPU) or the installed packages cannot run, refused before launch."""
+    if kw["fp16"] and not gpu:
+        raise HfscaleError(FP16_NEEDS_GPU)
+    if kw.get("tf32") and not gpu:  # TrainingArguments refuses it in every rank, after the process group started
+        raise HfscaleError("--tf32 is a GPU's matmul mode (Ampere or newer): a CPU run has none; leave it out")
+    if kw.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:  # the Trainer's ImportError
+        raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
+                           "(pip install liger-kernel)")
+    check_flash_attention(attention)
+
+
+def _route_defaults(kw: dict, strategy: Strategy, explicit: set[str], gpu: bool) -> None:
+    """hfscale's defaults that differ by route, where the user set nothing: use_cpu on a CPU; on a GPU torch.compile
+    for the strategies that gain from it and a longer untimed warm-up; the Trainer's host syncs off on both."""
+    if not gpu:
+        kw["use_cpu"] = True  # see parallel/distributed.py: without it a CPU run is neither sharded nor wrapped
+    else:
+        if strategy.name in COMPILE_BY_DEFAULT_ON_GPUS and "torch_compile" not in explicit:
+            kw["torch_compile"] = True
+        if "perf_warmup_steps" not in explicit:
+            kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
+    _no_host_syncs(kw, explicit, gpu)
 
 
 # the CPU route's measured step peaks against the estimate's: within 15% (tests/test_memory.py, docs/estimate.md)
