@@ -124,25 +124,31 @@ def strategy_launch(train_args: list[str], nproc: int | None, config_file: str |
     if check_gpus:  # not when writing a job script for other machines (hfscale slurm)
         check_local_processes(nproc // machines)
     launcher_args = ["--deepspeed_config_file", deepspeed_json] if deepspeed_json else []
-    strategy = get_strategy(asked or launched or "ddp")
+    launcher_args += mesh_and_node_flags(get_strategy(asked or launched or "ddp"), config, nproc, machines)
+    launcher_args += list(launcher_flags)
+    return launch_command(train_args, nproc, str(config_path), launcher_args, free_main_port=free_main_port)
+
+
+def mesh_and_node_flags(strategy, config: dict, nproc: int, machines: int) -> list[str]:
+    """accelerate launch's flags for the job's shape: HSDP's and TP's device mesh, and the multi-node rendezvous."""
+    flags = []
     if strategy.hybrid:  # HSDP's mesh is the job's shape: nodes x processes per node
         replicas, shards = hsdp_mesh(machines, nproc // machines)
-        launcher_args += ["--parallelism_config_dp_replicate_size", str(replicas),
-                          "--parallelism_config_dp_shard_size", str(shards)]
+        flags += ["--parallelism_config_dp_replicate_size", str(replicas),
+                  "--parallelism_config_dp_shard_size", str(shards)]
     elif strategy.tensor_parallel:  # TP over a node's processes, FSDP (fsdp_tp) over the nodes
         reason = tp_layout_refusal(strategy, nproc, nproc // machines)
         if reason:
             raise HfscaleError(reason)
-        launcher_args += ["--parallelism_config_dp_shard_size", str(machines),
-                          "--parallelism_config_tp_size", str(nproc // machines)]
+        flags += ["--parallelism_config_dp_shard_size", str(machines),
+                  "--parallelism_config_tp_size", str(nproc // machines)]
     if machines > 1:
         # static rendezvous, as flags: accelerate launch ignores rdzv_backend/same_network when they come only from
         # the config file, and c10d rendezvous ignores the machine rank (rank 0 may land on another node)
-        launcher_args += ["--num_machines", str(machines), "--rdzv_backend", "static", "--same_network"]
+        flags += ["--num_machines", str(machines), "--rdzv_backend", "static", "--same_network"]
         if config.get("distributed_type") == "DEEPSPEED":  # one launcher per node, no pdsh/ssh
-            launcher_args += ["--deepspeed_multinode_launcher", "standard"]
-    launcher_args += list(launcher_flags)
-    return launch_command(train_args, nproc, str(config_path), launcher_args, free_main_port=free_main_port)
+            flags += ["--deepspeed_multinode_launcher", "standard"]
+    return flags
 
 
 def check_machine_flags(opts, config: dict) -> None:
