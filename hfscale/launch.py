@@ -21,7 +21,8 @@ from .flags import at_most_gpus, flag_value, train_flag
 from .formulas.metrics import param_count
 from .models import resolve_shape
 from .parallel.configs import check_accelerate_config, launcher_deepspeed_json
-from .parallel.distributed import check_agree, check_local_processes, config_strategy
+from .parallel.distributed import check_local_processes
+from .parallel.launch_env import check_agree, config_strategy
 from .parallel.strategies import check_pair, get_strategy, layout_refusal, tp_layout_refusal
 from .run.outcome import STATUSES, Outcome, classify, kill_tree
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results

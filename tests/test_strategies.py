@@ -41,7 +41,7 @@ def test_accelerate_config_matches_strategy(name):
         assert cfg["fsdp_config"]["fsdp_version"] == 2
         assert cfg["fsdp_config"]["fsdp_offload_params"] == s.offloads_state("parameters")
     # a launcher config alone says which strategy it is (accelerate launch --config_file, no --strategy)
-    from hfscale.parallel.distributed import config_strategy
+    from hfscale.parallel.launch_env import config_strategy
 
     if s.engine != "deepspeed" and s.comm_hook is None:
         assert config_strategy(cfg) == (None if name == "ddp" else name)
@@ -437,7 +437,7 @@ def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypa
 
 
 def test_a_launcher_environment_names_its_tensor_parallel_strategy(monkeypatch):
-    from hfscale.parallel.distributed import launcher_strategy
+    from hfscale.parallel.launch_env import launcher_strategy
 
     for var in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
         monkeypatch.delenv(var, raising=False)

@@ -13,8 +13,9 @@ import psutil
 from ..errors import HfscaleError, one_of
 from ..files import load_json
 from ..formulas.metrics import GB, ModelShape
-from ..parallel.distributed import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
-                                    on_accelerator, read_launcher_deepspeed_json, resolve_strategy)
+from ..parallel.distributed import on_accelerator
+from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
+                                   read_launcher_deepspeed_json, resolve_strategy)
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
