@@ -17,7 +17,6 @@ if __package__ in (None, ""):  # run as a file (accelerate launch hfscale/train.
     __package__ = "hfscale"
 
 import logging  # noqa: E402
-import warnings  # noqa: E402
 import time  # noqa: E402
 from contextlib import contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -42,6 +41,7 @@ from hfscale.run.profile import StepProfiler  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import position_identity, validation_plan  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
+from hfscale.run.logs import quiet_libraries, setup_logging  # noqa: E402
 from hfscale.run.measure import MeasureCallback, Meter, TensorBoardWriter  # noqa: E402
 from hfscale.run.memory import ConstructionMemory, StepMemory, memory_now  # noqa: E402
 from hfscale.run.summary import print_summary  # noqa: E402
@@ -55,53 +55,6 @@ from hfscale.runplan import compute_precision  # noqa: E402
 # bitsandbytes - their import-time noise is filtered only once main() has called quiet_libraries().
 
 logger = logging.getLogger("hfscale")
-
-
-# Library output that says nothing about the run, each matched precisely (every other warning stays visible):
-WARNING_NOISE = [
-    # torch 2.13 deprecates the *_tensor collectives that DeepSpeed 0.19 and FSDP2 still call, on every step
-    (FutureWarning, r"`torch\.distributed\.\w+` is deprecated"),
-]
-LOG_NOISE = {
-    # bitsandbytes' optional CPU 4-bit kernels (the `kernels` package); hfscale uses no 4-bit layers
-    "bitsandbytes.backends.cpu.ops": "kernels-community",
-    # torchao's optional compiled kernels (MX-FP8, CUTLASS) that do not load into a torch without them; AdamW8bit
-    # (fsdp* x adamw_8bit) is torch.compile'd and uses none of them
-    "torchao": "Failed to load",
-    # torchao registers two Enums with torch.compile the pre-2.13 way, once per process
-    "torch.utils._pytree": "is an Enum subclass and is now natively supported by torch.compile",
-}
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, fragment: str):
-        super().__init__()
-        self.fragment = fragment
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.fragment not in record.getMessage()
-
-
-def quiet_libraries() -> None:
-    """Drop the library noise above, before the libraries are imported."""
-    for category, pattern in WARNING_NOISE:
-        warnings.filterwarnings("ignore", message=pattern, category=category)
-    for name, fragment in LOG_NOISE.items():
-        logging.getLogger(name).addFilter(_DropMessage(fragment))
-
-
-def setup_logging(args) -> None:
-    """hfscale's lines at INFO on rank 0; the libraries at WARNING (transformers' INFO is a config dump per model and
-    per save), errors only on the other ranks. (datasets, with pandas and pyarrow, is imported here: a run refused by
-    its checks never needs it.)"""
-    import datasets
-    import transformers
-
-    level = logging.INFO if args.process_index == 0 else logging.WARNING
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, stream=sys.stdout)
-    transformers.utils.logging.set_verbosity(logging.WARNING if args.process_index == 0 else logging.ERROR)
-    datasets.utils.logging.set_verbosity(logging.WARNING)
-    datasets.disable_progress_bars()
 
 
 def run_name(model_args, plan) -> str:
