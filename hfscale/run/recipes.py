@@ -47,7 +47,8 @@ def pretraining_defaults(params: float, optim: str, max_steps: int) -> dict:
         "lr_scheduler_type": "cosine_with_min_lr",
         "lr_scheduler_kwargs": {"min_lr_rate": MIN_LR_RATE},
         "warmup_steps": WARMUP_FRACTION,
-        "adam_beta2": ADAM_BETA2,
+        # transformers hands Adafactor the learning rate alone: no betas (a recipe value there would claim a setting)
+        **({} if adafactor else {"adam_beta2": ADAM_BETA2}),
         "weight_decay": 0.0 if adafactor else WEIGHT_DECAY,  # Adafactor (T5) trains without weight decay
         "max_grad_norm": MAX_GRAD_NORM,
         "logging_steps": logging_steps(max_steps),
@@ -65,7 +66,7 @@ RECIPE_HELP = {
     "lr_scheduler_type": "cosine_with_min_lr",
     "lr_scheduler_kwargs": f'{{"min_lr_rate": {MIN_LR_RATE}}} (cosine decay to {MIN_LR_RATE:.0%} of the peak)',
     "warmup_steps": f"{WARMUP_FRACTION} ({WARMUP_FRACTION:.0%} of the steps)",
-    "adam_beta2": f"{ADAM_BETA2}",
+    "adam_beta2": f"{ADAM_BETA2}; adafactor reads none",
     "weight_decay": f"{WEIGHT_DECAY}; adafactor 0",
     "max_grad_norm": f"{MAX_GRAD_NORM}",
     "logging_steps": f"max_steps / {LOG_POINTS}, from 1 to {MAX_LOGGING_STEPS}",
