@@ -3,6 +3,8 @@
 # GPT-2 1.3B compiled, MBS 16, the vocabulary padded to 50304, the loss-only forward ran 48.3% on an H100 and 51.3% on
 # an H200 (results/h100_2026-11-27/, h200_2026-11-27/); the H100 runs that step at its power limit (1725-1800 MHz).
 # Run there as:  bash benchmarks/gpu_call_mfu.sh   (kind nvidia-h100-x1, carry: .whl, timeout_s 590)
+# Each run records the SM clock at every logging interval (perf_history's sm_mhz; gpu_suite.md lists them): whether
+# the step ran at the power-limited clock the 48.3% was put down to.
 # Sized from 2026-11-27 (H100): the wheels' install about 25 s, a 1.3B compiled run at MBS 16 about 100 s; at MBS 24
 # about 1.5x its steps; inductor's autotuning adds its benchmarks of every matmul shape to the compilation (untimed).
 source "$(dirname "$0")/gpu_lease.sh"  # left, suite, pack

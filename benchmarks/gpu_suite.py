@@ -290,6 +290,7 @@ def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -
 
     from hfscale.models import PRESETS, build_model
     from hfscale.run.forward import use_training_forward
+    from hfscale.run.memory import sm_clock_mhz
 
     shape = PRESETS[opts.model]
     model = build_model(shape, seed=0, attn_implementation="sdpa").to(device)
@@ -316,7 +317,7 @@ def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -
         began = time.perf_counter()   # steps 3-5 too, and do the clocks ramp meanwhile (results/h200_2026-11-25)
         step()
         sync()
-        warmup_steps.append({"s": round(time.perf_counter() - began, 6), "sm_mhz": sm_clock_mhz(device)})
+        warmup_steps.append({"s": round(time.perf_counter() - began, 6), "sm_mhz": sm_clock_mhz(device.startswith("cuda"))})
     start = time.perf_counter()
     for _ in range(opts.steps - warmup):
         step()
@@ -329,18 +330,6 @@ def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -
             "s_per_step": per_step, "tokens_per_s": tokens / per_step, "warmup_steps": warmup_steps,
             "per_device_train_batch_size": opts.per_device_train_batch_size, "vocab": shape.vocab,
             "profile": profile}
-
-
-def sm_clock_mhz(device: str) -> int | None:
-    """The GPU's current SM clock (torch.cuda.clock_rate, through NVML), or None (a CPU, or no NVML)."""
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    try:
-        return int(torch.cuda.clock_rate(torch.device(device)))
-    except Exception:  # noqa: BLE001 - pynvml missing or refused: the clock is a clue, not a figure
-        return None
 
 
 def release_device(device: str) -> None:
@@ -506,6 +495,10 @@ def markdown(report: dict) -> str:
         if r.get("warmup_steps"):  # each alone, with the SM clock after it where NVML answers
             steps = ", ".join(f"{w['s']:.4f}" + (f" @{w['sm_mhz']} MHz" if w["sm_mhz"] else "") for w in r["warmup_steps"])
             lines += ["", f"warm-up steps of {r['reference']} (s): {steps}"]
+    for r in report["runs"]:  # the SM clock at each logging interval's end, where NVML answered
+        clocks = [str(p["sm_mhz"]) for p in r.get("perf_history") or [] if p.get("sm_mhz")]
+        if clocks:
+            lines += ["", f"SM clock of {r['run']} at each logging interval (MHz): {', '.join(clocks)}"]
     for r in report["runs"]:
         steps = (r.get("host_syncs") or {}).get("steps") or []
         if len(steps) > 1:  # step 2: after the first step's one-off checks, no logging (--logging_steps 5)

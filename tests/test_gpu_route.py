@@ -217,6 +217,40 @@ def test_the_clock_waits_for_the_gpu_before_a_checkpoint_save(monkeypatch, tmp_p
     assert synced == [1, 2, 4]  # the end of warm-up, then the steps a save follows
 
 
+def test_each_logging_interval_records_the_gpus_clock_on_the_gpu_route_only(monkeypatch, tmp_path):
+    """perf_history keeps the SM clock at the end of each interval on a GPU (a power-limited card runs the same step
+    slower: docs/metrics.md); where NVML cannot be read, and on a CPU, the interval is recorded without it."""
+    import torch
+    from transformers import TrainingArguments
+    from transformers.trainer_callback import TrainerControl, TrainerState
+
+    from hfscale.run.measure import MeasureCallback, Meter
+    from hfscale.run.results import Results, RunRecord
+
+    clocks, asked = [1755, RuntimeError("NVML: not supported")], []
+
+    def clock_rate(*args):
+        clock = clocks[len(asked)]
+        asked.append(clock)
+        if isinstance(clock, Exception):
+            raise clock
+        return clock
+
+    monkeypatch.setattr(torch.cuda, "clock_rate", clock_rate)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    histories = {}
+    for on_gpu in (True, False):
+        meter = Meter(route_plan("ddp", on_gpu, world=1, per_node=1), token_budget=1e9, peak_tflops=None,
+                      warmup_steps=1)
+        record = RunRecord(tmp_path, Results(), False)
+        callback = MeasureCallback(meter, record, None, True)
+        for step in ((5, 10) if on_gpu else (5,)):
+            callback.on_log(args, TrainerState(global_step=step), TrainerControl(), logs={"perf/s_per_iter": 0.1})
+        histories[on_gpu] = record.results.perf_history
+    assert histories[True] == [{"step": 5, "s_per_iter": 0.1, "sm_mhz": 1755}, {"step": 10, "s_per_iter": 0.1}]
+    assert histories[False] == [{"step": 5, "s_per_iter": 0.1}] and len(asked) == 2  # the CPU route never asks
+
+
 def test_the_precision_recorded_is_the_one_the_run_computes_in(gpus, monkeypatch):
     """--torch_compile on Ampere+ makes transformers switch TF32 on (training_args.py: enable_tf32(True) when
     torch_compile and no precision flag), and ACCELERATE_MIXED_PRECISION from a user's accelerate config turns autocast

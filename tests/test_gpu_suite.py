@@ -337,5 +337,8 @@ def test_the_loss_only_reference_steps_hfscales_forward_and_gets_its_own_ratio(m
     suite.hand_written_ratios(report, 1)
     assert run["hand_written_ratio"] == 0.9 and run["loss_only_ratio"] == 0.75
     run.update(s_per_iter=0.1, tflops_per_gpu=1.0, mfu=None, estimate_allocated_gb=1.0, device_allocated_gb=1.0)
+    run["perf_history"] = [{"step": 10, "s_per_iter": 0.1, "sm_mhz": 1980}, {"step": 15, "s_per_iter": 0.1,
+                                                                            "sm_mhz": 1755}]
     table = suite.markdown({**report, "machine": "CPU", "date": "today", "command": "c", "grid": [], "skipped": []})
     assert "| 0.9 (0.75 of the loss-only step) |" in table
+    assert "SM clock of ddp-adamw at each logging interval (MHz): 1980, 1755" in table  # a GPU run's, from NVML

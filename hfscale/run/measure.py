@@ -10,7 +10,7 @@ import time
 from transformers import TrainerCallback
 
 from ..formulas import metrics
-from .memory import StepMemory, synchronize
+from .memory import StepMemory, sm_clock_mhz, synchronize
 
 
 class Meter:
@@ -242,7 +242,9 @@ class MeasureCallback(TrainerCallback):
         values = {TRAIN_SCALARS[k]: v for k, v in logs.items() if k in TRAIN_SCALARS}
         values.update({k: v for k, v in logs.items() if k.startswith(("perf/", "memory/"))})
         if "perf/s_per_iter" in logs:  # the interval figures: their spread is the run-to-run noise (hfscale project)
-            self.record.results.perf_history.append({"step": state.global_step, "s_per_iter": logs["perf/s_per_iter"]})
+            interval = {"step": state.global_step, "s_per_iter": logs["perf/s_per_iter"]}
+            clock = sm_clock_mhz(self.meter.on_cuda) if self.meter else None
+            self.record.results.perf_history.append({**interval, **({"sm_mhz": clock} if clock else {})})
         if "loss" in logs:
             self.record.add_loss(state.global_step, logs)
         if "eval_loss" in logs:
