@@ -317,7 +317,8 @@ def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -
         began = time.perf_counter()   # steps 3-5 too, and do the clocks ramp meanwhile (results/h200_2026-11-25)
         step()
         sync()
-        warmup_steps.append({"s": round(time.perf_counter() - began, 6), "sm_mhz": sm_clock_mhz(device.startswith("cuda"))})
+        warmup_steps.append({"s": round(time.perf_counter() - began, 6),
+                             "sm_mhz": sm_clock_mhz(device.startswith("cuda"))})
     start = time.perf_counter()
     for _ in range(opts.steps - warmup):
         step()

@@ -29,7 +29,8 @@ from hfscale.files import check_writable_dir, exclusive_dir  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
 from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
-from hfscale.run.args import RunState, build_training_arguments, check_model, check_model_tokenizer, parse_args  # noqa: E402
+from hfscale.run.args import (RunState, build_training_arguments, check_model, check_model_tokenizer,  # noqa: E402
+                              parse_args)
 from hfscale.run.checks import check_hyperparameters, check_trainer_combinations  # noqa: E402
 from hfscale.run.planning import plan_training  # noqa: E402
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
