@@ -290,7 +290,7 @@ def reference_step(opts, compiled: bool, device: str, loss_only: bool = False) -
 
     from hfscale.models import PRESETS, build_model
     from hfscale.run.forward import use_training_forward
-    from hfscale.run.memory import sm_clock_mhz
+    from hfscale.run.measure import sm_clock_mhz
 
     shape = PRESETS[opts.model]
     model = build_model(shape, seed=0, attn_implementation="sdpa").to(device)

@@ -2,7 +2,8 @@
 
 One timing per logging step: on CUDA a single synchronize before reading the clock (the Trainer's loss
 `.item()` at a logging step synchronizes anyway); nothing is synchronized on the other steps. Figures come
-from formulas/metrics.py; this module only measures time and memory and routes the numbers.
+from formulas/metrics.py; this module only measures time (and reads a GPU's clock) and routes the numbers. The memory
+a run measures is run/memory.py's.
 """
 
 import time
@@ -10,7 +11,29 @@ import time
 from transformers import TrainerCallback
 
 from ..formulas import metrics
-from .memory import StepMemory, sm_clock_mhz, synchronize
+from .memory import StepMemory
+
+
+def synchronize(on_cuda: bool) -> None:
+    """Wait for the device's queued work (CUDA); nothing on a CPU, where every op has finished when it returns."""
+    if on_cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def sm_clock_mhz(on_cuda: bool) -> int | None:
+    """The GPU's SM clock now, in MHz (NVML, through torch.cuda.clock_rate); None on a CPU or where NVML cannot be read.
+    Read at each logging interval: a card held below its boost clock by its power limit runs the same step slower (one
+    H100 ran GPT-2 1.3B at 1725-1800 MHz, 350M at 1980: docs/metrics.md)."""
+    if not on_cuda:
+        return None
+    import torch
+
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001 - nvidia-ml-py missing, or NVML refused: the clock is a clue, not a figure
+        return None
 
 
 class Meter:

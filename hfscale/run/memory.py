@@ -8,28 +8,6 @@ import sys
 from ..formulas.metrics import GB
 
 
-def synchronize(on_cuda: bool) -> None:
-    """Wait for the device's queued work (CUDA); nothing on a CPU, where every op has finished when it returns."""
-    if on_cuda:
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def sm_clock_mhz(on_cuda: bool) -> int | None:
-    """The GPU's SM clock now, in MHz (NVML, through torch.cuda.clock_rate); None on a CPU or where NVML cannot be read.
-    Read at each logging interval: a card held below its boost clock by its power limit runs the same step slower (one
-    H100 ran GPT-2 1.3B at 1725-1800 MHz, 350M at 1980: docs/metrics.md)."""
-    if not on_cuda:
-        return None
-    import torch
-
-    try:
-        return int(torch.cuda.clock_rate())
-    except Exception:  # noqa: BLE001 - nvidia-ml-py missing, or NVML refused: the clock is a clue, not a figure
-        return None
-
-
 def _peaks_now(on_cuda: bool) -> dict:
     """The peaks since the last reset: resident host memory always (ru_maxrss, KiB; the kernel's high-water mark, which
     StepMemory resets per step on Linux), the device's allocated and reserved bytes on CUDA."""
