@@ -7,6 +7,8 @@ MFU against a *measured* peak (`hfscale peak`) says how close training gets to w
 import re
 import time
 
+from .memory import DTYPE_BYTES
+
 # Datasheet dense peaks (no sparsity) per dtype, TFLOPs, by device key (see DEVICE_PATTERNS for the names).
 PEAK_TFLOPS = {
     "b200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 80.0},  # HGX B200, 1000 W
@@ -90,14 +92,14 @@ def table_peak(device_name: str, dtype: str) -> float | None:
     return peak * int(mig.group(1)) / MIG_COMPUTE_SLICES if peak and mig else peak
 
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 MATMUL_OPERANDS = 3  # a @ b = c: each size x size
+STORED_AS = {"tf32": "fp32"}  # TF32 is a matmul mode on fp32 tensors, not a dtype of its own
 
 
 def matmul_memory_refusal(size: int, dtype: str, memory_bytes: float, where: str) -> str | None:
     """Why `hfscale peak --size` cannot hold its matrices in `memory_bytes` (`where`: "a GPU's", "the host's
     available"), or None. Before: torch's allocator error as a traceback, or the OOM killer."""
-    need = MATMUL_OPERANDS * size * size * DTYPE_BYTES[dtype]
+    need = MATMUL_OPERANDS * size * size * DTYPE_BYTES[STORED_AS.get(dtype, dtype)]
     if need <= memory_bytes:
         return None
     return (f"--size {size} needs {need / 1e9:,.1f} GB for its three {dtype} matrices, more than {where} "
