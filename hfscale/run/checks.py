@@ -8,6 +8,7 @@ from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
 from transformers import TrainingArguments
+from transformers.utils import strtobool
 
 from ..errors import HfscaleError
 
@@ -171,5 +172,7 @@ def check_optim_args(text: str | None, hf_optim: str, optim: str) -> None:
                                f"{', '.join(read)} (its other settings: {flags})")
         if key in OPTIM_ARGS_REFUSED:
             raise HfscaleError(f"--optim_args {key}: not with hfscale: {OPTIM_ARGS_REFUSED[key]}")
-        if value.lower() not in ("true", "false", "1", "0", "yes", "no", "y", "n", "t", "f", "on", "off"):
-            raise HfscaleError(f"--optim_args {key}={value}: true or false")
+        try:
+            strtobool(value)  # transformers' own reading of it, a ValueError in every rank
+        except ValueError:
+            raise HfscaleError(f"--optim_args {key}={value}: true or false") from None
