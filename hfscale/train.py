@@ -27,7 +27,8 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
 from hfscale.files import check_writable_dir, exclusive_dir  # noqa: E402
 from hfscale.formulas.metrics import param_count  # noqa: E402
-from hfscale.parallel.distributed import setup_processes, shutdown, tensor_parallel_config, tf32_matmuls  # noqa: E402
+from hfscale.parallel.distributed import (  # noqa: E402
+    restate_matmul_precision, setup_processes, shutdown, tensor_parallel_config, tf32_matmuls)
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_model, check_model_tokenizer,  # noqa: E402
                               parse_args)
@@ -243,6 +244,7 @@ def run(argv: list[str] | None) -> None:
     """One training run, start to results file."""
     model_args, data_args, training, state = check_args(argv)
     args = build_training_arguments(training, setup_processes(state.plan))  # the process group starts here
+    restate_matmul_precision()  # transformers' TF32 switch, readable by inductor's autotuning
     # what torch really computes in, read back now that transformers has set it up (TF32 under --torch_compile)
     state.plan = state.plan.but(precision=compute_precision(args.bf16, args.fp16, getattr(args, "mixed_precision", None),
                                                             args.tf32, tf32_matmuls(args.device.type == "cuda")))

@@ -274,6 +274,33 @@ def test_the_precision_recorded_is_the_one_the_run_computes_in(gpus, monkeypatch
     assert not tf32_matmuls(on_cuda=True)
 
 
+def test_inductor_autotuning_reads_the_precision_transformers_set():
+    """transformers turns TF32 on through torch.backends.fp32_precision (the new API); torch then refuses the legacy
+    getter that inductor's autotuning cache reads, and --torch_compile_mode max-autotune-no-cudagraphs failed at the
+    first compiled step on an H100 (2026-11-27). Restated, the getter answers and the setting is unchanged."""
+    import torch
+    from torch._inductor.codecache import PersistentCache
+
+    from hfscale.parallel.distributed import restate_matmul_precision
+
+    backends = torch.backends
+    kept = [(b, b.fp32_precision) for b in (backends, backends.cuda.matmul, backends.mkldnn.matmul, backends.cudnn,
+                                            backends.mkldnn)]
+    try:
+        backends.fp32_precision = "tf32"  # transformers' enable_tf32(True) on torch >= 2.9
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            PersistentCache().lookup([], "mm", "inputs", None)  # inductor's autotuning cache, as it failed
+        restate_matmul_precision()
+        assert PersistentCache().lookup([], "mm", "inputs", None) == {}
+        assert torch.get_float32_matmul_precision() == "high"
+        assert {b.fp32_precision for b, _ in kept} == {"tf32"}  # what torch computes in is unchanged
+        restate_matmul_precision()  # readable already: nothing to do
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        for backend, precision in kept:
+            backend.fp32_precision = precision
+
+
 def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch):
     """fp16 with dynamic loss scaling skips the first steps as overflows (DeepSpeed starts at 2^16): no states exist
     after step 1, and checking them there refused correct offload, 8-bit and Adafactor runs."""

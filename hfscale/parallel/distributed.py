@@ -55,6 +55,28 @@ def tf32_matmuls(on_cuda: bool) -> bool:
     return on_cuda and torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
+def restate_matmul_precision() -> None:
+    """Make torch's legacy matmul-precision getter readable after transformers set TF32 through the new API.
+
+    transformers switches TF32 on with `torch.backends.fp32_precision` (--tf32, or --torch_compile on Ampere+), and
+    torch then refuses `torch.get_float32_matmul_precision()` ("mix of the legacy and new APIs"). Inductor's autotuning
+    (--torch_compile_mode max-autotune*) still reads that getter for its cache key, so the run failed at its first
+    compiled step on an H100 (2026-11-27; pytorch/pytorch#196728). Where every matmul backend holds the one global
+    setting, saying it again through the legacy call changes nothing torch computes and makes the getter answer."""
+    import torch
+
+    backends = torch.backends
+    try:
+        torch.get_float32_matmul_precision()
+        return
+    except RuntimeError:
+        pass
+    same = {backends.fp32_precision, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision}
+    legacy = {"tf32": "high", "ieee": "highest"}
+    if len(same) == 1 and (setting := same.pop()) in legacy:
+        torch.set_float32_matmul_precision(legacy[setting])
+
+
 def ensure_process_group_env() -> None:
     """Give a process started without a launcher the environment of a one-process group. A WORLD_SIZE without
     LOCAL_RANK is no launcher's (accelerate, torchrun and srun-started torchrun set both): transformers would then
