@@ -239,7 +239,7 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     path = out / name / "results.json"
     if proc.returncode or not path.is_file():
-        return {"run": name, "status": "fail", "error": (proc.stderr or proc.stdout)[-600:]}
+        return {"run": name, "status": "fail", "error": run_error(path, proc.stderr or proc.stdout)}
     res = json.loads(path.read_text())
     perf, est, mem = res["perf"], res["estimate"], res["memory"]
     steps = [r for r in mem.get("step_per_rank") or [] if r]
@@ -266,6 +266,16 @@ def launch_run(strategy: str, optim: str, opts, out: Path, gpus: int, compiled: 
                 "attention": est.get("attention") or "sdpa", **zero_optimization(strategy, extra)}}
     profiled = flag_value(extra, "--profile_step")
     return unprofiled_speed(entry, int(profiled), logging_steps) if profiled else entry
+
+
+def run_error(results: Path, output: str) -> str:
+    """Why a run failed: the rank's own exception where its results file recorded one (an H100's autotuning failure
+    came back as torchrun's ChildFailedError summary alone, 2026-11-27), else the end of the launcher's output."""
+    try:
+        error = json.loads(results.read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    return error[:600] if error else output[-600:]
 
 
 def zero_optimization(strategy: str, extra) -> dict:

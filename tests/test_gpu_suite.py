@@ -167,6 +167,18 @@ def test_an_item_that_breaks_costs_that_item_not_the_call():
     assert "| reference step | fail |" in suite.markdown(report)
 
 
+def test_a_failed_run_says_the_ranks_own_error(tmp_path):
+    """torchrun's summary of a failed rank names no cause: the rank's exception, where its results file holds one."""
+    suite = _suite()
+    results = tmp_path / "results.json"
+    launcher = "ChildFailedError: train.py FAILED ... Root Cause (first observed failure): exitcode 1"
+    assert suite.run_error(results, launcher) == launcher  # no results file: the launcher's output
+    results.write_text("{not json")
+    assert suite.run_error(results, launcher) == launcher
+    results.write_text(json.dumps({"status": "fail", "error": "InductorError: LoweringException: " + "x" * 900}))
+    assert suite.run_error(results, launcher) == ("InductorError: LoweringException: " + "x" * 900)[:600]
+
+
 def test_only_the_same_step_gets_a_ratio_to_the_hand_written_one():
     """ddp against the hand-written step of the same compile mode, micro-batch and vocabulary: twice the micro-batch
     or a padded vocabulary is another step (its MFU says what it gained), a run slowed by what it records no figure."""
