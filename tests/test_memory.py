@@ -300,6 +300,8 @@ H200_LOSS_ONLY = REPO / "benchmarks" / "results" / "h200_2026-11-27"  # ... of t
 H200_STRATEGIES = REPO / "benchmarks" / "results" / "h200_2026-11-27b"  # ... at MBS 8-16; each strategy profiled
 H100_LOSS_ONLY = REPO / "benchmarks" / "results" / "h100_2026-11-27"  # the loss-only rows again; 350M, 1.3B compiled
 CUDA_FOLDERS = (H100, H100_NO_CACHE, H100_BLOOM, H200, H200_COMPILED, H200_LOSS_ONLY, H200_STRATEGIES, H100_LOSS_ONLY)
+H100_MFU = REPO / "benchmarks" / "results" / "h100_2026-11-27b"  # runs alone: 1.3B at MBS 16 and 24, fsdp, ZeRO
+SUITE_FOLDERS = (*CUDA_FOLDERS[1:], H100_MFU)  # every lease's suite.json (the first session's is runs.json)
 
 
 def _compiled(row: dict) -> bool:
@@ -461,7 +463,7 @@ def test_a_loss_only_step_takes_its_own_compiled_figures_and_else_the_returned_o
 
 
 GPU_RUNS = [*json.loads((H100 / "runs.json").read_text())["runs"],  # the first session's; each later lease's suite.json
-            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in CUDA_FOLDERS[1:]
+            *({**r, "run": f"{folder.name} {r['plan']['model']} {r['run']}"} for folder in SUITE_FOLDERS
               for r in json.loads((folder / "suite.json").read_text())["runs"] if r["status"] == "ok")]
 
 
