@@ -32,7 +32,8 @@ from hfscale.parallel.distributed import (  # noqa: E402
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_model, check_model_tokenizer,  # noqa: E402
                               parse_args)
-from hfscale.run.checks import check_hyperparameters, check_trainer_combinations  # noqa: E402
+from hfscale.run.checks import (OPTIMIZER_FLAGS, check_hyperparameters, check_trainer_combinations,  # noqa: E402
+                                ignored_optimizer_flags)
 from hfscale.run.planning import plan_training  # noqa: E402
 from hfscale.parallel.hooks import PowerSGDConfig  # noqa: E402
 from hfscale.parallel.fingerprint import probe_logits, weights_fingerprint  # noqa: E402
@@ -252,6 +253,9 @@ def run(argv: list[str] | None) -> None:
     logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, trainer = the Trainer's own, "
                 "docs/compare.md): %s",
                 ", ".join(f"{k}={v} ({src})" for k, (v, src) in state.recipe.items()))
+    if ignored := ignored_optimizer_flags(state.plan.optimizer.name, state.explicit):
+        logger.warning("%s: ignored by --optim %s, which transformers builds from %s alone", ", ".join(ignored),
+                       state.plan.optimizer.name, OPTIMIZER_FLAGS[state.plan.optimizer.name])
     stopper = StopOnSignal(args.count_collectives)  # SIGUSR1: a checkpoint at the next logging step, then stop
     stopper.install()  # from here on, not only once training starts: SIGUSR1's default would end this rank
     try:

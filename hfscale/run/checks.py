@@ -154,6 +154,14 @@ OPTIMIZER_FLAGS = {"adafactor": "--learning_rate and --weight_decay"}
 ADAM_FLAGS = "--learning_rate, --adam_beta1, --adam_beta2, --adam_epsilon and --weight_decay"
 
 
+def ignored_optimizer_flags(optim: str, explicit: set[str]) -> list[str]:
+    """The Adam flags a user set for an optimizer that reads none of them: transformers builds Adafactor from the
+    learning rate and weight decay alone. Said at start-up, not refused: a sweep of adamw,adafactor shares its flags."""
+    if optim not in OPTIMIZER_FLAGS:
+        return []
+    return [f"--{name}" for name in ("adam_beta1", "adam_beta2", "adam_epsilon") if name in explicit]
+
+
 def check_optim_args(text: str | None, hf_optim: str, optim: str) -> None:
     """--optim_args ('key=value,key=value') where the optimizer reads them: elsewhere transformers ignores the whole
     string without a word, and a pair without its '=' was its ValueError in every rank."""
