@@ -31,7 +31,7 @@ from hfscale.parallel.distributed import (  # noqa: E402
     restate_matmul_precision, setup_processes, shutdown, tensor_parallel_config, tf32_matmuls)
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_model, check_model_tokenizer,  # noqa: E402
-                              parse_args)
+                              check_output_dir, parse_args)
 from hfscale.run.checks import (OPTIMIZER_FLAGS, check_hyperparameters, check_trainer_combinations,  # noqa: E402
                                 ignored_optimizer_flags)
 from hfscale.run.planning import plan_training  # noqa: E402
@@ -52,7 +52,7 @@ from hfscale.run.forward import use_training_forward  # noqa: E402
 from hfscale.run.recipes import apply_defaults  # noqa: E402
 from hfscale.run.stopping import SIGNAL, StopOnSignal  # noqa: E402
 from hfscale.run.record import base_results, environment, peak_tflops  # noqa: E402
-from hfscale.run.results import RESULTS_FILE, RunRecord, read_results  # noqa: E402
+from hfscale.run.results import RunRecord, refuse_finished_run  # noqa: E402
 from hfscale.runplan import compute_precision  # noqa: E402
 # Lazy, in make_trainer: hfscale.run.trainer, i.e. transformers' Trainer, whose import pulls in torchao and
 # bitsandbytes - their import-time noise is filtered only once main() has called quiet_libraries().
@@ -79,12 +79,8 @@ def output_dir_for(args, state, name: str):
         args.run_name = name
     check_writable_dir(args.output_dir, "--output_dir")
     with exclusive_dir(args.output_dir, "--output_dir") if args.process_index == 0 else nullcontext():
-        existing = Path(args.output_dir) / RESULTS_FILE  # read under the lock: a run ending now has written it
-        if existing.is_file() and read_results(existing).status == "ok" and not args.overwrite_output_dir:
-            further = (" (with --resume_from_checkpoint: to train on from its last checkpoint, e.g. to a larger "
-                       "--max_steps)") if args.resume_from_checkpoint else ""
-            raise HfscaleError(f"{args.output_dir} already holds the results of a finished run; choose another "
-                               f"--output_dir or pass --overwrite_output_dir{further}")
+        # read under the lock: a run ending now has written it
+        refuse_finished_run(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
         yield
 
 
@@ -217,14 +213,16 @@ def exit_now() -> None:
 
 
 def check_args(argv: list[str] | None):
-    """Every check of the command line that needs no data, model weights or output directory: the flags parse, the
-    names exist, the choices fit together, the sizes are possible - and the run's plan. Pure; raises HfscaleError (and
-    only that). Returns (model args, data args, TrainingArguments keywords, RunState)."""
+    """Every check of the command line that needs no data or model weights: the flags parse, the names exist, the
+    choices fit together, the sizes are possible, the --output_dir named can take the run - and the run's plan. Pure
+    (writes nothing); raises HfscaleError (and only that). Returns (model args, data args, TrainingArguments keywords,
+    RunState)."""
     model_args, data_args, training, explicit = parse_args(argv)
     shape, seq_len = check_model(model_args, data_args.seq_len)
     check_model_tokenizer(model_args, data_args)
     training, recipe = apply_defaults(training, explicit, param_count(shape), training["optim"])
     check_hyperparameters(training)
+    check_output_dir(training)
     training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
                                                 model_args.fused_linear_cross_entropy)
     check_trainer_combinations(training)

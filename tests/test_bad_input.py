@@ -66,6 +66,9 @@ CASES = {
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),
     "negative seq_len": (["--seq_len", "-3"], "--seq_len must be positive"),
+    "one-token samples": (["--seq_len", "1"], "--seq_len 1 leaves nothing to predict"),
+    "a vocabulary below the default tokenizer's": (["--vocab_size", "10"],
+                                                   "--vocab_size 10 is below the default tokenizer's 257 tokens"),
     "missing data file": (["--train_files", "/nonexistent/corpus.txt"], "data file not found: /nonexistent/corpus.txt"),
     "batch not dividing": (["--per_device_train_batch_size", "4", "--global_batch_size", "6"],
                            "not a positive multiple of --per_device_train_batch_size x processes = 4 x 1"),
@@ -374,6 +377,21 @@ def test_a_finished_runs_folder_is_not_trained_over(tmp_path):
                             "--output_dir or pass --overwrite_output_dir (with --resume_from_checkpoint: to train on "
                             "from its last checkpoint, e.g. to a larger --max_steps)")
     assert [p.name for p in done.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_an_output_dir_that_cannot_take_the_run_is_refused_before_any_process_starts(command, tmp_path, hfscale_cli):
+    """A finished run's folder, or one that cannot be written: one line before the launch, where each rank said it
+    (and torchrun its failure summary) once the process group was up."""
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "results.json").write_text('{"status": "ok"}')
+    launch = ["--num_processes", "2"] if command == "launch" else []
+    proc = hfscale_cli([command, *launch, "--max_steps", "1", "--output_dir", str(done)])
+    _check_refused(proc, f"{done} already holds the results of a finished run", tmp_path / "never")
+    _check_refused(hfscale_cli([command, *launch, "--max_steps", "1", "--output_dir", "/proc/hfscale-run"]),
+                   "--output_dir /proc/hfscale-run is not writable", tmp_path / "never")
+    assert [p.name for p in tmp_path.iterdir()] == ["done"]
 
 
 def test_empty_data_file(tmp_path, hfscale_cli):

@@ -29,9 +29,11 @@ from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
 from .checks import check_hyperparameters
-from .data import EMBEDDED, check_file_content, check_local_files, expand_file_patterns
+from .data import (DEFAULT_TOKENIZER_MIN_VOCAB, EMBEDDED, check_file_content, check_local_files,
+                   expand_file_patterns)
 from .garbage import DEFAULT_GC_FREQ
 from .recipes import document_recipe
+from .results import refuse_finished_run
 
 DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
 
@@ -81,11 +83,17 @@ def has_tokenizer_files(path: str) -> bool:
 
 def check_model_tokenizer(model_args, data_args) -> None:
     """A local model directory without tokenizer files needs --tokenizer_name: transformers would build an empty GPT-2
-    tokenizer from the config alone, and every text would encode to nothing (call after the model's own checks)."""
+    tokenizer from the config alone, and every text would encode to nothing (call after the model's own checks). A
+    preset trained with the default tokenizer needs room for its byte-level alphabet."""
     path = model_args.model_name_or_path
     if path and Path(path).is_dir() and not data_args.tokenizer_name and not has_tokenizer_files(path):
         raise HfscaleError(f"--model_name_or_path {path} has no tokenizer files (tokenizer.json or "
                            "tokenizer_config.json): pass --tokenizer_name")
+    vocab = None if path or data_args.tokenizer_name else model_args.shape().vocab  # a preset, the default tokenizer
+    if vocab is not None and vocab < DEFAULT_TOKENIZER_MIN_VOCAB:
+        raise HfscaleError(f"--vocab_size {vocab} is below the default tokenizer's {DEFAULT_TOKENIZER_MIN_VOCAB} tokens "
+                           "(a byte-level BPE: 256 bytes and the end-of-text token); give at least "
+                           f"{DEFAULT_TOKENIZER_MIN_VOCAB}, or a --tokenizer_name that fits the model")
 
 
 @dataclass
@@ -108,6 +116,9 @@ class DataArguments:
         require_finite(vars(self))
         if self.seq_len is not None and self.seq_len <= 0:
             raise HfscaleError(f"--seq_len must be positive, got {self.seq_len}")
+        if self.seq_len == 1:  # the labels are the inputs shifted by one: a loss over no tokens, NaN at every step
+            raise HfscaleError("--seq_len 1 leaves nothing to predict (each token is learnt from the ones before it in "
+                               "its sample): give at least 2")
         if self.default_tokenizer_vocab <= 0:
             raise HfscaleError(f"--default_tokenizer_vocab must be positive, got {self.default_tokenizer_vocab}")
         check_writable_dir(self.cache_dir, "--cache_dir")
@@ -316,6 +327,18 @@ def check_training_flags(train_args: list[str], here: bool = True) -> None:
     if data_args is not None:
         check_model_tokenizer(model_args, data_args)
     check_hyperparameters(training)
+    if here:
+        check_output_dir(training)
+
+
+def check_output_dir(training: dict) -> None:
+    """The --output_dir a user named can be written and holds no finished run (unless --overwrite_output_dir), said
+    before any process starts; each run's rank 0 checks it again once it holds the folder's lock."""
+    if training.get("output_dir") is None:  # runs/<run name>, named once the plan is known
+        return
+    check_writable_dir(training["output_dir"], "--output_dir")
+    refuse_finished_run(training["output_dir"], training.get("overwrite_output_dir"),
+                        bool(training.get("resume_from_checkpoint")))
 
 
 def check_model(model_args: ModelArguments, seq_len: int | None) -> tuple[ModelShape, int]:

@@ -22,6 +22,7 @@ from ..files import atomic_write_dir
 
 EMBEDDED = "python-stdlib"
 EOS = "<|endoftext|>"
+DEFAULT_TOKENIZER_MIN_VOCAB = 257  # the default BPE's byte-level alphabet and EOS, before any merge
 PACKING_VERSION = 1  # part of the packed-data cache key: bump it whenever pack() changes what it produces
 DEFAULT_VALIDATION_PERCENTAGE = 5.0  # as transformers' run_clm.py holds out when a dataset has no validation split
 VALIDATION_SEED = 0  # which documents are held out does not depend on the training seed

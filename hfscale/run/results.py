@@ -265,6 +265,16 @@ def write_results(output_dir: Path, results: Results) -> Path:
     return path
 
 
+def refuse_finished_run(output_dir, overwrite: bool, resuming: bool) -> None:
+    """A finished run's results are not overwritten unless asked (--overwrite_output_dir)."""
+    existing = Path(output_dir) / RESULTS_FILE
+    if existing.is_file() and read_results(existing).status == "ok" and not overwrite:
+        further = (" (with --resume_from_checkpoint: to train on from its last checkpoint, e.g. to a larger "
+                   "--max_steps)") if resuming else ""
+        raise HfscaleError(f"{output_dir} already holds the results of a finished run; choose another "
+                           f"--output_dir or pass --overwrite_output_dir{further}")
+
+
 def read_results(path: Path) -> Results:
     """A results file (or a run directory holding one), typed. Malformed JSON or not an object: HfscaleError."""
     path = Path(path)
