@@ -58,6 +58,19 @@ CASES = {
     "optimizer arguments nothing reads": (["--optim_args", "beta1=0.5"], "--optim_args: adamw (adamw_torch here) "
                                           "reads none of them, and they would be ignored; its settings are "
                                           "--learning_rate, --adam_beta1"),
+    # each TypeError (ValueError for min_lr) in every rank as the Trainer built its scheduler, or ignored without a word
+    "a scheduler argument missing": (["--lr_scheduler_type", "warmup_stable_decay"],
+                                     "--lr_scheduler_kwargs for warmup_stable_decay: missing a required argument: "
+                                     "'num_decay_steps'"),
+    "a scheduler argument the schedule does not take": (
+        ["--lr_scheduler_type", "linear", "--lr_scheduler_kwargs", '{"power": 2}'],
+        "--lr_scheduler_kwargs for linear: got an unexpected keyword argument 'power' (it takes none)"),
+    "the minimum learning rate twice": (["--lr_scheduler_kwargs", '{"min_lr": 1e-5, "min_lr_rate": 0.1}'],
+                                        "--lr_scheduler_kwargs for cosine_with_min_lr: give one of min_lr or "
+                                        "min_lr_rate"),
+    "scheduler arguments a constant schedule ignores": (
+        ["--lr_scheduler_type", "constant", "--lr_scheduler_kwargs", '{"num_cycles": 2}'],
+        "--lr_scheduler_kwargs: the constant schedule takes none"),
     "optimizer arguments without their =": (["--optim_args", "beta1"], "--optim_args 'beta1': give key=value pairs"),
     "a torchao block size the estimate does not model": (
         ["--strategy", "fsdp", "--optim", "adamw_8bit", "--optim_args", "block_size=128"],

@@ -108,6 +108,39 @@ def check_hyperparameters(kw: dict) -> None:
 EVAL_METRICS = ("loss", "perplexity", "tokens_evaluated", "runtime", "samples_per_second", "steps_per_second")
 
 
+# What transformers' get_scheduler hands each scheduler beside --lr_scheduler_kwargs (None: not those either - it
+# builds the scheduler from the optimizer and these alone); every other scheduler gets the warmup and training steps.
+SCHEDULER_GETS = {"constant": None, "constant_with_warmup": None, "reduce_lr_on_plateau": (), "greedy": (),
+                  "inverse_sqrt": ("num_warmup_steps",)}
+ONE_OF = {"cosine_with_min_lr": ("min_lr", "min_lr_rate"), "cosine_warmup_with_min_lr": ("min_lr", "min_lr_rate")}
+
+
+def check_scheduler_kwargs(name: str, kwargs: dict) -> None:
+    """--lr_scheduler_kwargs that the scheduler takes, and all it needs: a missing or unknown one was a TypeError (a
+    ValueError for min_lr and min_lr_rate) in every rank as the Trainer built its scheduler; where transformers passes
+    none, they would be ignored without a word."""
+    import inspect
+
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    gets = SCHEDULER_GETS.get(name, ("num_warmup_steps", "num_training_steps"))
+    if gets is None:
+        if kwargs:
+            raise HfscaleError(f"--lr_scheduler_kwargs: the {name} schedule takes none, and they would be ignored")
+        return
+    signature = inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)])
+    takes = [p for p in signature.parameters if p not in ("optimizer", "last_epoch", *gets)]
+    try:
+        signature.bind(None, **dict.fromkeys(gets, 1), **kwargs)
+    except TypeError as err:
+        raise HfscaleError(f"--lr_scheduler_kwargs for {name}: {err} (it takes {', '.join(takes) or 'none'})") from None
+    either = ONE_OF.get(name, ())
+    if either and sum(kwargs.get(k) is not None for k in either) != 1:
+        raise HfscaleError(f"--lr_scheduler_kwargs for {name}: give one of {' or '.join(either)}, got "
+                           f"{json.dumps(kwargs)}")
+
+
 def check_trainer_combinations(kw: dict) -> None:
     """TrainingArguments' own checks of how its flags combine (`_validate_args`: --load_best_model_at_end with another
     save than eval schedule, reduce_lr_on_plateau without evaluation, ...), made here on the flags alone: built into
@@ -126,6 +159,7 @@ def check_trainer_combinations(kw: dict) -> None:
         args.logging_strategy = IntervalStrategy(args.logging_strategy)
         args.save_strategy = SaveStrategy(args.save_strategy)
         args.lr_scheduler_type = SchedulerType(args.lr_scheduler_type)
+        check_scheduler_kwargs(args.lr_scheduler_type.value, json_object_flag(kw, "lr_scheduler_kwargs"))
         if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:  # its fallback, as __post_init__'s
             args.eval_steps = args.logging_steps
         TrainingArguments._validate_args(args)
