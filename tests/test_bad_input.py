@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, ReachedLaunch, run
 
 
 CASES = {
@@ -405,6 +405,18 @@ def test_an_output_dir_that_cannot_take_the_run_is_refused_before_any_process_st
     _check_refused(hfscale_cli([command, *launch, "--max_steps", "1", "--output_dir", "/proc/hfscale-run"]),
                    "--output_dir /proc/hfscale-run is not writable", tmp_path / "never")
     assert [p.name for p in tmp_path.iterdir()] == ["done"]
+
+
+@pytest.mark.parametrize("command", [["launch", "--num_processes", "2"],
+                                     ["sweep", "--strategy", "ddp", "--out", "sw", "--"]], ids=lambda c: c[0])
+def test_a_schedule_its_runs_cannot_build_is_refused_before_they_launch(command, tmp_path, hfscale_cli):
+    """The launching commands check the schedule the runs would build (hfscale's recipe filled in), where each rank
+    refused it; the recipe's own cosine_with_min_lr with its min_lr_rate passes."""
+    _check_refused(hfscale_cli([*command, "--lr_scheduler_type", "warmup_stable_decay"], cwd=tmp_path),
+                   "--lr_scheduler_kwargs for warmup_stable_decay: missing a required argument", tmp_path / "sw")
+    if command[0] == "launch":
+        with pytest.raises(ReachedLaunch):  # the default schedule: on to the launch
+            hfscale_cli([*command, "--max_steps", "2"], cwd=tmp_path)
 
 
 def test_empty_data_file(tmp_path, hfscale_cli):

@@ -23,16 +23,16 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from ..errors import HfscaleError, unknown_names
 from ..files import check_writable_dir, is_run_file, read_run_file
-from ..formulas.metrics import ModelShape
+from ..formulas.metrics import ModelShape, param_count
 from ..models import PRESETS, check_attention, missing_local_path, model_shape, resolve_seq_len, resolve_shape
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
-from .checks import check_hyperparameters
+from .checks import check_hyperparameters, check_scheduler_kwargs, json_object_flag
 from .data import (DEFAULT_TOKENIZER_MIN_VOCAB, EMBEDDED, check_file_content, check_local_files,
                    expand_file_patterns)
 from .garbage import DEFAULT_GC_FREQ
-from .recipes import document_recipe
+from .recipes import apply_defaults, document_recipe
 from .results import refuse_finished_run
 
 DEFAULT_CACHE = os.environ.get("HFSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hfscale")
@@ -318,12 +318,15 @@ def check_training_flags(train_args: list[str], here: bool = True) -> None:
     a checkpoint on this machine) takes the attention and sequence length asked, the hyperparameters are in range,
     and, `here` (the runs start on this machine), the files they name exist. What depends on the launched world (its
     processes and devices, a sweep's strategy x optimizer) each run checks as it starts."""
-    (model_kw, data_kw, training), _ = _read_values(train_args)
+    (model_kw, data_kw, training), explicit = _read_values(train_args)
     model_args = _built(ModelArguments, model_kw)
     data_args = _built(DataArguments, data_kw) if here else None
     path = model_args.model_name_or_path
     if path is None or (here and Path(path).is_dir()):  # no Hub lookup for a check
-        check_model(model_args, data_kw.get("seq_len"))
+        shape, _ = check_model(model_args, data_kw.get("seq_len"))
+        # the schedule the runs will build, hfscale's recipe filled in (its values depend on the model's size)
+        recipe = apply_defaults(training, explicit, param_count(shape), training["optim"])[0]
+        check_scheduler_kwargs(str(recipe["lr_scheduler_type"]), json_object_flag(recipe, "lr_scheduler_kwargs"))
     if data_args is not None:
         check_model_tokenizer(model_args, data_args)
     check_hyperparameters(training)
