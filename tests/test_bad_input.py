@@ -71,6 +71,23 @@ CASES = {
     "scheduler arguments a constant schedule ignores": (
         ["--lr_scheduler_type", "constant", "--lr_scheduler_kwargs", '{"num_cycles": 2}'],
         "--lr_scheduler_kwargs: the constant schedule takes none"),
+    # a TypeError in every rank; torch's ValueError at the first forward; ignored; per-device figures made wrong
+    "an unknown accelerate setting": (["--accelerator_config", '{"split_batch": true}'],
+                                      "--accelerator_config: unknown setting 'split_batch'; accelerate's are "
+                                      "split_batches, dispatch_batches"),
+    "an accelerate settings file that is not there": (["--accelerator_config", "/nonexistent/accelerate.json"],
+                                                      "--accelerator_config /nonexistent/accelerate.json: no such "
+                                                      "file or directory"),
+    "batches split across the processes": (["--accelerator_config", '{"split_batches": true}'],
+                                           "--accelerator_config split_batches: each process would take a share of "
+                                           "one --per_device_train_batch_size batch"),
+    "an unknown checkpointing setting": (["--activation_checkpointing", "--activation_checkpointing_kwargs",
+                                          '{"use_reentrent": false}'],
+                                         "--activation_checkpointing_kwargs: unknown setting 'use_reentrent'; torch's "
+                                         "checkpoint and the Trainer take use_reentrant"),
+    "target modules no optimizer of hfscale's reads": (["--optim_target_modules", "attn"],
+                                                       "--optim_target_modules: read by the Trainer's low-rank "
+                                                       "optimizers (GaLore, APOLLO) alone"),
     "optimizer arguments without their =": (["--optim_args", "beta1"], "--optim_args 'beta1': give key=value pairs"),
     "a torchao block size the estimate does not model": (
         ["--strategy", "fsdp", "--optim", "adamw_8bit", "--optim_args", "block_size=128"],

@@ -5,6 +5,7 @@ flags combine (`check_trainer_combinations`), one line naming the flag instead o
 import json
 import math
 from dataclasses import MISSING, fields
+from pathlib import Path
 from types import SimpleNamespace
 
 from transformers import TrainingArguments
@@ -84,6 +85,7 @@ def check_hyperparameters(kw: dict) -> None:
                 isinstance(value, str) and value.startswith("{")):  # the scheduler's ** raised in every rank
             raise HfscaleError(f"--{name} must be a JSON object of keyword arguments ('{{\"name\": value}}'), "
                                f"got {value!r}")
+    check_settings_objects(kw)
     min_lr = json_object_flag(kw, "lr_scheduler_kwargs").get("min_lr_rate")
     if min_lr is not None and not (isinstance(min_lr, (int, float)) and 0 <= min_lr <= 1):
         raise HfscaleError(f"--lr_scheduler_kwargs min_lr_rate must be in [0, 1], got {min_lr}")
@@ -100,6 +102,58 @@ def check_hyperparameters(kw: dict) -> None:
         step = kw.get(flag) or 0
         if step and (step < 2 or (last is not None and last > 0 and step > last)):
             raise HfscaleError(f"--{flag} takes an optimizer step from 2 to --max_steps ({last}) (0: off), got {step}")
+
+
+def check_settings_objects(kw: dict) -> None:
+    """The settings inside the JSON-object flags the libraries read key by key: an unknown accelerate setting was a
+    TypeError in every rank, an unknown checkpointing one torch's ValueError at the first forward (or, with
+    use_reentrant false, a keyword handed on to every layer); --optim_target_modules is read by no optimizer of
+    hfscale's; split_batches would make --per_device_train_batch_size the whole batch, shared by the processes."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    accelerate = accelerator_settings(kw.get("accelerator_config"))
+    known = [f.name for f in fields(AcceleratorConfig)]
+    if unknown := [k for k in accelerate if k not in known]:
+        raise HfscaleError(f"--accelerator_config: unknown setting {unknown[0]!r}; accelerate's are {', '.join(known)}")
+    if accelerate.get("split_batches"):
+        raise HfscaleError("--accelerator_config split_batches: each process would take a share of one "
+                           "--per_device_train_batch_size batch, where hfscale's plan, estimate and tokens/s count it "
+                           "per device; leave split_batches out and set the per-device batch")
+    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        takes = checkpointing_settings()
+        if unknown := [k for k in json_object_flag(kw, name) if k not in takes]:
+            raise HfscaleError(f"--{name}: unknown setting {unknown[0]!r}; torch's checkpoint and the Trainer take "
+                               f"{', '.join(takes)}")
+    if kw.get("optim_target_modules") is not None:
+        raise HfscaleError("--optim_target_modules: read by the Trainer's low-rank optimizers (GaLore, APOLLO) alone, "
+                           "none of hfscale's --optim choices; it would be ignored")
+
+
+def accelerator_settings(value) -> dict:
+    """--accelerator_config as the settings it names: inline JSON or a mapping, or a JSON file (the Trainer's forms)."""
+    if value is None or isinstance(value, dict) or (isinstance(value, str) and value.startswith("{")):
+        return json_object_flag({"accelerator_config": value}, "accelerator_config")
+    try:
+        settings = json.loads(Path(value).read_text())
+    except OSError as err:
+        raise HfscaleError(f"--accelerator_config {value}: {err.strerror.lower()}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HfscaleError(f"--accelerator_config {value}: not a JSON file") from None
+    if not isinstance(settings, dict):
+        raise HfscaleError(f"--accelerator_config {value}: not a JSON object of accelerate's settings")
+    return settings
+
+
+def checkpointing_settings() -> list[str]:
+    """What --activation_checkpointing_kwargs may hold: torch.utils.checkpoint's keyword arguments that JSON can give
+    (context_fn is a function), its preserve_rng_state, and the two the Trainer takes out (every_n_layers, offload)."""
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+
+    keywords = [name for name, p in inspect.signature(checkpoint).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "context_fn"]
+    return [*keywords, "preserve_rng_state", "every_n_layers", "offload"]
 
 
 # What an evaluation reports, the names --metric_for_best_model takes (with or without the Trainer's eval_ prefix):
