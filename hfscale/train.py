@@ -215,7 +215,7 @@ def exit_now() -> None:
 def check_args(argv: list[str] | None):
     """Every check of the command line that needs no data or model weights: the flags parse, the names exist, the
     choices fit together, the sizes are possible, the --output_dir named can take the run - and the run's plan. Pure
-    (writes nothing); raises HfscaleError (and only that). Returns (model args, data args, TrainingArguments keywords,
+    (leaves nothing on disk); raises HfscaleError (and only that). Returns (model args, data args, TrainingArguments keywords,
     RunState)."""
     model_args, data_args, training, explicit = parse_args(argv)
     shape, seq_len = check_model(model_args, data_args.seq_len)

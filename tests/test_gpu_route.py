@@ -284,8 +284,9 @@ def test_inductor_autotuning_reads_the_precision_transformers_set():
     from hfscale.parallel.distributed import restate_matmul_precision
 
     backends = torch.backends
-    kept = [(b, b.fp32_precision) for b in (backends, backends.cuda.matmul, backends.mkldnn.matmul, backends.cudnn,
-                                            backends.mkldnn)]
+    every = (backends, backends.cudnn, backends.mkldnn, backends.cuda.matmul, backends.cudnn.conv, backends.cudnn.rnn,
+             backends.mkldnn.matmul, backends.mkldnn.conv, backends.mkldnn.rnn)  # parents first: they set their leaves
+    kept, legacy = [(b, b.fp32_precision) for b in every], torch.get_float32_matmul_precision()
     try:
         backends.fp32_precision = "tf32"  # transformers' enable_tf32(True) on torch >= 2.9
         with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
@@ -293,12 +294,15 @@ def test_inductor_autotuning_reads_the_precision_transformers_set():
         restate_matmul_precision()
         assert PersistentCache().lookup([], "mm", "inputs", None) == {}
         assert torch.get_float32_matmul_precision() == "high"
-        assert {b.fp32_precision for b, _ in kept} == {"tf32"}  # what torch computes in is unchanged
+        assert {b.fp32_precision for b in every} == {"tf32"}  # what torch computes in is unchanged
         restate_matmul_precision()  # readable already: nothing to do
         assert torch.get_float32_matmul_precision() == "high"
-    finally:
+    finally:  # the legacy getter's answer too, then every backend's own setting
+        torch.set_float32_matmul_precision(legacy)
         for backend, precision in kept:
             backend.fp32_precision = precision
+    assert [b.fp32_precision for b in every] == [p for _, p in kept]
+    assert torch.get_float32_matmul_precision() == legacy
 
 
 def test_optimizer_states_are_checked_after_the_first_step_that_ran(monkeypatch):

@@ -119,8 +119,8 @@ def check_settings_objects(kw: dict) -> None:
         raise HfscaleError("--accelerator_config split_batches: each process would take a share of one "
                            "--per_device_train_batch_size batch, where hfscale's plan, estimate and tokens/s count it "
                            "per device; leave split_batches out and set the per-device batch")
+    takes = checkpointing_settings()
     for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-        takes = checkpointing_settings()
         if unknown := [k for k in json_object_flag(kw, name) if k not in takes]:
             raise HfscaleError(f"--{name}: unknown setting {unknown[0]!r}; torch's checkpoint and the Trainer take "
                                f"{', '.join(takes)}")
