@@ -73,11 +73,12 @@ MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab
 
 def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trust_remote_code: bool = False,
                 n_layer: int | None = None, hidden_size: int | None = None, n_head: int | None = None,
-                ffn_hidden_size: int | None = None, vocab_size: int | None = None) -> ModelShape:
+                ffn_hidden_size: int | None = None, vocab_size: int | None = None, weights: bool = True) -> ModelShape:
     """The shape of the model these flags name: a pretrained checkpoint's config (read, not its weights), else the
-    preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve."""
+    preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve.
+    `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
     if model_name_or_path:
-        return pretrained_shape(model_name_or_path, trust_remote_code)
+        return pretrained_shape(model_name_or_path, trust_remote_code, weights)
     return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size)
 
 
@@ -263,8 +264,9 @@ def missing_local_path(name_or_path: str) -> bool:
     return name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists()
 
 
-def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> ModelShape:
-    """The shape of a pretrained checkpoint, read from its config alone."""
+def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights: bool = True) -> ModelShape:
+    """The shape of a pretrained checkpoint, read from its config alone; `weights`: a local directory must hold them
+    too (checked here, before a run starts, where loading them would fail in every rank)."""
     from transformers import AutoConfig
 
     if missing_local_path(name_or_path):
@@ -288,7 +290,7 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False) -> Mode
         validate_shape(shape)
     except HfscaleError as err:  # transformers reads such a config without complaint and fails building the model
         raise HfscaleError(f"cannot load model {name_or_path!r}: its config's {err}") from None
-    if local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
+    if weights and local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
         raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
                            f"({' or '.join(WEIGHT_FILES)})")
     return shape

@@ -290,6 +290,23 @@ def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_model_directory_with_its_config_alone_is_planned_and_not_trained(tmp_path, hfscale_cli):
+    """A config.json is all `estimate` reads of a model directory (its help says so): one without weights was refused
+    as if it were about to be loaded. Training it is still refused before anything starts."""
+    config = tmp_path / "design"
+    config.mkdir()
+    hf_config(PRESETS["gpt2-350m"]).save_pretrained(config)
+    assert not [p for p in config.iterdir() if p.name != "config.json"]
+    estimate = ["estimate", "--strategy", "ddp", "--optim", "adamw", "--json"]
+    from_config = hfscale_cli([*estimate, "--model_name_or_path", config])
+    assert from_config.returncode == 0, from_config.stderr
+    rows = json.loads(from_config.stdout)["rows"]
+    assert rows == json.loads(hfscale_cli([*estimate, "--model", "gpt2-350m"]).stdout)["rows"]  # the same model
+    assert rows[0]["memory"]["parameters"] == 4 * param_count(PRESETS["gpt2-350m"])
+    proc = hfscale_cli(["train", "--model_name_or_path", config, "--max_steps", "1", "--output_dir", tmp_path / "o"])
+    assert proc.returncode == 2 and "has a config but no weights" in proc.stderr
+
+
 # ---- the estimate on CUDA, against what GPUs measured (benchmarks/results/h100_2026-11-2{3,6}/, h200_2026-11-25/) ------
 H100 = REPO / "benchmarks" / "results" / "h100_2026-11-23"
 H100_NO_CACHE = REPO / "benchmarks" / "results" / "h100_2026-11-26"  # the grid of hfscale's training forward

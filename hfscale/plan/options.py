@@ -45,7 +45,9 @@ def model_flags(opts) -> list[str]:
 
 
 def shape_from_options(opts) -> ModelShape:
-    return model_shape(opts.model, opts.model_name_or_path,
+    """The model a planning command weighs: a local --model_name_or_path's config.json is enough (a run checks its
+    weights, as tune's trials do through their training flags)."""
+    return model_shape(opts.model, opts.model_name_or_path, weights=False,
                        **{flag: getattr(opts, flag) for flag in MODEL_OVERRIDES})
 
 
