@@ -82,39 +82,14 @@ def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) ->
 
 
 def run_projection(opts):
-    if opts.results and (opts.tokens_per_s_per_gpu or opts.tflops_per_gpu):
-        raise HfscaleError("give a results file or --tokens_per_s_per_gpu/--tflops_per_gpu, not both")
-    if opts.tokens_per_s_per_gpu and opts.tflops_per_gpu:  # the speed was taken from one and the other ignored
-        raise HfscaleError("give --tokens_per_s_per_gpu or --tflops_per_gpu, not both: each is the run's speed")
-    check_attention(opts.attn_implementation)
-    positive(opts, "tokens_per_s_per_gpu", "tflops_per_gpu", "per_device_train_batch_size",
-             "gradient_accumulation_steps", "gpus_per_node", "global_batch_size", "token_budget", "seq_len")
-    if not 0 < opts.gain_threshold < 1:
-        raise HfscaleError(f"--gain_threshold must be between 0 and 1, got {opts.gain_threshold}")
+    """(the baseline, the links, every projected point, each series' knee) for the command's options."""
+    check_projection_flags(opts)
     gpus = sorted(set(comma_list(opts.gpus, "--gpus", int)))
     check_whole_nodes(gpus, opts.gpus_per_node)
     links = links_from(opts)
     device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
                     if opts.device or opts.device_memory_gb is not None else None)
-    if opts.tflops_per_gpu and opts.device:
-        peak = max(filter(None, (device_peak(opts.device, dtype) for dtype in ("bf16", "fp16", "tf32", "fp32"))))
-        if opts.tflops_per_gpu > peak:
-            raise HfscaleError(f"--tflops_per_gpu {opts.tflops_per_gpu:g} is above the {opts.device}'s {peak:g} TFLOPs "
-                               "dense peak: no run achieves it")
-    if opts.results and read_results(opts.results).source == "megatron-log":
-        base, logged = baseline_from_megatron_log(opts.results, links, opts.gpus_per_node, device_bytes)
-        opts.global_batch_size = opts.global_batch_size or logged.global_batch_size  # the log's, by default
-        if not (opts.strategy or opts.tp or opts.pp):  # by default the log's own layout
-            opts.strategy, opts.tp, opts.pp = logged.family, str(logged.tp), str(logged.pp)
-            opts.recompute_granularity = logged.recompute if logged.recompute != "none" else "full"
-            opts.sequence_parallel = opts.sequence_parallel or logged.sequence_parallel
-    elif opts.results:
-        base = baseline_from_results(opts.results, device_bytes)
-    elif opts.tokens_per_s_per_gpu or opts.tflops_per_gpu:
-        opts.strategy = opts.strategy or "ddp"
-        base = baseline_from_flags(opts, device_bytes)
-    else:
-        raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
+    base = projection_baseline(opts, links, device_bytes)
     strategies, families = (strategies_and_families(opts.strategy, with_3d=True, timed=True) if opts.strategy
                             else ([base.plan.strategy], []))
     check_grid_flags(opts, families, base.plan.activation_checkpointing)
@@ -132,6 +107,43 @@ def run_projection(opts):
     series = [s.name for s in strategies] + list(dict.fromkeys(p.strategy for p in points if p.layout))
     knees = {name: knee([p for p in points if p.strategy == name], opts.gain_threshold) for name in series}
     return base, links, points, knees
+
+
+def check_projection_flags(opts) -> None:
+    """The speed given once, the numbers in range."""
+    if opts.results and (opts.tokens_per_s_per_gpu or opts.tflops_per_gpu):
+        raise HfscaleError("give a results file or --tokens_per_s_per_gpu/--tflops_per_gpu, not both")
+    if opts.tokens_per_s_per_gpu and opts.tflops_per_gpu:  # the speed was taken from one and the other ignored
+        raise HfscaleError("give --tokens_per_s_per_gpu or --tflops_per_gpu, not both: each is the run's speed")
+    check_attention(opts.attn_implementation)
+    positive(opts, "tokens_per_s_per_gpu", "tflops_per_gpu", "per_device_train_batch_size",
+             "gradient_accumulation_steps", "gpus_per_node", "global_batch_size", "token_budget", "seq_len")
+    if not 0 < opts.gain_threshold < 1:
+        raise HfscaleError(f"--gain_threshold must be between 0 and 1, got {opts.gain_threshold}")
+
+
+def projection_baseline(opts, links, device_bytes):
+    """The measured run everything is projected from: a results file (a Megatron log's brings its layout and batch
+    as the defaults), or the speed given as flags (a TFLOPs figure the named device can reach)."""
+    if opts.results and read_results(opts.results).source == "megatron-log":
+        base, logged = baseline_from_megatron_log(opts.results, links, opts.gpus_per_node, device_bytes)
+        opts.global_batch_size = opts.global_batch_size or logged.global_batch_size  # the log's, by default
+        if not (opts.strategy or opts.tp or opts.pp):  # by default the log's own layout
+            opts.strategy, opts.tp, opts.pp = logged.family, str(logged.tp), str(logged.pp)
+            opts.recompute_granularity = logged.recompute if logged.recompute != "none" else "full"
+            opts.sequence_parallel = opts.sequence_parallel or logged.sequence_parallel
+        return base
+    if opts.results:
+        return baseline_from_results(opts.results, device_bytes)
+    if opts.tflops_per_gpu and opts.device:  # the device is known by now (device_bytes)
+        peak = max(filter(None, (device_peak(opts.device, dtype) for dtype in ("bf16", "fp16", "tf32", "fp32"))))
+        if opts.tflops_per_gpu > peak:
+            raise HfscaleError(f"--tflops_per_gpu {opts.tflops_per_gpu:g} is above the {opts.device}'s {peak:g} TFLOPs "
+                               "dense peak: no run achieves it")
+    if opts.tokens_per_s_per_gpu or opts.tflops_per_gpu:
+        opts.strategy = opts.strategy or "ddp"
+        return baseline_from_flags(opts, device_bytes)
+    raise HfscaleError("nothing to project from: give a results.json, --tokens_per_s_per_gpu or --tflops_per_gpu")
 
 
 def markdown(points: list[Point], knees: dict, budget: float) -> str:
