@@ -76,8 +76,7 @@ CASES = {
                                       "--accelerator_config: unknown setting 'split_batch'; accelerate's are "
                                       "split_batches, dispatch_batches"),
     "an accelerate settings file that is not there": (["--accelerator_config", "/nonexistent/accelerate.json"],
-                                                      "--accelerator_config /nonexistent/accelerate.json: no such "
-                                                      "file or directory"),
+                                                      "/nonexistent/accelerate.json: file not found"),
     "batches split across the processes": (["--accelerator_config", '{"split_batches": true}'],
                                            "--accelerator_config split_batches: each process would take a share of "
                                            "one --per_device_train_batch_size batch"),

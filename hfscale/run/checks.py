@@ -5,13 +5,13 @@ flags combine (`check_trainer_combinations`), one line naming the flag instead o
 import json
 import math
 from dataclasses import MISSING, fields
-from pathlib import Path
 from types import SimpleNamespace
 
 from transformers import TrainingArguments
 from transformers.utils import strtobool
 
 from ..errors import HfscaleError
+from ..files import load_json
 
 
 # What torch's AdamW, bitsandbytes' AdamW8bit, transformers' Adafactor and the Trainer's schedulers accept; checked
@@ -111,7 +111,7 @@ def check_settings_objects(kw: dict) -> None:
     hfscale's; split_batches would make --per_device_train_batch_size the whole batch, shared by the processes."""
     from transformers.trainer_pt_utils import AcceleratorConfig
 
-    accelerate = accelerator_settings(kw.get("accelerator_config"))
+    accelerate = json_settings(kw.get("accelerator_config"), "accelerator_config", "accelerate settings")
     known = [f.name for f in fields(AcceleratorConfig)]
     if unknown := [k for k in accelerate if k not in known]:
         raise HfscaleError(f"--accelerator_config: unknown setting {unknown[0]!r}; accelerate's are {', '.join(known)}")
@@ -129,19 +129,21 @@ def check_settings_objects(kw: dict) -> None:
                            "none of hfscale's --optim choices; it would be ignored")
 
 
-def accelerator_settings(value) -> dict:
-    """--accelerator_config as the settings it names: inline JSON or a mapping, or a JSON file (the Trainer's forms)."""
-    if value is None or isinstance(value, dict) or (isinstance(value, str) and value.startswith("{")):
-        return json_object_flag({"accelerator_config": value}, "accelerator_config")
-    try:
-        settings = json.loads(Path(value).read_text())
-    except OSError as err:
-        raise HfscaleError(f"--accelerator_config {value}: {err.strerror.lower()}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HfscaleError(f"--accelerator_config {value}: not a JSON file") from None
-    if not isinstance(settings, dict):
-        raise HfscaleError(f"--accelerator_config {value}: not a JSON object of accelerate's settings")
-    return settings
+def json_settings(value, flag: str, what: str) -> dict:
+    """A flag transformers takes as a JSON object: inline, a mapping (in a run file) or the path of a JSON file."""
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if str(value).lstrip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise HfscaleError(f"--{flag} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
+        if not isinstance(parsed, dict):
+            raise HfscaleError(f"--{flag}: expected a JSON object")
+        return parsed
+    return load_json(value, what)
 
 
 def checkpointing_settings() -> list[str]:

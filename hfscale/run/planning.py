@@ -11,7 +11,6 @@ from contextlib import contextmanager
 import psutil
 
 from ..errors import HfscaleError, one_of
-from ..files import load_json
 from ..formulas.metrics import GB, ModelShape
 from ..parallel.distributed import on_accelerator
 from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
@@ -20,7 +19,7 @@ from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
 from ..runplan import RunPlan, accumulation_steps, compute_precision
 from .args import require_finite
-from .checks import check_optim_args, json_object_flag
+from .checks import check_optim_args, json_object_flag, json_settings
 
 # torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
 # H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
@@ -229,7 +228,7 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds)
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
                              "cpu_ram_efficient_loading": strategy.rank0_builds, **offload,
-                             **user_fsdp_config(kw["fsdp_config"])}
+                             **json_settings(kw["fsdp_config"], "fsdp_config", "FSDP config")}
     elif kw["fsdp"] or kw.get("fsdp_config"):  # the Trainer would ignore them without a word
         flag = "--fsdp" if kw["fsdp"] else "--fsdp_config"
         raise HfscaleError(f"{flag} is for the fsdp strategies; {strategy.name!r} is {strategy.engine}")
@@ -249,26 +248,6 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
     elif (given := next((f for f in ("powersgd_rank", "powersgd_warmup_steps") if kw[f] is not None), None)):
         raise HfscaleError(f"--{given} is for ddp_powersgd; {strategy.name!r} compresses nothing")
     return deepspeed_config
-
-
-def user_fsdp_config(value) -> dict:
-    """--fsdp_config as transformers takes it: a JSON object inline, or the path of a JSON file."""
-    import json
-
-    if not value:
-        return {}
-    if isinstance(value, dict):
-        return value
-    if str(value).lstrip().startswith("{"):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise HfscaleError(f"--fsdp_config is not a JSON object ({err.msg}, character {err.pos}): "
-                               f"{value}") from None
-        if not isinstance(value, dict):
-            raise HfscaleError("--fsdp_config: expected a JSON object")
-        return value
-    return load_json(value, "FSDP config")
 
 
 def _apply_batch_sizes(kw: dict, world: int) -> None:
