@@ -133,16 +133,8 @@ def json_settings(value, flag: str, what: str) -> dict:
     """A flag transformers takes as a JSON object: inline, a mapping (in a run file) or the path of a JSON file."""
     if not value:
         return {}
-    if isinstance(value, dict):
-        return value
-    if str(value).lstrip().startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise HfscaleError(f"--{flag} is not a JSON object ({err.msg}, character {err.pos}): {value}") from None
-        if not isinstance(parsed, dict):
-            raise HfscaleError(f"--{flag}: expected a JSON object")
-        return parsed
+    if isinstance(value, dict) or str(value).lstrip().startswith("{"):  # text from "{" parses to an object or fails
+        return json_object_flag({flag: value if isinstance(value, dict) else str(value).lstrip()}, flag)
     return load_json(value, what)
 
 
