@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
 from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
-from .formulas.metrics import ModelShape, tokens_per_step
+from .formulas.metrics import ModelShape, StepFigures, step_figures, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
 from .parallel.tensor_parallel import tp_refusal
@@ -140,6 +140,17 @@ class RunPlan:
     def tokens_per_step(self) -> int:
         return tokens_per_step(self.per_device_train_batch_size, self.gradient_accumulation_steps,
                                self.data_parallel_size, self.seq_len)
+
+    def step_figures(self, s_per_iter: float, *, token_budget: float, peak_tflops: float | None,
+                     full_recompute: bool = False) -> StepFigures:
+        """Every figure of a step of this plan timed at `s_per_iter`: the batch over the data-parallel ranks, the FLOPs
+        and the days over every rank (under TP a group of ranks shares one batch)."""
+        return step_figures(self.shape, s_per_iter=s_per_iter,
+                            per_device_train_batch_size=self.per_device_train_batch_size,
+                            gradient_accumulation_steps=self.gradient_accumulation_steps,
+                            data_parallel_size=self.data_parallel_size, gpus=self.world_size, seq_len=self.seq_len,
+                            activation_checkpointing=self.activation_checkpointing, token_budget=token_budget,
+                            peak_tflops=peak_tflops, full_recompute=full_recompute)
 
     @property
     def clips_gradients(self) -> bool:

@@ -165,6 +165,7 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
     results.perf.tokens_per_step = plan.tokens_per_step
     record.update(steps=trainer.state.global_step, trainer_metrics=trainer_metrics, epoch=trainer.state.epoch,
                   samples_seen=trainer.state.global_step * plan.global_batch_size)
+    record.update(tokens_fed=tokens_fed(trainer))
     if args.fingerprint_weights:
         record.update(final_weights=weights_fingerprint(trainer.model, plan.strategy.engine),
                       probe_logits=probe_logits(trainer.model, plan.shape.vocab, args.device))
@@ -184,6 +185,20 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
             digests = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(digests, trainer.batch_digests)
         record.update(batch_digests=digests)
+
+
+def tokens_fed(trainer) -> dict:
+    """What each rank's data loader handed it over this process's optimizer steps, with the rank's place on the
+    tensor-parallel mesh as torch holds it: the tokens of a step, counted apart from the plan that computes them."""
+    tp_mesh = trainer.parallelism.device_mesh["tp"] if trainer.parallelism is not None else None
+    mine = [trainer.tokens_fed, tp_mesh.get_local_rank() if tp_mesh is not None else 0]
+    per_rank = [mine]
+    if torch.distributed.is_initialized():
+        per_rank = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(per_rank, mine)
+    first = trainer.state.global_step if trainer.first_trained_step is None else trainer.first_trained_step
+    return {"steps": trainer.state.global_step - first,
+            "per_rank": [tokens for tokens, _ in per_rank], "tp_rank": [tp_rank for _, tp_rank in per_rank]}
 
 
 @exit_on_user_error

@@ -152,6 +152,20 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
     return results
 
 
+def assert_figures_count_the_loaders(res: dict) -> None:
+    """A run's figures against what its data loaders really handed out: the tokens of one rank per tensor-parallel
+    group (torch's own mesh coordinate), summed and divided by the optimizer steps, are the tokens of a step - which
+    tokens/s x s/it must equal, and the results' DP must count those groups. The plan is not asked."""
+    fed, perf = res["tokens_fed"], res["perf"]
+    groups = [tokens for tokens, tp_rank in zip(fed["per_rank"], fed["tp_rank"]) if tp_rank == 0]
+    per_step = sum(groups) / fed["steps"]
+    assert perf["tokens_per_s"] * perf["s_per_iter"] == pytest.approx(per_step, rel=1e-9), (perf, fed)
+    assert perf["tokens_per_step"] == per_step and perf["samples_per_s"] * perf["s_per_iter"] == pytest.approx(
+        per_step / res["config"]["seq_len"], rel=1e-9)
+    assert res["config"]["dp"] == len(groups) and res["config"]["dp"] * res["config"]["tp"] == res["config"]["world_size"]
+    assert perf["tokens_per_s_per_gpu"] * res["config"]["world_size"] == pytest.approx(perf["tokens_per_s"], rel=1e-9)
+
+
 # ---- runs several tests read, in any worker ---------------------------------------------------------------------------
 
 def shared_run(key: str, make, recipe=None) -> dict:

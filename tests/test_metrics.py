@@ -89,22 +89,46 @@ def test_days_from_throughput_reproduce_the_megatron_papers_gpt3_estimate():
     days, gpu_days = metrics.days_to_train(300e9, tokens_per_s, 1024)
     assert days == pytest.approx(34, rel=0.03) and gpu_days == pytest.approx(34 * 1024, rel=0.03)
     # the same through one step's figures (2048 sequences per step here): 140 TFLOPs of hardware FLOPs, 34 days
-    fig = metrics.step_figures(shape, s_per_iter=2048 * hardware / (1024 * 140e12), micro_batch=2, grad_accum=1,
-                               gpus=1024, seq=2048, checkpointing=True, token_budget=300e9, peak_tflops=312.0,
+    fig = metrics.step_figures(shape, s_per_iter=2048 * hardware / (1024 * 140e12), per_device_train_batch_size=2,
+                               gradient_accumulation_steps=1, data_parallel_size=1024, gpus=1024, seq_len=2048,
+                               activation_checkpointing=True, token_budget=300e9, peak_tflops=312.0,
                                full_recompute=True)
     assert fig.tflops_per_gpu_hardware == pytest.approx(140) and fig.days_to_budget == pytest.approx(days)
 
 
 def test_step_figures_are_consistent():
     shape = PRESETS["gpt2-124m"]
-    fig = metrics.step_figures(shape, s_per_iter=2.0, micro_batch=4, grad_accum=8, gpus=8, seq=1024,
-                               checkpointing=True, token_budget=1e11, peak_tflops=312.0)
+    fig = metrics.step_figures(shape, s_per_iter=2.0, per_device_train_batch_size=4, gradient_accumulation_steps=8,
+                               data_parallel_size=8, gpus=8, seq_len=1024, activation_checkpointing=True,
+                               token_budget=1e11, peak_tflops=312.0)
     assert fig.tokens_per_s == 4 * 8 * 8 * 1024 / 2.0
     assert fig.tokens_per_s_per_gpu * 8 == pytest.approx(fig.tokens_per_s)
     assert fig.mfu == pytest.approx(fig.tflops_per_gpu_model / 312.0)
     assert fig.hfu > fig.mfu
     # With seq << 6h the exact count and the BigScience 8N-per-token (4 x 2N) convention are close.
     assert fig.tflops_per_gpu_hardware == pytest.approx(fig.tflops_per_gpu_bigscience, rel=0.2)
+
+
+@pytest.mark.parametrize("strategy,world,per_node,dp", [
+    ("ddp", 8, 8, 8), ("zero3", 16, 8, 16), ("fsdp_hybrid", 16, 8, 16), ("tp", 8, 8, 1), ("fsdp_tp", 32, 8, 4)])
+def test_a_plans_figures_count_its_data_parallel_ranks(strategy, world, per_node, dp):
+    """The batch of a step is MBS x GAS x DP: the ranks of a tensor-parallel group share one, so a tp run on one node
+    of 8 steps 8x fewer tokens than ddp on the same node. The FLOPs per GPU and the GPU-days divide by every GPU."""
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.runplan import RunPlan
+
+    plan = RunPlan(get_strategy(strategy), get_optimizer("adamw"), PRESETS["gpt2-350m"], seq_len=1024,
+                   per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=world,
+                   processes_per_node=per_node)
+    assert plan.data_parallel_size == dp
+    fig = plan.step_figures(0.5, token_budget=1e11, peak_tflops=100.0)
+    assert fig.tokens_per_s * 0.5 == plan.tokens_per_step == 4 * 2 * dp * 1024
+    assert fig.samples_per_s * 0.5 == plan.global_batch_size
+    assert fig.tokens_per_s_per_gpu * world == pytest.approx(fig.tokens_per_s)
+    model_flops, _ = metrics.training_flops_per_sequence(plan.shape, 1024, recompute=False)
+    assert fig.tflops_per_gpu_model == pytest.approx(model_flops * 4 * 2 * dp / (0.5 * world * 1e12))
+    assert fig.gpu_days_to_budget == pytest.approx(fig.days_to_budget * world)
 
 
 def test_peak_table_never_claims_a_cpu_peak():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HSDP_MBS, HSDP_STEPS, PARITY_STEPS, TINY, env, hsdp_job, parity_runs, run, slurm, slurm_train
+from conftest import HSDP_MBS, assert_figures_count_the_loaders, HSDP_STEPS, PARITY_STEPS, TINY, env, hsdp_job, parity_runs, run, slurm, slurm_train
 
 pytestmark = pytest.mark.multiprocess
 
@@ -55,6 +55,7 @@ def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(sin
 
     res = hsdp_job()
     assert res["strategy"] == "fsdp_hybrid" and res["config"]["world_size"] == 4
+    assert_figures_count_the_loaders(res)
     assert res["environment"]["nodes"] == 2 and res["environment"]["processes_per_node"] == 2
     check = res["strategy_check"]
     assert check["mesh"] == [2, 2] and check["world_size_torch"] == 4

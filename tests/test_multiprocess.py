@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
+from conftest import (BF16_RUNS, assert_figures_count_the_loaders, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
                       accelerate_launch, bf16_result, fsdp_tp_job, host_memory_run, hsdp_8bit_job, hsdp_job,
                       partition_run, parity_runs, run, shared_train, swept_run, tp_run, tune_trial)
 
@@ -81,6 +81,7 @@ def test_each_rank_trains_on_its_own_samples(strategy):
     assert check["world_size_launcher"] == check["world_size_accelerate"] == check["world_size_torch"] == 2
     first = check["first_batch_per_rank"]
     assert len(first) == 2 and first[0] != first[1]
+    assert_figures_count_the_loaders(parity_run(strategy))
 
 
 def test_one_and_two_processes_step_the_same_tokens():

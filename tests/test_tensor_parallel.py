@@ -5,7 +5,7 @@ the strategies that run it through the Trainer, tp and fsdp_tp: parity with ddp,
 
 import pytest
 
-from conftest import probe, shared_run
+from conftest import assert_figures_count_the_loaders, probe, shared_run
 from hfscale.formulas import parallel3d as p3d
 from hfscale.models import PRESETS
 from hfscale.formulas.tensors import tp_local_tensors
@@ -115,6 +115,8 @@ def test_tp_trains_as_ddp_and_proves_its_plan():
     res = tp_run()
     assert res["strategy"] == "tp" and res["config"]["world_size"] == 2
     _proves_the_plan(res, world=2, tp=2)
+    assert_figures_count_the_loaders(res)  # one TP group of 2 ranks: DP 1, the 8 samples of one batch per step
+    assert res["config"]["dp"] == 1 and "  DP 1 · TP 2 · MBS 8" in res["_stdout"]
     _parity_with_ddp(res)
 
 
@@ -126,6 +128,8 @@ def test_fsdp_tp_on_two_nodes_trains_as_ddp_and_proves_its_plan():
     res = fsdp_tp_job()
     assert res["strategy"] == "fsdp_tp" and res["environment"]["nodes"] == 2
     _proves_the_plan(res, world=4, tp=2)
+    assert_figures_count_the_loaders(res)
+    assert res["config"]["dp"] == 2
     _parity_with_ddp(res)
 
 

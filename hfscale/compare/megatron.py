@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import check_writable_dir
 from ..flags import at_most_gpus, positive
-from ..formulas.metrics import bigscience_tflops_per_gpu, days_to_train, size_label
+from ..formulas.metrics import bigscience_tflops_per_gpu, size_label, throughput
 from ..formulas.parallel3d import padded_vocab
 from ..run.results import ConfigRecord, ModelRecord, PerfRecord, Results, write_results
 from .megatron_log import ANSI_ESCAPE, histories, parse_log, parse_name
@@ -188,13 +188,11 @@ def logged_perf(measured: list[dict], gbs: int, seq: int, world: int, n_params: 
     TFLOPs figure over the same iterations beside them (None: it prints none)."""
     s_per_iter = sum(e["s"] for e in measured) / len(measured)
     reported = [e["tflops"] for e in measured if e["tflops"] is not None]
-    tokens_per_s = gbs * seq / s_per_iter
-    days, gpu_days = days_to_train(token_budget, tokens_per_s, world)
-    return PerfRecord(s_per_iter=s_per_iter, tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / world,
-                      samples_per_s=gbs / s_per_iter,
+    rates = throughput(s_per_iter=s_per_iter, global_batch_size=gbs, seq_len=seq, gpus=world,
+                       token_budget=token_budget)
+    return PerfRecord(s_per_iter=s_per_iter, **rates.__dict__,
                       tflops_per_gpu_bigscience=bigscience_tflops_per_gpu(n_params, seq, gbs, s_per_iter, world,
                                                                           checkpointing),
-                      days_to_budget=days, gpu_days_to_budget=gpu_days,
                       extra={"iterations_averaged": len(measured),
                              "tflops_per_gpu_reported": sum(reported) / len(reported) if reported else None})
 

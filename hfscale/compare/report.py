@@ -99,7 +99,7 @@ def _notes(results: Results) -> str:
         reported = results.perf.extra.get("tflops_per_gpu_reported")
         if reported:  # the log's own formula beside the BigScience one of the TFLOPs column
             notes.append(f"the log says {reported:.1f} TFLOPs/GPU")
-    elif cfg.tp:  # hfscale's own TP runs, in the Megatron logs' terms, so the two read side by side
+    elif (cfg.tp or 1) > 1:  # hfscale's own TP runs, in the Megatron logs' terms, so the two read side by side
         notes.append(f"TP {cfg.tp} PP {cfg.pp or 1} DP {cfg.dp or '?'}")
     if cfg.checkpointing:
         notes.append("act. ckpt")

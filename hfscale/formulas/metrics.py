@@ -107,9 +107,11 @@ def bigscience_tflops_per_gpu(
     return params * factor * 2 * seq * global_batch / (s_per_iter * gpus * 1e12)
 
 
-def tokens_per_step(micro_batch: int, grad_accum: int, data_parallel: int, seq: int) -> int:
-    """Tokens per optimizer step: GBS (= MBS x GAS x DP samples) x seq, every block packed full."""
-    return micro_batch * grad_accum * data_parallel * seq
+def tokens_per_step(per_device_train_batch_size: int, gradient_accumulation_steps: int, data_parallel_size: int,
+                    seq_len: int) -> int:
+    """Tokens per optimizer step: GBS (= MBS x GAS x DP samples) x seq, every block packed full. DP, not the GPU count:
+    the ranks of a tensor-parallel group share one batch."""
+    return per_device_train_batch_size * gradient_accumulation_steps * data_parallel_size * seq_len
 
 
 def tflops_per_gpu(flops_per_step: float, s_per_iter: float, gpus: int) -> float:
@@ -144,38 +146,57 @@ class StepFigures:
     gpu_days_to_budget: float
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """What one measured seconds-per-iteration gives without any FLOPs: tokens and samples per second, days to a budget."""
+
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    samples_per_s: float
+    days_to_budget: float
+    gpu_days_to_budget: float
+
+
+def throughput(*, s_per_iter: float, global_batch_size: int, seq_len: int, gpus: int,
+               token_budget: float) -> Throughput:
+    """Throughput of a step of `global_batch_size` samples of `seq_len` tokens on `gpus` GPUs (all of them: data-,
+    tensor- and pipeline-parallel ranks alike share the per-GPU figures and the GPU-days)."""
+    tokens_per_s = global_batch_size * seq_len / s_per_iter
+    days, gpu_days = days_to_train(token_budget, tokens_per_s, gpus)
+    return Throughput(tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / gpus,
+                      samples_per_s=global_batch_size / s_per_iter, days_to_budget=days, gpu_days_to_budget=gpu_days)
+
+
 def step_figures(
     shape: ModelShape,
     *,
     s_per_iter: float,
-    micro_batch: int,
-    grad_accum: int,
+    per_device_train_batch_size: int,
+    gradient_accumulation_steps: int,
+    data_parallel_size: int,
     gpus: int,
-    seq: int,
-    checkpointing: bool,
+    seq_len: int,
+    activation_checkpointing: bool,
     token_budget: float,
     peak_tflops: float | None,
     full_recompute: bool = False,
 ) -> StepFigures:
-    global_batch = micro_batch * grad_accum * gpus
-    tokens = tokens_per_step(micro_batch, grad_accum, gpus, seq)
-    model_flops, hardware_flops = training_flops_per_sequence(shape, seq, checkpointing, full_recompute)
+    """Every figure of one step. `data_parallel_size` ranks see different samples (GBS = MBS x GAS x DP); the FLOPs
+    and the days are shared over all `gpus` (DP x TP x PP)."""
+    global_batch = per_device_train_batch_size * gradient_accumulation_steps * data_parallel_size
+    rates = throughput(s_per_iter=s_per_iter, global_batch_size=global_batch, seq_len=seq_len, gpus=gpus,
+                       token_budget=token_budget)
+    model_flops, hardware_flops = training_flops_per_sequence(shape, seq_len, activation_checkpointing, full_recompute)
     model_tflops = tflops_per_gpu(model_flops * global_batch, s_per_iter, gpus)
     hardware_tflops = tflops_per_gpu(hardware_flops * global_batch, s_per_iter, gpus)
-    tokens_per_s = tokens / s_per_iter
-    days, gpu_days = days_to_train(token_budget, tokens_per_s, gpus)
     return StepFigures(
         s_per_iter=s_per_iter,
-        tokens_per_s=tokens_per_s,
-        tokens_per_s_per_gpu=tokens_per_s / gpus,
-        samples_per_s=global_batch / s_per_iter,
+        **rates.__dict__,
         tflops_per_gpu_bigscience=bigscience_tflops_per_gpu(
-            param_count(shape), seq, global_batch, s_per_iter, gpus, checkpointing
+            param_count(shape), seq_len, global_batch, s_per_iter, gpus, activation_checkpointing
         ),
         tflops_per_gpu_model=model_tflops,
         tflops_per_gpu_hardware=hardware_tflops,
         mfu=utilization(model_tflops, peak_tflops),
         hfu=utilization(hardware_tflops, peak_tflops),
-        days_to_budget=days,
-        gpu_days_to_budget=gpu_days,
     )

@@ -46,10 +46,8 @@ class Meter:
     It stays in perf_history. `warmup_steps` 0 times everything, from the very first step."""
 
     def __init__(self, plan, *, token_budget, peak_tflops, warmup_steps, full_recompute: bool = False):
-        self.fixed = dict(micro_batch=plan.per_device_train_batch_size, grad_accum=plan.gradient_accumulation_steps,
-                          gpus=plan.world_size, seq=plan.seq_len, checkpointing=plan.activation_checkpointing,
-                          token_budget=token_budget, peak_tflops=peak_tflops, full_recompute=full_recompute)
-        self.shape, self.warmup_steps, self.on_cuda = plan.shape, warmup_steps, plan.on_cuda
+        self.plan, self.warmup_steps, self.on_cuda = plan, warmup_steps, plan.on_cuda
+        self.fixed = dict(token_budget=token_budget, peak_tflops=peak_tflops, full_recompute=full_recompute)
         self.start_step = self.start_time = None  # the end of the warm-up: where the whole-run average starts
         self.mark_step = self.mark_time = None  # the last logging step: where the current interval starts
         self.paused_s = 0.0  # time spent saving/evaluating since start, excluded from training time
@@ -96,7 +94,7 @@ class Meter:
             self.mark_time += seconds
 
     def figures(self, s_per_iter: float) -> metrics.StepFigures:
-        return metrics.step_figures(self.shape, s_per_iter=s_per_iter, **self.fixed)
+        return self.plan.step_figures(s_per_iter, **self.fixed)
 
     def interval(self, step: int) -> metrics.StepFigures | None:
         """Figures over the steps since the previous logging step (None during warm-up)."""

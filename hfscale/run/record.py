@@ -97,5 +97,5 @@ def base_results(model_args, data_args, args, state, model, env: EnvironmentReco
                             token_budget=args.token_budget, dataset=data_args.train_files or data_args.dataset,
                             validation=state.validation, powersgd_rank=args.powersgd_rank,
                             powersgd_warmup_steps=args.powersgd_warmup_steps,
-                            **({"dp": plan.data_parallel_size, "tp": plan.tp, "pp": 1} if plan.tp > 1 else {})),
+                            dp=plan.data_parallel_size, tp=plan.tp, pp=1),
         environment=env, estimate=memory_estimate(plan, model))

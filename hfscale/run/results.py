@@ -218,6 +218,7 @@ class Results(_Section):
     steps: int | None = None
     epoch: float | None = None
     samples_seen: int | None = None
+    tokens_fed: dict | None = None  # {"steps", "per_rank": input tokens each rank's loader handed it, "tp_rank"}
     trainer_metrics: dict = field(default_factory=dict)
     final_weights: dict | None = None
     probe_logits: list | None = None

@@ -76,6 +76,8 @@ class HfscaleTrainer(Trainer):
         self.first_batch_digest = None  # proves each rank got its own samples (see StrategyCallback)
         self.batch_digests: list[list[int]] = []  # [step, sum of input ids] per micro-batch, with --record_batches
         self._flop_params = None  # the Trainer's total_flos parameter count, taken once (floating_point_ops)
+        self.tokens_fed = 0  # input tokens this rank's data loader handed it: the figures' independent count
+        self.first_trained_step = None  # the global step this process's training started from (a resume's)
         super().__init__(*args, **kwargs)
         for library, ours in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsolePrinterCallback)):
             if self.pop_callback(library) is not None:
@@ -103,6 +105,8 @@ class HfscaleTrainer(Trainer):
             self._clock_start = time.perf_counter()
             earlier = [e["elapsed_s"] for e in self.state.log_history if e.get("elapsed_s") is not None]
             self._elapsed_before = earlier[-1] if earlier else 0.0
+            self.first_trained_step = self.state.global_step
+        self.tokens_fed += inputs["input_ids"].numel()  # a shape, read on the host: no sync
         if self.first_batch_digest is None or self.args.record_batches:
             ids = inputs["input_ids"]
             digest = int(ids.sum())  # a sync: on the first micro-batch only, unless --record_batches
