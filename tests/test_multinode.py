@@ -73,6 +73,19 @@ def test_hsdp_shards_within_a_node_replicates_across_nodes_and_trains_as_ddp(sin
     assert verdict.verdict == "pass" and verdict.steps == HSDP_STEPS, verdict
 
 
+def test_slurm_writes_one_script_per_strategy(tmp_path):
+    """`--strategy zero1,zero3 --out DIR`: one job script each, each launching its own strategy."""
+    gen = slurm("--nodes", 2, "--gpus_per_node", 8, "--cpus_per_task", 16, "--strategy", "zero1,zero3", "--out",
+                tmp_path / "jobs", "--", "--model", "tiny-llama")
+    assert gen.returncode == 0, gen.stderr
+    scripts = {p.name: p.read_text() for p in (tmp_path / "jobs").iterdir()}
+    assert sorted(scripts) == ["hfscale-zero1-tiny-llama.sbatch", "hfscale-zero3-tiny-llama.sbatch"]
+    for strategy in ("zero1", "zero3"):
+        srun = next(line for line in scripts[f"hfscale-{strategy}-tiny-llama.sbatch"].splitlines()
+                    if line.startswith("srun "))
+        assert f"--strategy {strategy}" in srun and "--model tiny-llama" in srun
+
+
 def test_the_script_expands_the_machine_rank_on_each_node():
     gen = slurm("--nodes", 4, "--gpus_per_node", 8, "--partition", "gpu", "--time", "20:00:00", "--constraint",
                  "v100-32g", "--dry-run", "--", "--strategy", "zero3", "--model", "bloom-7b1", "--bf16",
@@ -173,9 +186,14 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
     (["--nodes", "2", "--gpus_per_node", "8", "--", "--seq_len", "-3"], "--seq_len must be positive, got -3"),
     (["--nodes", "1", "--gpus_per_node", "8", "--", "--strategy", "fsdp_hybrid"], "got 1 node(s) x 8 process(es)"),
     (["--nodes", "4", "--gpus_per_node", "1", "--", "--strategy", "fsdp_hybrid"], "got 4 node(s) x 1 process(es)"),
-    (["--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "jobs", "--", "--output_dir",
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1,zero2", "--out", "jobs", "--", "--output_dir",
       "runs/a"],
-     "--strategies zero1,zero2 with one --output_dir: every job would run in that folder"),
+     "--strategy zero1,zero2 with one --output_dir: every job would run in that folder"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "jobs"],
+     "--strategies is now --strategy (the Trainer's name; lists are comma-separated values of it)"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1,zero4", "--out", "jobs"], "unknown strategy 'zero4'"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1", "--", "--strategy", "zero3"],
+     "--strategy zero1 (slurm's) and --strategy zero3 (the training flags') disagree"),
     (["--nodes", "2", "--gpus_per_node", "8", "--requeue", "0", "--", "--output_dir", "a"],
      "--requeue must be a positive number of seconds, got 0"),
     (["--nodes", "2", "--gpus_per_node", "8", "--time", "4", "--requeue", "300", "--", "--output_dir", "a"],

@@ -7,7 +7,7 @@ One `hfscale launch` per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`),
 is the allocation's first host (`scontrol show hostnames`), one port, and each node's machine rank is
 `$SLURM_NODEID` expanded *on that node* (escaped in the srun line: expanded by the batch shell, every node would get
 0 and the job would hang). `--num_processes` is the total, nodes x GPUs per node, as accelerate counts it; DeepSpeed
-uses its `standard` multi-node launcher (no pdsh/ssh). `--strategies a,b --out DIR` writes one script per strategy.
+uses its `standard` multi-node launcher (no pdsh/ssh). `--strategy a,b --out DIR` writes one script per strategy.
 
 `--requeue SECONDS`: SLURM warns every rank SECONDS before the time limit (`--signal=USR1@SECONDS`); the run saves a
 checkpoint at its next logging step and stops (run/stopping.py), and the script puts the job back in the queue
@@ -21,8 +21,9 @@ from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
-from ..flags import at_most_gpus, drop_flag, flag_value, split_train_args
+from ..flags import at_most_gpus, comma_list, drop_flag, flag_value, refuse_renamed, split_train_args
 from ..launch import check_training_flags, strategy_launch
+from ..parallel.strategies import all_strategies
 from ..run.checkpoints import LATEST
 
 DEFAULT_PORT = 29500
@@ -51,7 +52,8 @@ def build_parser() -> ArgumentParser:
                    "--time runs out: it saves a checkpoint at its next logging step and stops, and the job goes back "
                    "in the queue to resume from it (needs --output_dir after --; leave time for a logging interval "
                    "and a checkpoint save)")
-    p.add_argument("--strategies", help="comma-separated: one script per strategy (with --out)")
+    p.add_argument("--strategy", help="the run's strategy, or comma-separated: one script per strategy (with --out); "
+                   "default: the training flags' --strategy, else ddp")
     p.add_argument("--out", type=Path, help="write <job name>.sbatch files here instead of printing one")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print the script (the default "
                    "without --out)")
@@ -81,8 +83,8 @@ def check(opts) -> None:
         limit = time_limit_s(opts.time) if opts.time is not None else None
         if limit is not None and opts.requeue >= limit:
             raise HfscaleError(f"--requeue {opts.requeue} warns before the job starts: --time {opts.time} is {limit} s")
-    if opts.strategies and not opts.out:
-        raise HfscaleError("--strategies writes one script per strategy: give --out DIR")
+    if opts.strategy and "," in opts.strategy and not opts.out:
+        raise HfscaleError(f"--strategy {opts.strategy} writes one script per strategy: give --out DIR")
     if opts.out:
         check_writable_dir(opts.out, "--out")
 
@@ -158,12 +160,13 @@ def script(opts, train_args: list[str], job_name: str) -> str:
 
 def main(argv: list[str]) -> int:
     own, train_args = split_train_args(argv)
+    refuse_renamed(own)
     opts = build_parser().parse_args(own)
     check(opts)
     check_training_flags(train_args, here=False, appended=True)  # the job runs elsewhere: its files are the cluster's to have
-    strategies = opts.strategies.split(",") if opts.strategies else [flag_value(train_args, "--strategy") or "ddp"]
+    strategies = job_strategies(opts.strategy, flag_value(train_args, "--strategy"))
     if len(strategies) > 1 and flag_value(train_args, "--output_dir"):
-        raise HfscaleError(f"--strategies {opts.strategies} with one --output_dir: every job would run in that folder; "
+        raise HfscaleError(f"--strategy {opts.strategy} with one --output_dir: every job would run in that folder; "
                            "drop it (each run gets runs/<run name>) or write one script per strategy")
     scripts = []
     for strategy in strategies:
@@ -184,6 +187,18 @@ def main(argv: list[str]) -> int:
         atomic_write_text(opts.out / f"{name}.sbatch", text)
         print(f"wrote {opts.out / f'{name}.sbatch'}   (sbatch it)")
     return 0
+
+
+def job_strategies(own: str | None, training: str | None) -> list[str]:
+    """The strategies of the jobs: slurm's own --strategy (a comma list: one job each), else the training flags'
+    --strategy, else ddp. Both, naming different strategies: refused."""
+    if own is None:
+        return [training or "ddp"]
+    strategies = comma_list(own, "--strategy", valid=all_strategies(), what="strategy")
+    if training is not None and strategies != [training]:
+        raise HfscaleError(f"--strategy {own} (slurm's) and --strategy {training} (the training flags') disagree: give "
+                           "it once")
+    return strategies
 
 
 def _in_double_quotes(text: str) -> str:
