@@ -1,4 +1,4 @@
-"""Measure what a training step of HF GPT-2/BLOOM really holds, and fit the activation constants of
+"""Measure what a training step of HF GPT-2/BLOOM/Llama really holds, and fit the activation constants of
 hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
 
 What is measured, per shape, in a fresh process (one thread, glibc's mmap threshold fixed at 64 KiB so that freed
@@ -6,10 +6,11 @@ tensors go back to the kernel and RSS follows the tensors alive): `activations` 
 forward minus before it (what autograd keeps for the backward; the weights are already resident), and `peak` = the
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
-features (b·s·V logits, b·s·h, b·s² mask, weight matrices), in bytes per element, for each (family, attention, precision,
-checkpointing) mode.
+features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama per-layer b·s·f and b·s·kv, its MLP and
+key/value widths varied apart from h - in bytes per element, for each (family, attention, precision, checkpointing) mode.
 
-    python benchmarks/calibrate_activations.py              # every mode, ~15 minutes on 2 cores
+    python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
+    python benchmarks/calibrate_activations.py --modes llama  # a family's modes
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
     python benchmarks/calibrate_activations.py --fit benchmarks/results/h*_*/cuda_activations.jsonl
     python benchmarks/calibrate_activations.py --forward fused --modes gpt2/sdpa/autocast_bf16/0   # the fused loss
@@ -27,8 +28,29 @@ REPO = Path(__file__).resolve().parent.parent
 # (n_layer, hidden, heads, vocab, seq, micro_batch): varied one or two at a time, so the features are not collinear.
 SHAPES = [(4, 256, 4, 8192, 512, 4), (8, 256, 4, 8192, 512, 4), (4, 256, 4, 8192, 256, 8), (4, 256, 4, 16384, 512, 4),
           (4, 512, 8, 8192, 512, 4), (2, 384, 6, 4096, 384, 2), (4, 256, 8, 8192, 512, 4)]
-MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)))
+# Llama's, with (key/value heads, MLP width) after them: those two varied too, apart from h and from each other
+LLAMA_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(SHAPES, (2, 2, 2, 2, 4, 2, 4), (704, 704, 704, 704, 1408, 1024, 704))]
+LLAMA_SHAPES += [(4, 256, 4, 8192, 512, 4, 4, 704), (4, 256, 4, 8192, 512, 4, 2, 1024), (4, 256, 4, 8192, 512, 4, 1, 512)]
+MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
+                                                       ("llama", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
+
+
+def shapes_of(family: str) -> list[tuple]:
+    return LLAMA_SHAPES if family == "llama" else SHAPES
+
+
+def row_shape(family: str, r: dict):
+    """The ModelShape of a measured row (its key/value heads and MLP width where the row has them)."""
+    from hfscale.formulas.metrics import ModelShape
+
+    return ModelShape(family, r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256), r.get("ffn"),
+                      r.get("kv_heads"))
+
+
+def shape_row(shape: tuple) -> dict:
+    """A SHAPES / LLAMA_SHAPES tuple as a row's sizes."""
+    return dict(zip(("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn"), shape))
 
 PROBE = r"""
 import contextlib, json, sys, torch
@@ -41,11 +63,11 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 fam, attn, prec, ck = sys.argv[2].split("/")
-l, h, a, v, s, b = map(int, sys.argv[3:9])
-model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn)
-if sys.argv[9] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
+l, h, a, v, s, b, kv, f = (int(x) if x != "-" else None for x in sys.argv[3:11])
+model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn)
+if sys.argv[11] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
     from hfscale.run.forward import use_training_forward
-    use_training_forward(model, sys.argv[9] == "fused")
+    use_training_forward(model, sys.argv[11] == "fused")
 if ck == "1":
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 if prec == "bf16":
@@ -73,7 +95,8 @@ FORWARDS = ("training", "fused", "model")  # hfscale's training forward, with th
 
 def measure(mode: str, shape: tuple, forward: str = "training") -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *map(str, shape), forward], env=env,
+    sizes = [*map(str, shape), *["-"] * (8 - len(shape))]  # a GPT-2/BLOOM shape: no key/value heads or MLP width
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *sizes, forward], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode:
         sys.exit(f"{mode} {shape} failed:\n{proc.stderr[-2000:]}")
@@ -87,15 +110,14 @@ def report_other_rows(rows: list[dict], device: str = "cuda") -> None:
     fused_loss_bytes."""
     sys.path.insert(0, str(REPO))
     from hfscale.formulas.activations import activations
-    from hfscale.formulas.metrics import ModelShape
 
     for r in rows:
         family, _, _, checkpointing, *compiled = r["mode"].split("/")
         mode = "/".join(r["mode"].split("/")[:4])
         if "error" in r or checkpointing == "1":
             continue
-        shape = ModelShape(family, r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
-        estimate = activations(shape, r["seq"], r["mbs"], mode, device, fused_loss=bool(r.get("fused_loss")))
+        estimate = activations(row_shape(family, r), r["seq"], r["mbs"], mode, device,
+                               fused_loss=bool(r.get("fused_loss")))
         kept, peak = estimate.kept, estimate.peak
         what = "fused loss" if r.get("fused_loss") else "compiled / eager estimate"
         print(f"{r['mode']:30s} {what}: measured / estimated kept {r['activations'] / kept:.2f}, "
@@ -114,7 +136,6 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
 
     sys.path.insert(0, str(REPO))
     from hfscale.formulas.activations import COMPILED_ALIGNMENT_ELEMENTS, activations, logits_bytes
-    from hfscale.formulas.metrics import ModelShape
 
     rows = [without_kv_cache(r) for r in rows if "error" not in r and not r.get("fused_loss")
             and r["mode"].split("/")[3:5] == ["0", "1"] and r["vocab"] % COMPILED_ALIGNMENT_ELEMENTS]
@@ -124,8 +145,7 @@ def fit_compiled(rows: list[dict], device: str = "cuda") -> dict:
         by_mode: dict[str, list] = {}
         for r in mine:
             mode = "/".join(r["mode"].split("/")[:4])
-            shape = ModelShape(mode.split("/")[0], r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256))
-            eager = activations(shape, r["seq"], r["mbs"], mode, device, kv_cache=False).kept
+            eager = activations(row_shape(mode.split("/")[0], r), r["seq"], r["mbs"], mode, device, kv_cache=False).kept
             by_mode.setdefault(mode, []).append((r, eager))
         table, extra = {}, {}
         for mode, pairs in sorted(by_mode.items()):
@@ -152,10 +172,8 @@ def without_kv_cache(row: dict) -> dict:
     if not row.get("kv_cache", True) or "error" in row:
         return row
     from hfscale.formulas.activations import kv_cache_bytes
-    from hfscale.formulas.metrics import ModelShape
 
-    family = row["mode"].split("/")[0]
-    shape = ModelShape(family, row["n_layer"], row["hidden"], row["heads"], row["vocab"], max(row["seq"], 256))
+    shape = row_shape(row["mode"].split("/")[0], row)
     cache = kv_cache_bytes(shape, row["seq"], row["mbs"], "/".join(row["mode"].split("/")[:4]))
     return {**row, "activations": row["activations"] - cache, "peak": row["peak"] - cache, "kv_cache": False}
 
@@ -174,7 +192,7 @@ def fit_rows(rows: list[dict]) -> dict:
     rows = [without_kv_cache(r) for r in rows]  # every row in the terms of hfscale's training step
 
     def features(r):
-        return activation_features(r["n_layer"], r["hidden"], r["heads"], r["vocab"], r["seq"], r["mbs"])
+        return activation_features(row_shape(r["mode"].split("/")[0], r), r["seq"], r["mbs"])
 
     others = [r for r in rows if r.get("fused_loss") or r["mode"].split("/")[4:] == ["1"]]
     report_other_rows(others)
@@ -183,8 +201,10 @@ def fit_rows(rows: list[dict]) -> dict:
     modes = sorted({"/".join(r["mode"].split("/")[:4]) for r in rows})
     for mode in modes:
         mine = [r for r in rows if r["mode"].startswith(mode + "/") or r["mode"] == mode]
-        if len(mine) < 6:
-            print(f"{mode:28s} {len(mine)} row(s): too few to fit 6 coefficients, left to the estimate's fallback")
+        columns = len(features(mine[0])) if mine else 6
+        if len(mine) < columns:
+            print(f"{mode:28s} {len(mine)} row(s): too few to fit {columns} coefficients, left to the estimate's "
+                  "fallback")
             continue
         X, y = np.array([features(r) for r in mine], float), np.array([r["activations"] for r in mine], float)
         if mode.split("/")[1] == "sdpa":  # SDPA's kernels keep no b·a·s² matrix (0.005 in every unfolded fit): a column
@@ -312,18 +332,18 @@ def main() -> None:
     from hfscale.formulas.activations import activation_features
 
     table, measured = {}, []
-    for mode in opts.modes.split(","):
+    modes = [m for m in MODES if m.split("/")[0] in opts.modes.split(",")] or opts.modes.split(",")
+    for mode in modes:
         fam, attn, prec, ck = mode.split("/")
         rows, ys = [], []
-        for shape in SHAPES:
-            l, h, a, v, s, b = shape
+        for shape in shapes_of(fam):
+            sizes = shape_row(shape)
             m = measure(mode, shape, opts.forward)
             measured.append({"mode": mode, "shape": shape, "forward": opts.forward, **m})
             if opts.forward == "fused":
-                report_other_rows([{"mode": mode, "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
-                                    "fused_loss": True, **m}], device="cpu")
+                report_other_rows([{"mode": mode, **sizes, "fused_loss": True, **m}], device="cpu")
                 continue
-            rows.append(activation_features(l, h, a, v, s, b))
+            rows.append(activation_features(row_shape(fam, sizes), sizes["seq"], sizes["mbs"]))
             ys.append(m["activations"])
             print(f"{mode:28s} {shape}  activations {m['activations'] / 1e6:8.1f} MB  peak {m['peak'] / 1e6:8.1f} MB",
                   flush=True)

@@ -19,7 +19,7 @@ from .errors import ArgumentParser, HfscaleError
 from .files import is_run_file, load_json, load_yaml
 from .flags import at_most_gpus, flag_value, train_flag
 from .formulas.metrics import param_count
-from .models import resolve_shape
+from .models import MODEL_OVERRIDES, model_shape
 from .parallel.configs import check_accelerate_config, launcher_deepspeed_json
 from .parallel.distributed import check_local_processes
 from .parallel.launch_env import check_agree, config_strategy
@@ -281,9 +281,9 @@ def planned_params(fixed: list[str]) -> int | None:
     None for a pretrained checkpoint or args that do not describe a model."""
     if flag_value(fixed, "--model_name_or_path"):
         return None
-    sizes = [flag_value(fixed, f) for f in ("--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size")]
     try:
-        return param_count(resolve_shape(flag_value(fixed, "--model") or "tiny", *[int(v) if v else None for v in sizes]))
+        sizes = {flag: int(value) for flag in MODEL_OVERRIDES if (value := flag_value(fixed, f"--{flag}"))}
+        return param_count(model_shape(flag_value(fixed, "--model") or "tiny", **sizes))
     except (HfscaleError, ValueError):
         return None
 

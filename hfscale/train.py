@@ -290,7 +290,7 @@ def train_and_record(model_args, data_args, args, state, stopper: StopOnSignal) 
     use_training_forward(model, state.plan.fused_linear_cross_entropy)  # no KV cache; the fused loss if asked
     parallelism = tensor_parallel_config(state.plan)  # tp, fsdp_tp: the mesh, and the model split on its tp dimension
     if parallelism is not None:
-        apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.family)
+        apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.spec)
     construction.read(built=True)  # before StepMemory resets the high-water mark; read again once the engine has sharded
     record = RunRecord(args.output_dir, base_results(model_args, data_args, args, state, model,
                                                      environment(args, state.plan)), args.process_index == 0)

@@ -279,6 +279,34 @@ def parity_runs() -> dict:
 
 PARITY_STRATEGIES = ["zero1", "zero2", "zero3", "fsdp"]
 
+# The Llama family's runs: ddp (the reference), ZeRO-3 and FSDP2 (the two engines that shard the model itself) through
+# `hfscale parity`, and tp (its grouped-query heads split) at the same 8 samples a step, saving its last step
+LLAMA = ["--model", "tiny-llama", *TINY[2:]]
+LLAMA_STRATEGIES = ["zero3", "fsdp"]
+
+
+def llama_parity() -> dict:
+    """`hfscale parity` of zero3 and fsdp against ddp on tiny-llama (GQA, an untied head), fp32, PARITY_STEPS steps,
+    weights fingerprinted: {"proc", "report": parity.json, "runs": {strategy: results}}."""
+    def make(folder):
+        fixed = [a for i, a in enumerate(LLAMA) if "--logging_steps" not in (a, LLAMA[i - 1])]
+        proc = run([sys.executable, "-m", "hfscale", "parity", "--strategy", ",".join(LLAMA_STRATEGIES), "--max_steps",
+                    str(PARITY_STEPS), "--num_processes", "2", "--out", str(folder), "--", *fixed], timeout=900)
+        assert (folder / "parity.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        return {"proc": {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr},
+                "report": json.loads((folder / "parity.json").read_text()),
+                "runs": {s: launched_run(folder / s) for s in ["ddp", *LLAMA_STRATEGIES]}}
+
+    return shared_run("llama-parity", make)
+
+
+def llama_tp_run() -> dict:
+    """tp on tiny-llama, 2 processes: one TP group at MBS 8 (the 8 samples the parity runs' ddp sees), its final
+    step saved (whole HF weights: export reads them)."""
+    return shared_run("llama-tp", lambda folder: train(
+        folder, "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8", "--save_strategy", "steps",
+        "--save_steps", str(PARITY_STEPS), "--fingerprint_weights", steps=PARITY_STEPS))  # TINY's flags, these win
+
 
 # DeepSpeed JIT-compiles its CPU Adam (the offload strategies' optimizer) the first time a process on this machine needs
 # it (~1 min on 2 cores), holding torch's build lock - a bare lock file - meanwhile. Left to the runs, a fresh machine

@@ -92,6 +92,12 @@ CASES = {
         ["--strategy", "fsdp", "--optim", "adamw_8bit", "--optim_args", "block_size=128"],
         "--optim_args block_size: not with hfscale: the memory estimate models torchao's default 256-element blocks"),
     "heads not dividing hidden": (["--n_head", "5"], "heads (5) must divide hidden size (64)"),
+    "key/value heads not dividing the heads": (["--model", "tiny-llama", "--num_key_value_heads", "3"],
+                                               "3 key/value heads do not divide the 4 attention heads"),
+    "key/value heads for BLOOM": (["--model", "tiny-bloom", "--num_key_value_heads", "2"],
+                                  "BLOOM has one key/value head per query head (4); --num_key_value_heads is for Llama"),
+    "a Llama sequence beyond its positions": (["--model", "tiny-llama", "--seq_len", "512"],
+                                              "--seq_len 512 is longer than the model's 256 positions; choose at most 256"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),
     "negative seq_len": (["--seq_len", "-3"], "--seq_len must be positive"),
@@ -213,11 +219,17 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     odd.mkdir()
     (odd / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 5}')
     (odd / "model.safetensors").write_bytes(b"")
-    mistyped, llama = tmp_path / "mistyped", tmp_path / "llama"  # huggingface_hub's validation traceback; a family
-    mistyped.mkdir()  # the formulas do not know, named before its missing weights
+    mistyped = tmp_path / "mistyped"  # huggingface_hub's validation traceback
+    mistyped.mkdir()
     (mistyped / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two", "n_embd": 64, "n_head": 4}')
-    llama.mkdir()
-    (llama / "config.json").write_text('{"model_type": "llama"}')
+    # families hfscale does not serve, or shapes it cannot train, named before their missing weights
+    configs = {"opt": '{"model_type": "opt"}', "qwen2": '{"model_type": "qwen2"}',
+               "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
+               "biased": '{"model_type": "llama", "attention_bias": true}',
+               "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, "head_dim": 256}'}
+    for name, text in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
     # weights but no tokenizer: transformers 5 would make an empty tokenizer of the config, every text encoding to []
     untokenized = tmp_path / "untokenized"
     from hfscale.models import PRESETS, build_model
@@ -231,7 +243,13 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (odd, "its config's heads (5) must divide hidden size (64)"),
                            (mistyped, "its config.json: Validation error for field 'n_layer': TypeError: Field "
                                       "'n_layer' expected int, got str (value: 'two')"),
-                           (llama, "its config's model type 'llama' is not supported; hfscale knows: gpt2, bloom"),
+                           (tmp_path / "opt", "its config's model type 'opt' is not supported; hfscale knows: gpt2, "
+                                              "bloom, llama, mistral"),
+                           (tmp_path / "qwen2", "model type 'qwen2' is not served: its q/k/v projections carry biases"),
+                           (tmp_path / "gqa", "its config's 5 key/value heads do not divide the 32 attention heads"),
+                           (tmp_path / "biased", "its llama config differs from the Llama shape hfscale trains: "
+                                                 "attention_bias=True (needs False)"),
+                           (tmp_path / "wide-heads", "head_dim=256 (needs hidden_size / num_attention_heads = 128)"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])
@@ -452,7 +470,7 @@ def test_unwritable_output_dir(tmp_path):
     ["project", "results.json", "--out", "taken/projection"],
     ["report", ".", "--out", "taken/report"],
     ["import-logs", REPO / "tests/data/61B-megatron-mbs-2-pp16-dp-1-gas-512-200977.out", "--out", "taken/megatron"],
-    ["slurm", "--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "taken/jobs", "--"],
+    ["slurm", "--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1,zero2", "--out", "taken/jobs", "--"],
     ["sweep", "--strategy", "ddp", "--out", "taken/sweep"],
     ["tune", "--model", "tiny", "--num_processes", "1", "--out", "taken/tune"],
     ["bandwidth", "--num_processes", "2", "--out", "taken/bandwidth.json"],

@@ -12,20 +12,19 @@ import torch
 from conftest import REPO, load_benchmark, run
 from hfscale.formulas import activations as act, memory, tensors
 from hfscale.formulas.metrics import ModelShape, param_count
-from hfscale.models import PRESETS, build_model, hf_config
+from hfscale.models import PRESETS, build_model, hf_config, model_class
 from hfscale.parallel.optimizers import get_optimizer
 
 LOPSIDED = ModelShape("gpt2", 3, 96, 6, 1000, 256, ffn=1000)
 
 
 def _meta_model(shape):
-    from transformers import BloomForCausalLM, GPT2LMHeadModel
-
     with torch.device("meta"):
-        return (GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM)(hf_config(shape))
+        return model_class(shape.family)(hf_config(shape))
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-bloom", "gpt2-124m", "bloom-560m", "bigscience-176b", "lopsided"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-bloom", "gpt2-124m", "bloom-560m", "bigscience-176b", "lopsided",
+                                  "tiny-llama", "llama-3.1-8b", "smollm2-135m"])
 def test_parameter_tensors_are_the_models(name):
     shape = LOPSIDED if name == "lopsided" else PRESETS[name]
     real = [(n, tuple(p.shape)) for n, p in _meta_model(shape).named_parameters()]
@@ -377,7 +376,8 @@ def test_the_fit_sets_aside_one_disagreeing_row_and_never_a_model_it_cannot_desc
     shapes = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4, 1024, 16, 50257, 2048, 4),
               (4, 1024, 16, 50257, 1024, 8), (4, 2048, 16, 50257, 1024, 4), (4, 1024, 16, 8192, 1024, 4),
               (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2), (6, 1536, 24, 32768, 512, 2)]
-    X = np.array([act.activation_features(*shape) for shape in shapes], float)
+    X = np.array([act.activation_features(ModelShape("gpt2", l, h, a, v, max(s, 256)), s, b)
+                  for l, h, a, v, s, b in shapes], float)
     truth = np.array([2.0, 0.0, 4.0, 5.0, 0.1, 0.85])
     y = X @ truth
     shifted = y.copy()

@@ -6,24 +6,33 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hfscale.formulas import metrics
 from hfscale.formulas.metrics import ModelShape
-from hfscale.models import PRESETS, hf_config
+from hfscale.models import PRESETS, hf_config, model_class
 
 
 def _model(shape, attn="eager", device=None):
-    from transformers import BloomForCausalLM, GPT2LMHeadModel
-
     config = hf_config(shape)
     config._attn_implementation = attn
-    cls = GPT2LMHeadModel if shape.family == "gpt2" else BloomForCausalLM
     with torch.device(device or "cpu"):
-        return cls(config)
+        return model_class(shape.family)(config)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_param_formula_equals_model_numel(name):
+    """Every preset's exact count is the transformers model's, built from the same config on the meta device; and the
+    family's tensors are the model's, in its parameters' order."""
+    from hfscale.formulas.tensors import parameter_tensors
+
     shape = PRESETS[name]
     model = _model(shape, device="meta")
     assert metrics.param_count(shape) == sum(p.numel() for p in model.parameters())
+    assert [(t.name, t.shape) for t in parameter_tensors(shape)] == [
+        (n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+@pytest.mark.parametrize("name,published", [("llama-3.1-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400),
+                                            ("smollm2-135m", 134_515_008), ("tinyllama-1.1b", 1_100_048_384)])
+def test_llama_presets_have_the_published_sizes(name, published):
+    assert metrics.param_count(PRESETS[name]) == published
 
 
 def test_bigscience_size_formula_matches_gpt2_with_4h_ffn():
@@ -36,10 +45,13 @@ SHAPES = [
     ModelShape("gpt2", 2, 64, 4, 512, 512),
     ModelShape("gpt2", 3, 96, 6, 1000, 256, ffn=1000),  # lopsided FFN
     ModelShape("bloom", 2, 64, 4, 512, 256),
+    ModelShape("llama", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # grouped-query attention, a gated MLP, untied
+    ModelShape("llama", 3, 96, 6, 1000, 512, ffn=320, n_kv_head=6, tied=True),
 ]
 
 
-@pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32), (SHAPES[3], 256)])
+@pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32), (SHAPES[3], 256),
+                                       (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))

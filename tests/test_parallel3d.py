@@ -274,10 +274,23 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     assert both == {"zero1", "megatron-deepspeed"}
     (tmp_path / "7B-megatron-noshape.out").write_text(LOG.replace("  num_attention_heads", "  unrelated_flag"))
     megatron.main([str(tmp_path / "7B-megatron-noshape.out"), "--out", str(tmp_path / "imported")])
-    with pytest.raises(HfscaleError, match="the log states no GPT-2/BLOOM model shape"):
+    with pytest.raises(HfscaleError, match="the log states no GPT-2/BLOOM/Llama model shape"):
         project.main([str(tmp_path / "imported" / "7B-megatron-noshape" / "results.json"), "--gpus", "16"])
-    # a Llama-style model is not the GPT-2/BLOOM the formulas know: no shape is recorded for it
-    (tmp_path / "7B-megatron-llama.out").write_text(LOG.replace("  seq_length", "  swiglu ... True\n  seq_length"))
-    megatron.main([str(tmp_path / "7B-megatron-llama.out"), "--out", str(tmp_path / "imported")])
-    llama = json.loads((tmp_path / "imported" / "7B-megatron-llama" / "results.json").read_text())
-    assert llama["model"]["n_head"] is None and llama["status"] == "ok"
+    # half a Llama (SwiGLU alone) is no model the formulas know: no shape is recorded for it
+    (tmp_path / "7B-megatron-swiglu.out").write_text(LOG.replace("  seq_length", "  swiglu ... True\n  seq_length"))
+    megatron.main([str(tmp_path / "7B-megatron-swiglu.out"), "--out", str(tmp_path / "imported")])
+    swiglu = json.loads((tmp_path / "imported" / "7B-megatron-swiglu" / "results.json").read_text())
+    assert swiglu["model"]["n_head"] is None and swiglu["status"] == "ok"
+    # a Llama (rotary positions, SwiGLU, RMSNorm, no biases, 4 query groups, an untied head) is the llama family, and
+    # projects as one: its parameters the Llama model's
+    llama_args = ("  disable_bias_linear ... True\n  group_query_attention ... True\n  normalization ... RMSNorm\n"
+                  "  num_query_groups ... 4\n  position_embedding_type ... rope\n  swiglu ... True\n"
+                  "  untie_embeddings_and_output_weights ... True\n  ffn_hidden_size ... 5632\n  seq_length")
+    (tmp_path / "1B-megatron-llama.out").write_text(LOG.replace("  seq_length", llama_args))
+    megatron.main([str(tmp_path / "1B-megatron-llama.out"), "--out", str(tmp_path / "imported")])
+    capsys.readouterr()
+    imported = tmp_path / "imported" / "1B-megatron-llama" / "results.json"
+    model = json.loads(imported.read_text())["model"]
+    assert (model["family"], model["n_kv_head"], model["tied"], model["ffn"]) == ("llama", 4, False, 5632)
+    project.main([str(imported), "--gpus", "16,32", *links])
+    assert {p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]} == {16, 32}

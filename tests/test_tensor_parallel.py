@@ -9,7 +9,8 @@ from conftest import assert_figures_count_the_loaders, probe, shared_run
 from hfscale.formulas import parallel3d as p3d
 from hfscale.models import PRESETS
 from hfscale.formulas.tensors import tp_local_tensors
-from hfscale.parallel.tensor_parallel import PLANS, tp_refusal
+from hfscale.models import FAMILIES
+from hfscale.parallel.tensor_parallel import tp_refusal
 
 pytestmark = pytest.mark.multiprocess
 
@@ -20,7 +21,7 @@ def parity() -> dict:
     return shared_run("tensor-parallel-probe", lambda folder: probe("tensor_parallel_parity")["ranks"])
 
 
-@pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom")])
+@pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom"), ("llama", "tiny-llama")])
 def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     for rank in parity:
         got = rank[family]
@@ -38,15 +39,15 @@ def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     assert parity[0][family]["local_numel"] < parity[0][family]["whole_numel"]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bloom"])
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama"])
 def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     placements = parity[0][family]
     placements = placements["placements"]
-    split = {name: style for name, style in PLANS[family].items()}
+    split = dict(FAMILIES[family].tp_plan)
     for name, placed in placements.items():
         module = next((m for m in split if f".{m}." in name), None)
-        if name.endswith(("wte.weight", "word_embeddings.weight")):
-            assert placed == "(Shard(dim=0),)", name  # by vocabulary rows, with the LM head tied to it
+        if name.endswith(("wte.weight", "word_embeddings.weight", "embed_tokens.weight", "lm_head.weight")):
+            assert placed == "(Shard(dim=0),)", name  # by vocabulary rows: the embedding, and the head (tied or not)
         elif module is None:
             assert placed == "(Replicate(),)", name  # position table, LayerNorms
         elif name.endswith(".bias") and split[module] in ("rowwise", "colwise_fused3"):
@@ -55,15 +56,23 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
             assert "_StridedShard" in placed and "sf=3" in placed, name
         else:
             assert placed.startswith("(Shard(dim="), name
-    # GPT-2's Conv1D is [in, out], so its column split is dim 1; BLOOM's nn.Linear is [out, in]: dim 0
+    # GPT-2's Conv1D is [in, out], so its column split is dim 1; BLOOM's and Llama's nn.Linear is [out, in]: dim 0
     out_dim = 1 if family == "gpt2" else 0
-    first = "mlp.c_fc" if family == "gpt2" else "mlp.dense_h_to_4h"
-    assert placements[f"transformer.h.0.{first}.weight"] == f"(Shard(dim={out_dim}),)"
+    first = {"gpt2": "transformer.h.0.mlp.c_fc", "bloom": "transformer.h.0.mlp.dense_h_to_4h",
+             "llama": "model.layers.0.mlp.gate_proj"}[family]
+    assert placements[f"{first}.weight"] == f"(Shard(dim={out_dim}),)"
+    if family == "llama":  # grouped-query attention: the key/value heads split like the query heads, an untied head
+        assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"
+        assert placements["lm_head.weight"] == "(Shard(dim=0),)" and "model.embed_tokens.weight" in placements
 
 
 def test_tp_refuses_a_split_that_cuts_a_head():
     assert "does not divide the 4 attention heads" in tp_refusal(PRESETS["tiny"], 3)
     assert tp_refusal(PRESETS["tiny"], 4) is None and tp_refusal(PRESETS["bloom-7b1"], 8) is None
+    # grouped-query attention: 8 key/value heads split over 8, not 16; 4 of TinyLlama's over 4 only
+    assert tp_refusal(PRESETS["llama-3.1-8b"], 8) is None
+    assert "does not divide the 8 key/value heads" in tp_refusal(PRESETS["llama-3.1-8b"], 16)
+    assert "does not divide the 4 key/value heads" in tp_refusal(PRESETS["tinyllama-1.1b"], 8)
 
 
 # ---- the strategies: tp and fsdp_tp through the Trainer --------------------------------------------------------------

@@ -53,10 +53,11 @@ def test_evaluation_computes_the_loss_alone():
             ForCausalLMLoss(hidden @ weight.t(), labels, 300).item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-bloom"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-bloom", "tiny-llama"])
 def test_the_training_forward_keeps_no_kv_cache_and_generation_is_unchanged(preset):
     """With labels: the model's own loss and gradients, without the cache transformers builds by default (and with
-    the fused loss, no logits); without labels (generation) the model's own forward, cache included."""
+    the fused loss, no logits - its head Llama's own, untied); without labels (generation) the model's own forward,
+    cache included."""
     torch.manual_seed(0)
     model = build_model(PRESETS[preset], seed=0, attn_implementation="eager")
     ids = torch.randint(0, PRESETS[preset].vocab, (2, 48))

@@ -75,17 +75,25 @@ def _pick(key: str, header: dict, name: dict, flag, path: Path, warnings: list[s
 
 def logged_shape(header: dict) -> dict:
     """The model shape the log's arguments state (ModelRecord fields), for `hfscale project` to plan from: a GPT
-    (learned positions up to max_position_embeddings, else seq_length) or, with ALiBi, a BLOOM. The vocabulary is
-    the padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when the log does
-    not state its layers, hidden size and heads, or states another architecture (RoPE, SwiGLU, grouped-query
-    attention, experts)."""
+    (learned positions up to max_position_embeddings, else seq_length), with ALiBi a BLOOM, or with rotary positions, a
+    SwiGLU MLP, RMSNorm and no linear biases a Llama (its query groups the key/value heads when grouped-query attention
+    is on, its head untied when the log says so). The vocabulary is the padded one Megatron reports, else the GPT-2
+    tokenizer's 50257 as Megatron pads it. Empty when the log does not state its layers, hidden size and heads, or
+    states another architecture (experts, or only some of Llama's parts)."""
     if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")) or header.get("other_architecture"):
+        return {}
+    llama_parts = [header.get(k, False) for k in ("rope", "swiglu", "rmsnorm", "no_bias")]
+    if any(llama_parts) and not all(llama_parts):
         return {}
     vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
     positions = header.get("positions") or header.get("seq_len") or 2048
-    return {"family": "bloom" if header.get("alibi") else "gpt2", "n_layer": header["n_layer"],
-            "hidden": header["hidden"], "n_head": header["n_head"], "vocab": vocab, "positions": positions,
-            "ffn": header.get("ffn")}
+    shape = {"family": "llama" if all(llama_parts) else "bloom" if header.get("alibi") else "gpt2",
+             "n_layer": header["n_layer"], "hidden": header["hidden"], "n_head": header["n_head"], "vocab": vocab,
+             "positions": positions, "ffn": header.get("ffn")}
+    if all(llama_parts):
+        shape.update(n_kv_head=header.get("query_groups") if header.get("gqa") else header["n_head"],
+                     tied=not header.get("untied", False))
+    return shape
 
 
 def read_log(path: Path) -> tuple[dict, dict]:

@@ -49,7 +49,10 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "context_par
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
                  "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
-                 "padded_vocab_size": "vocab", "log_interval": "log_interval"}
+                 "padded_vocab_size": "vocab", "log_interval": "log_interval", "num_query_groups": "query_groups"}
+# the arguments that make a Megatron model Llama-shaped (hfscale's llama family) when all are on
+LLAMA_ARGUMENTS = {"swiglu": "swiglu", "group_query_attention": "gqa",
+                   "untie_embeddings_and_output_weights": "untied", "disable_bias_linear": "no_bias"}
 # what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
 # a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
 LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")
@@ -109,9 +112,14 @@ def parse_header(text: str) -> dict:
             found["sequence_parallel"] = True
         elif key == "position_embedding_type" and "alibi" in value.lower():
             found["alibi"] = True  # BLOOM's positions: no learned table
-        elif key == "position_embedding_type" and "rope" in value.lower() or key in ("swiglu", "num_query_groups",
-                                                                                    "num_experts") and _truthy(value):
-            found["other_architecture"] = True  # a Llama-style or MoE model: not the GPT-2/BLOOM the formulas know
+        elif key == "position_embedding_type" and "rope" in value.lower():
+            found["rope"] = True
+        elif key in LLAMA_ARGUMENTS and _truthy(value):
+            found[LLAMA_ARGUMENTS[key]] = True
+        elif key == "normalization" and "rms" in value.lower():
+            found["rmsnorm"] = True
+        elif key == "num_experts" and _truthy(value):
+            found["other_architecture"] = True  # mixture of experts: not a model the formulas know
         elif key == "rampup_batch_size" and _truthy(value):
             found["rampup"] = value.strip()
         elif key == "deepspeed" and _truthy(value):

@@ -1,5 +1,5 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
-backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2 and BLOOM, by device, precision,
+backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM and Llama, by device, precision,
 attention, checkpointing, torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
 (benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
 states of a rank; docs/estimate.md has the tables.
@@ -8,14 +8,15 @@ states of a rank; docs/estimate.md has the tables.
 from dataclasses import dataclass
 from math import ceil, log2
 
+from ..models.family import family
 from .metrics import ModelShape
 
 # Bytes per element of six features (see activation_features), fitted per device to what autograd keeps after the
 # forward in HF's GPT-2/BLOOM (transformers 5.23) by benchmarks/calibrate_activations.py; mode =
 # family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel keeps
 # no s x s matrix and autocast keeps other copies), so each device has its own table:
-# - cpu: 7 shapes per mode measured on the 2-core CI machine with hfscale's training forward (no KV cache; torch 2.13,
-#   benchmarks/results/activations_2026-11-25.json);
+# - cpu: 7 shapes per mode (GPT-2, BLOOM; Llama 10) measured on the 2-core CI machine with hfscale's training forward (no
+#   KV cache; torch 2.13, benchmarks/results/activations_2026-11-25.json and activations_llama_2026-11-28.json);
 # - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
 #   all 18 modes) and with the KV cache (2026-11-23, 6 modes; kv_cache_bytes taken off each row before the fit),
 #   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except
@@ -23,7 +24,11 @@ from .metrics import ModelShape
 #   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
 #   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
-                       "weight matrices (autocast saves their bf16 copies)")
+                       "weight matrices (autocast saves their bf16 copies)", "per layer b·s·f (MLP width)",
+                       "per layer b·s·kv (key/value width)")
+# GPT-2's and BLOOM's MLP is 4h wide and their keys and values h: the first feature holds those tensors, and their modes
+# have the first six coefficients. A family whose MLP and key/value widths vary apart from h (Llama: Family.own_widths)
+# has all eight.
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     "cpu": {
     'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
@@ -44,6 +49,20 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'bloom/eager/autocast_bf16/1': (3.423, -0.022, 4.171, 10.446, 4.92, 0.463),
     'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
     'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
+    # Llama: 10 shapes per mode, its MLP and key/value widths varied apart from h (worst fit 0.1-2.9%;
+    # benchmarks/results/activations_llama_2026-11-28.json)
+    'llama/eager/fp32/0': (40.49, 3.984, 3.99, 10.627, 0.931, 0.018, 15.981, -0.151),
+    'llama/eager/fp32/1': (4.244, -0.015, 3.99, 10.594, 4.733, 0.069, -0.017, -0.036),
+    'llama/eager/autocast_bf16/0': (34.24, 5.983, 3.992, 8.209, 0.839, 2.07, 8.015, 0.212),
+    'llama/eager/autocast_bf16/1': (4.031, -0.022, 4.167, 8.677, 5.19, 0.589, -0.137, -0.32),
+    'llama/eager/bf16/0': (24.023, 5.987, 3.991, 7.079, 0.632, 0.031, 8.11, -0.163),
+    'llama/eager/bf16/1': (2.051, -0.009, 3.995, 6.755, 2.432, 0.061, 0.034, -0.011),
+    'llama/sdpa/fp32/0': (32.092, -0.001, 3.999, 10.758, 0.722, 0.036, 16.046, 7.902),
+    'llama/sdpa/fp32/1': (4.032, -0.016, 3.995, 11.716, 0.6, 0.038, -0.015, -0.005),
+    'llama/sdpa/autocast_bf16/0': (30.096, 0.01, 3.996, 9.346, 0.253, 2.049, 7.998, 4.054),
+    'llama/sdpa/autocast_bf16/1': (4.404, -0.03, 4.167, 8.32, 1.145, 0.605, -0.266, -0.226),
+    'llama/sdpa/bf16/0': (20.04, -0.001, 3.997, 8.686, -0.103, 0.001, 8.004, 4.012),
+    'llama/sdpa/bf16/1': (1.985, -0.007, 3.992, 7.718, 0.348, 0.032, -0.006, 0.052),
 },
     "cuda": {  # the H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
@@ -140,12 +159,18 @@ def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:
     return (10 + 24 / tp) / 34, 1 / tp
 
 
-def activation_features(n_layer: int, hidden: int, heads: int, vocab: int, seq: int, micro_batch: int,
-                        ffn: int | None = None) -> list[int]:
-    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order."""
-    b, s, h, f = micro_batch, seq, hidden, ffn or 4 * hidden
-    return [n_layer * b * s * h, n_layer * b * heads * s * s, b * s * vocab, b * s * h, b * s * s,
-            n_layer * (4 * h * h + 2 * h * f) + vocab * h]
+def activation_features(shape: ModelShape, seq: int, micro_batch: int) -> list[int]:
+    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order: six, or
+    eight for a family with widths of its own. The weight matrices are those a forward multiplies by (the blocks' and
+    the head's: autocast casts each)."""
+    b, s, h, l = micro_batch, seq, shape.hidden, shape.n_layer
+    spec = shape.spec
+    block_matrices = sum(d[0] * d[1] for _, d in spec.block_tensors(shape) if len(d) == 2)
+    features = [l * b * s * h, l * b * shape.n_head * s * s, b * s * shape.vocab, b * s * h, b * s * s,
+                l * block_matrices + shape.vocab * h]
+    if spec.own_widths:
+        features += [l * b * s * shape.ffn_size, l * b * s * shape.kv_hidden]
+    return features
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
@@ -173,12 +198,12 @@ def fused_loss_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -
     return kept, max(forward, backward)
 
 
-def activation_mode(family: str, attention: str, compute: str, checkpointing: bool) -> str:
+def activation_mode(family_name: str, attention: str, compute: str, checkpointing: bool) -> str:
     """`compute`: fp32 | autocast_bf16 (DDP's autocast over fp32 weights) | bf16 (DeepSpeed's and FSDP2's bf16 module).
-    flash_attention_2 keeps no s x s matrix, like SDPA; BLOOM has only eager attention in transformers."""
-    attn = "eager" if family == "bloom" or attention in (None, "", "eager") else "sdpa"
+    flash_attention_2 keeps no s x s matrix, like SDPA; a family without SDPA (BLOOM) runs eager attention."""
+    attn = "eager" if not family(family_name).sdpa or attention in (None, "", "eager") else "sdpa"
     compute = "bf16" if compute == "fp16" else "autocast_bf16" if compute == "autocast_fp16" else compute
-    return f"{family}/{attn}/{compute}/{int(checkpointing)}"
+    return f"{family_name}/{attn}/{compute}/{int(checkpointing)}"
 
 
 def kv_cache_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> int:
@@ -234,9 +259,11 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if mode not in table:
         raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
     cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE
-    feats = activation_features(shape.n_layer, shape.hidden, shape.n_head, shape.vocab, seq, micro_batch, shape.ffn_size)
+    feats = activation_features(shape, seq, micro_batch)
     linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
     feats[0], feats[1] = feats[0] * linear, feats[1] * attention
+    for width in range(6, len(feats)):  # a block's MLP and key/value tensors: column-parallel outputs, split
+        feats[width] *= 1 if linear == 1 else 1 / tp
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
@@ -274,7 +301,8 @@ def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: 
     per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
         mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
     bsh = micro_batch * seq * shape.hidden
-    return (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq
+    widths = sum(c * x / shape.n_layer for c, x in zip(full[6:], activation_features(shape, seq, micro_batch)[6:]))
+    return (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq + widths
 
 
 def compiled_step(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str, peak_extra: float,

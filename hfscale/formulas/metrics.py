@@ -7,39 +7,28 @@ Units: FLOPs are floating-point operations (a multiply-add is 2); `_s` seconds; 
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+from ..models.family import ModelShape
 
 SECONDS_PER_DAY = 86_400
 GB = 1e9  # bytes; GB as sold and as nccl-tests and the BigScience notes count (not GiB)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The shape of a GPT-2 or BLOOM decoder: all the architecture the formulas need."""
-
-    family: str  # "gpt2" (learned positions) | "bloom" (ALiBi, LayerNorm after the embeddings)
-    n_layer: int
-    hidden: int
-    n_head: int
-    vocab: int
-    positions: int  # maximum sequence length (GPT-2: size of the learned position table)
-    ffn: int | None = None  # MLP inner size; None means the usual 4 x hidden
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn if self.ffn is not None else 4 * self.hidden
-
-
+@lru_cache(maxsize=256)  # pure; read for every row of an estimate, sweep or projection
 def param_count(shape: ModelShape) -> int:
-    """Exact trainable parameters (embeddings tied to the LM head, as in both families).
-
-    Per layer: QKV 3h^2+3h, output projection h^2+h, MLP 2hf+f+h, two LayerNorms 4h  ->  4h^2 + 2hf + 9h + f
-    (= 12h^2 + 13h when f = 4h). Plus word embeddings v*h, a final LayerNorm 2h, and GPT-2's position table s*h
-    or BLOOM's embedding LayerNorm 2h.
-    """
-    h, f = shape.hidden, shape.ffn_size
-    per_layer = 4 * h * h + 2 * h * f + 9 * h + f
-    extra = shape.positions * h if shape.family == "gpt2" else 2 * h
-    return shape.n_layer * per_layer + shape.vocab * h + 2 * h + extra
+    """Exact trainable parameters: the elements of the family's tensors (models/), the head counted once when it is
+    tied to the embedding. For GPT-2 per layer: QKV 3h^2+3h, output projection h^2+h, MLP 2hf+f+h, two LayerNorms 4h
+    -> 4h^2 + 2hf + 9h + f (= 12h^2 + 13h when f = 4h); plus word embeddings v*h, a final LayerNorm 2h and the
+    position table s*h. Llama per layer: q and o 2h^2, k and v 2h*kv (GQA), the gated MLP 3hf, two RMSNorms 2h; plus
+    v*h, the final norm h, and an untied head's v*h."""
+    total = 0
+    for _, dims in shape.spec.tensors(shape):
+        n = 1
+        for d in dims:
+            n *= d
+        total += n
+    return total
 
 
 def param_count_bigscience(n_layer: int, hidden: int, seq: int, vocab: int) -> int:
@@ -68,16 +57,23 @@ def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
 
     Attention scores (QK^T) and context (AV) are counted over the full s x s square, as the kernels compute
     them (and as torch's FlopCounterMode counts them); causal masking does not skip work in eager/SDPA math.
+    Grouped-query attention projects keys and values to kv_hidden each; a gated MLP (Llama's SwiGLU) has three
+    h x f matrices, GPT-2's and BLOOM's two.
     """
-    h, f, s, l = shape.hidden, shape.ffn_size, seq, shape.n_layer
+    h, f, s, l, kv = shape.hidden, shape.ffn_size, seq, shape.n_layer, shape.kv_hidden
     return {
-        "qkv": l * 2 * s * h * 3 * h,
+        "qkv": l * 2 * s * h * (h + 2 * kv),
         "attention_scores": l * 2 * s * s * h,
         "attention_context": l * 2 * s * s * h,
         "attention_output": l * 2 * s * h * h,
-        "mlp": l * 2 * 2 * s * h * f,
+        "mlp": l * 2 * mlp_matrices(shape) * s * h * f,
         "lm_head": 2 * s * h * shape.vocab,
     }
+
+
+def mlp_matrices(shape: ModelShape) -> int:
+    """The MLP's h x f matrices: 3 gated (gate, up, down), else 2."""
+    return 3 if shape.spec.gated_mlp else 2
 
 
 def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool,
@@ -86,15 +82,15 @@ def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool,
 
     Model FLOPs = forward + backward (2 x forward) = 3 x forward: the work the model needs (MFU).
     Hardware FLOPs add what activation checkpointing recomputes (HFU): the forward of the decoder blocks (the LM
-    head is outside them) less the MLP's output projection - torch's non-reentrant checkpoint, transformers'
-    default, stops recomputing once the last activation the backward needs is rebuilt (early stop), and nothing
-    needs that matmul's output. `full_recompute`: the reentrant checkpoint (use_reentrant=True), which reruns the
+    head is outside them) less the MLP's output projection (GPT-2's c_proj, Llama's down_proj) - torch's non-reentrant
+    checkpoint, transformers' default, stops recomputing once the last activation the backward needs is rebuilt
+    (early stop), and nothing needs that matmul's output. `full_recompute`: the reentrant checkpoint (use_reentrant=True), which reruns the
     whole block. Both checked against torch's FlopCounterMode (tests/test_metrics.py).
     """
     parts = forward_flops_per_sequence(shape, seq)
     forward = sum(parts.values())
     model = 3 * forward
-    recomputed = forward - parts["lm_head"] - (0 if full_recompute else parts["mlp"] // 2)
+    recomputed = forward - parts["lm_head"] - (0 if full_recompute else parts["mlp"] // mlp_matrices(shape))
     return model, model + (recomputed if recompute else 0)
 
 

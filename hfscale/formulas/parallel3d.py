@@ -63,6 +63,8 @@ def grid_refusal(shape: ModelShape, grid: Grid, gpus_per_node: int) -> str | Non
         return f"TP {grid.tp} spans more than one node of {gpus_per_node} GPUs (its all-reduces run every block)"
     if shape.n_head % grid.tp or shape.ffn_size % grid.tp:
         return f"TP {grid.tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
+    if shape.kv_heads % grid.tp:
+        return f"TP {grid.tp} does not divide the {shape.kv_heads} key/value heads"
     if grid.pp > shape.n_layer:
         return f"PP {grid.pp} is more stages than the {shape.n_layer} layers"
     if shape.n_layer % grid.pp and not grid.uneven_stages:
@@ -99,16 +101,29 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
 
 def stage_parameters(shape: ModelShape, grid: Grid, stage: int) -> int:
     """Parameters one GPU of pipeline stage `stage` holds: its L/P blocks' matrices and column-parallel biases split
-    over TP (LayerNorms and row-parallel biases, 6h per block, replicated); the first stage the word embedding
-    (split over TP, vocabulary padded) and GPT-2's position table or BLOOM's embedding LayerNorm; the last the final
-    LayerNorm and - when P > 1 - its own copy of the tied word embedding for the LM head."""
-    h, f, t = shape.hidden, shape.ffn_size, grid.tp
-    split = 4 * h * h + 2 * h * f + 3 * h + f
-    blocks = stage_layers(shape, grid) * (ceil(split / t) + 6 * h)
-    embedding = padded_vocab(shape.vocab, t) * h // t
-    first = embedding + (shape.positions * h if shape.family == "gpt2" else 2 * h)
-    last = 2 * h + (embedding if grid.pp > 1 else 0)
-    return blocks + (first if stage == 0 else 0) + (last if stage == grid.pp - 1 else 0)
+    over TP (norms and row-parallel biases - GPT-2's and BLOOM's 6h per block, Llama's 2h - replicated); the first
+    stage the word embedding (split over TP, vocabulary padded) and what else precedes the blocks (GPT-2's position
+    table, BLOOM's embedding LayerNorm); the last the final norm and the LM head: an untied head's own weight (split,
+    padded), or - when P > 1 - the last stage's own copy of the tied word embedding."""
+    spec, t = shape.spec, grid.tp
+    block = spec.block_tensors(shape)
+    split = sum(_numel(d) for n, d in block if spec.megatron_split(f"{spec.block_prefix}.0.{n}"))
+    whole = sum(_numel(d) for _, d in block) - split
+    blocks = stage_layers(shape, grid) * (ceil(split / t) + whole)
+    embedding = padded_vocab(shape.vocab, t) * shape.hidden // t
+    tensors = spec.tensors(shape)
+    first_block = next(i for i, (n, _) in enumerate(tensors) if spec.is_block(n))
+    first = embedding + sum(_numel(d) for n, d in tensors[:first_block] if n != spec.embedding)
+    norm = sum(_numel(d) for n, d in tensors if n.startswith(spec.final_norm + "."))
+    head = embedding if not shape.tied_head or grid.pp > 1 else 0
+    return blocks + (first if stage == 0 else 0) + (norm + head if stage == grid.pp - 1 else 0)
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
 
 
 def grad_bytes(precision: str) -> int:

@@ -1,145 +1,23 @@
-"""Model presets (GPT-2, BLOOM and BigScience experiment shapes), the shape of a model a user names, and building a
-model from one. Below both a run and the planners: `hfscale train`, `estimate`, `project` and `tune` name models with
-the same flags and resolve them here.
+"""Building a model of a shape, loading a pretrained one, and what the engines need of it (ZeRO-3's partitioning, the
+whole parameter count). torch and transformers are imported inside the functions: the planners import this package
+without paying for them.
 
-A preset is only a ModelShape; the model is built from a transformers config so every Trainer feature works.
-torch and transformers are imported inside the functions that build models: the planners import this module without
-paying for them.
+A preset is only a ModelShape; the model is built from its family's transformers config so every Trainer feature
+works.
 """
 
-from dataclasses import replace
-from pathlib import Path
-
-from .errors import HfscaleError, one_of
-from .formulas.metrics import ModelShape
-
-GPT2_VOCAB, BLOOM_VOCAB = 50257, 250880
-
-
-def _gpt2(n_layer, hidden, n_head, positions=1024, vocab=GPT2_VOCAB):
-    return ModelShape("gpt2", n_layer, hidden, n_head, vocab, positions)
-
-
-def _bloom(n_layer, hidden, n_head):
-    # BLOOM uses ALiBi (no position table); 2048 is the sequence length it was trained with.
-    return ModelShape("bloom", n_layer, hidden, n_head, BLOOM_VOCAB, 2048)
-
-
-PRESETS: dict[str, ModelShape] = {
-    # A few-hundred-thousand-parameter GPT-2 for tests and the CPU default run.
-    "tiny": _gpt2(2, 64, 4, positions=256, vocab=2048),
-    "tiny-bloom": ModelShape("bloom", 2, 64, 4, 2048, 256),
-    # OpenAI GPT-2 sizes.
-    "gpt2-124m": _gpt2(12, 768, 12),
-    "gpt2-350m": _gpt2(24, 1024, 16),
-    "gpt2-774m": _gpt2(36, 1280, 20),
-    "gpt2-1.5b": _gpt2(48, 1600, 25),
-    # Megatron/BigScience GPT-2 1.3B (the usual MFU benchmark shape).
-    "gpt2-1.3b": _gpt2(24, 2048, 16, positions=2048),
-    # BLOOM family shapes.
-    "bloom-560m": _bloom(24, 1024, 16),
-    "bloom-1b1": _bloom(24, 1536, 16),
-    "bloom-1b7": _bloom(24, 2048, 16),
-    "bloom-3b": _bloom(30, 2560, 32),
-    "bloom-7b1": _bloom(30, 4096, 32),
-    # BigScience experiment shapes (GPT-2 architecture, seq 2048).
-    "bigscience-13b": _gpt2(40, 5120, 40, positions=2048),
-    "bigscience-104b": _gpt2(32, 16384, 32, positions=2048),
-    "bigscience-176b": ModelShape("bloom", 70, 14336, 112, BLOOM_VOCAB, 2048),
-}
-
-
-def resolve_shape(
-    preset: str,
-    n_layer: int | None = None,
-    hidden: int | None = None,
-    n_head: int | None = None,
-    ffn: int | None = None,
-    vocab: int | None = None,
-    positions: int | None = None,
-) -> ModelShape:
-    """A preset with explicit overrides applied, validated."""
-    if preset not in PRESETS:
-        raise one_of("model preset", preset, PRESETS)
-    overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions)
-    shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
-    validate_shape(shape)
-    return shape
-
-
-# The shape overrides every model flag set takes (hfscale train's ModelArguments and the planners' options).
-MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "ffn_hidden_size", "vocab_size")
-
-
-def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trust_remote_code: bool = False,
-                n_layer: int | None = None, hidden_size: int | None = None, n_head: int | None = None,
-                ffn_hidden_size: int | None = None, vocab_size: int | None = None, weights: bool = True) -> ModelShape:
-    """The shape of the model these flags name: a pretrained checkpoint's config (read, not its weights), else the
-    preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve.
-    `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
-    if model_name_or_path:
-        return pretrained_shape(model_name_or_path, trust_remote_code, weights)
-    return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size)
-
-
-# Far beyond any model trained (the deepest ~1,000 layers, the widest hidden ~25k, vocabularies ~1M, contexts ~1M
-# tokens), and what the formulas can walk: memory, FLOPs and communication go over the model tensor by tensor, so a
-# billion layers would take every byte of the host before answering
-SHAPE_BOUNDS = {"n_layer": 4096, "hidden": 2**20, "n_head": 2**20, "vocab": 2**24, "positions": 2**24,
-                "ffn_size": 2**22}
-
-
-def validate_shape(shape: ModelShape) -> None:
-    for name in ("n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size"):
-        if getattr(shape, name) <= 0:
-            raise HfscaleError(f"model {name} must be positive, got {getattr(shape, name)}")
-        if getattr(shape, name) > SHAPE_BOUNDS[name]:
-            raise HfscaleError(f"model {name} {getattr(shape, name):,} is beyond what hfscale plans (at most "
-                               f"{SHAPE_BOUNDS[name]:,}, far beyond any model trained)")
-    if shape.hidden % shape.n_head:
-        raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden})")
-    if shape.family == "bloom" and shape.ffn is not None and shape.ffn != 4 * shape.hidden:
-        raise HfscaleError(f"BLOOM's MLP is fixed at 4 x hidden ({4 * shape.hidden}); --ffn_hidden_size is GPT-2 only")
-
-
-def resolve_seq_len(shape: ModelShape, requested: int | None) -> int:
-    """Tokens per sample: as asked, else the model's positions up to 1024; never longer than the model's positions."""
-    if requested is not None and requested <= 0:
-        raise HfscaleError(f"--seq_len must be positive, got {requested}")
-    seq_len = requested or min(shape.positions, 1024)
-    if seq_len > shape.positions:
-        raise HfscaleError(f"--seq_len {seq_len} is longer than the model's {shape.positions} positions")
-    return seq_len
+from ..errors import HfscaleError, one_of
+from .family import ModelShape, family
+from .resolve import pretrained_shape
 
 
 def hf_config(shape: ModelShape, dropout: float = 0.0, **extra):
-    """The transformers config of a shape (imports transformers lazily: this module stays cheap to import).
+    """The transformers config of a shape (its family's).
 
-    Dropout defaults to 0, as in BLOOM's pretraining: it also keeps runs with different numbers of processes
+    Dropout defaults to 0, as in BLOOM's and Llama's pretraining: it also keeps runs with different numbers of processes
     comparable (each rank would draw its own dropout masks).
     """
-    from transformers import BloomConfig, GPT2Config
-
-    if shape.family == "gpt2":
-        extra.setdefault("bos_token_id", shape.vocab - 1)  # GPT-2's <|endoftext|> is the last id
-        extra.setdefault("eos_token_id", shape.vocab - 1)
-        return GPT2Config(
-            n_layer=shape.n_layer, n_embd=shape.hidden, n_head=shape.n_head, n_inner=shape.ffn,
-            vocab_size=shape.vocab, n_positions=shape.positions,
-            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **extra,
-        )
-    return BloomConfig(n_layer=shape.n_layer, hidden_size=shape.hidden, n_head=shape.n_head, vocab_size=shape.vocab,
-                       hidden_dropout=dropout, attention_dropout=dropout, **extra)
-
-
-def shape_from_config(config) -> ModelShape:
-    """The shape of a pretrained model's config (gpt2 and bloom only: the formulas know these two)."""
-    if config.model_type == "gpt2":
-        return ModelShape("gpt2", config.n_layer, config.n_embd, config.n_head, config.vocab_size,
-                          config.n_positions, config.n_inner)
-    if config.model_type == "bloom":
-        return ModelShape("bloom", config.n_layer, config.hidden_size, config.n_head, config.vocab_size, 2048)
-    raise HfscaleError(f"model type {config.model_type!r} is not supported; hfscale knows: gpt2, bloom")
+    return shape.spec.hf_config(shape, dropout, **extra)
 
 
 def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = None, dropout: float = 0.0):
@@ -169,11 +47,11 @@ def build_model(shape: ModelShape, seed: int, attn_implementation: str | None = 
     return declare_causal_lm_loss(model)
 
 
-def model_class(family: str):
+def model_class(name: str):
     """transformers' causal-LM class of a family."""
-    from transformers import BloomForCausalLM, GPT2LMHeadModel
+    import transformers
 
-    return GPT2LMHeadModel if family == "gpt2" else BloomForCausalLM
+    return getattr(transformers, family(name).class_name)
 
 
 def _class_supports(cls, attention: str) -> bool:
@@ -190,7 +68,7 @@ def _class_supports(cls, attention: str) -> bool:
     return getattr(cls, "_supports_attention_backend", False)
 
 
-def check_attention(family: str, attention: str | None) -> None:
+def check_attention(family_name: str, attention: str | None) -> None:
     """--attn_implementation against the attention functions transformers registers and those this family's class
     supports (BLOOM: eager only), before any process starts: transformers raises only as each rank builds its model.
     A Hub kernel (`org/repo`) is left to transformers, for a class that takes attention backends."""
@@ -198,7 +76,7 @@ def check_attention(family: str, attention: str | None) -> None:
         return
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    cls = model_class(family)
+    cls = model_class(family_name)
     registered = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
     supported = [name for name in registered if _class_supports(cls, name)]
     hub_kernel = "/" in attention
@@ -253,47 +131,6 @@ def declare_causal_lm_loss(model):
     if getattr(model, "loss_type", None) is None:
         model.loss_type = "ForCausalLM"
     return model
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def missing_local_path(name_or_path: str) -> bool:
-    """A path (`/`, `.` or `~` first: never a Hub id) that does not exist; transformers would take it for a Hub id
-    and answer with its repo-id rules."""
-    return name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists()
-
-
-def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights: bool = True) -> ModelShape:
-    """The shape of a pretrained checkpoint, read from its config alone; `weights`: a local directory must hold them
-    too (checked here, before a run starts, where loading them would fail in every rank)."""
-    from transformers import AutoConfig
-
-    if missing_local_path(name_or_path):
-        raise HfscaleError(f"cannot load model {name_or_path!r}: no such directory")
-    local = Path(name_or_path).expanduser()
-    if local.is_dir() and not (local / "config.json").is_file():  # transformers: "Should have a `model_type` key"
-        hint = (" (a run's folder: `hfscale export RUN OUT` makes a model of its checkpoint)"
-                if list(local.glob("checkpoint-*")) or (local / "hfscale_checkpoint.json").is_file() else "")
-        raise HfscaleError(f"cannot load model {name_or_path!r}: no config.json in it{hint}")
-    from huggingface_hub.errors import StrictDataclassError
-
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:  # missing, unreachable, or a config.json of no known model type
-        raise HfscaleError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from None
-    except StrictDataclassError as err:  # a value of the wrong kind in config.json ("n_layer": "abc")
-        raise HfscaleError(f"cannot load model {name_or_path!r}: its config.json: "
-                           f"{' '.join(str(err).split())}") from None
-    try:
-        shape = shape_from_config(config)
-        validate_shape(shape)
-    except HfscaleError as err:  # transformers reads such a config without complaint and fails building the model
-        raise HfscaleError(f"cannot load model {name_or_path!r}: its config's {err}") from None
-    if weights and local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
-        raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
-                           f"({' or '.join(WEIGHT_FILES)})")
-    return shape
 
 
 def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):

@@ -1,9 +1,10 @@
-"""hfscale's tensor-parallel plan for HF GPT-2 and BLOOM (transformers ships none for either), on torch's DTensor.
+"""hfscale's tensor parallelism for HF GPT-2, BLOOM and Llama on torch's DTensor: each family's plan is a table in its
+module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this module applies it.
 
-Megatron's layout: each block's QKV projection and first MLP matmul split by output columns (whole heads per rank),
-its attention output projection and second MLP matmul split by input rows (their partial outputs all-reduced), the
-word embedding and the LM head tied to it split by vocabulary rows, and every other parameter (GPT-2's position
-table, the LayerNorms, the row-split layers' biases) replicated. Every parameter becomes a DTensor on the
+Megatron's layout: each block's QKV projections and first MLP matmuls split by output columns (whole query and
+key/value heads per rank), its attention output projection and last MLP matmul split by input rows (their partial
+outputs all-reduced), the word embedding and the LM head (tied to it, or Llama's own) split by vocabulary rows, and
+every other parameter (GPT-2's position table, the norms, the row-split layers' biases) replicated. Every parameter becomes a DTensor on the
 TP mesh, so the optimizer, gradient clipping and checkpoints see one kind of tensor, and a DTensor's full tensor is
 the HF tensor, in HF's shape and order:
 - GPT-2's Conv1D stores its weight [in, out] (y = x W + b): its column split is Shard(1), its row split Shard(0) -
@@ -14,7 +15,9 @@ the HF tensor, in HF's shape and order:
   (its weights drifted 0.01 from ddp's in 20 steps while the losses still agreed).
 - BLOOM's query_key_value (nn.Linear) is laid out per head already ([head, q/k/v, head_dim] rows): Shard(0) keeps
   whole heads together. Its ALiBi biases, built for every head, are sliced to the rank's heads.
-Each attention module then runs its own n_head / TP heads. Proven in tests/test_tensor_parallel.py (2 processes,
+- Llama's q, k and v are separate nn.Linear layers: each splits by output rows, so a rank holds n_head / TP query
+  heads and n_kv_head / TP key/value heads (the grouped-query ratio unchanged); its attention reshapes by head size.
+Each attention module then runs its own n_head / TP heads (the family's adapt_attention_for_tp). Proven in tests/test_tensor_parallel.py (2 processes,
 gloo): the loss, every gradient, the clipped norm and AdamW steps equal the unsharded model's.
 
 The strategies `tp` (TP alone) and `fsdp_tp` (TP inside a node, FSDP2 across) launch it through the Trainer
@@ -26,25 +29,14 @@ torch.distributed.checkpoint refuses GPT-2's c_attn, whose _StridedShard chunks 
 (torch 2.13).
 """
 
-from ..formulas.metrics import ModelShape
+import types
 
-# module name inside a block -> how it is split: colwise (by output), rowwise (by input); "fused3": [q | k | v]
-PLANS = {
-    "gpt2": {"attn.c_attn": "colwise_fused3", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
-             "mlp.c_proj": "rowwise"},
-    "bloom": {"self_attention.query_key_value": "colwise", "self_attention.dense": "rowwise",
-              "mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise"},
-}
-ATTENTION = {"gpt2": "attn", "bloom": "self_attention"}
+from ..models.family import ModelShape
 
 
 def tp_refusal(shape: ModelShape, tp: int) -> str | None:
-    """Why this model cannot be split over `tp` ranks (whole heads per rank, an even MLP split), or None."""
-    if tp < 1:
-        return f"TP must be at least 1, got {tp}"
-    if shape.n_head % tp or shape.ffn_size % tp:
-        return f"TP {tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
-    return None
+    """Why this model cannot be split over `tp` ranks (its family's rule: whole heads per rank), or None."""
+    return shape.spec.tp_refusal(shape, tp)
 
 
 def _weight_dims(module) -> tuple[int, int]:
@@ -70,7 +62,8 @@ def _colwise(module, mesh, fused: int = 1) -> None:
     weight = _StridedShard(out_dim, split_factor=fused) if fused > 1 else Shard(out_dim)
     bias = Replicate() if fused > 1 else Shard(0)
     module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [weight]))
-    module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [bias]))
+    if module.bias is not None:  # Llama's projections have none
+        module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [bias]))
     module.register_forward_pre_hook(
         lambda m, args: (DTensor.from_local(args[0], mesh, [Replicate()], run_check=False), *args[1:]))
     module.register_forward_hook(lambda m, args, out: _local(out))
@@ -83,7 +76,8 @@ def _rowwise(module, mesh) -> None:
 
     _, in_dim = _weight_dims(module)
     module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [Shard(in_dim)]))
-    module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [Replicate()]))
+    if module.bias is not None:
+        module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [Replicate()]))
     module.register_forward_pre_hook(
         lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 1)], run_check=False), *args[1:]))
     module.register_forward_hook(lambda m, args, out: out.redistribute(mesh, [Replicate()]).to_local())
@@ -109,58 +103,63 @@ def _replicate(module, mesh, converted: dict) -> None:
     module.register_forward_hook(lambda m, args, out: _local(out))
 
 
-def _slice_alibi(rank: int, tp: int):
-    """BLOOM builds ALiBi biases for all heads, [batch x heads, 1, seq]: a rank's attention needs its own heads'."""
-    def hook(module, args, kwargs):
-        alibi = kwargs.get("alibi")
-        if alibi is not None:
-            heads = module.num_heads  # already this rank's
-            batch = alibi.shape[0] // (heads * tp)
-            mine = alibi.view(batch, heads * tp, *alibi.shape[1:])[:, rank * heads:(rank + 1) * heads]
-            kwargs["alibi"] = mine.reshape(batch * heads, *alibi.shape[1:])
-        return args, kwargs
-    return hook
-
-
 def _vocab_parallel(model, mesh) -> None:
-    """The word embedding and the LM head tied to it, split by vocabulary rows (Shard(0)) as Megatron splits them: the
-    embedding's partial lookups are summed (all-reduce); the head's logits, split by vocabulary, are gathered whole
-    for the Trainer's loss."""
+    """The word embedding and the LM head split by vocabulary rows (Shard(0)) as Megatron splits them - one parameter
+    when the head is tied to the embedding, two when not (Llama's): the embedding's partial lookups are summed
+    (all-reduce); the head's logits, split by vocabulary, are gathered whole for the Trainer's loss."""
     import torch
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    weight = torch.nn.Parameter(distribute_tensor(embedding.weight.data, mesh, [Shard(0)]))
     tied = head is not None and head.weight is embedding.weight
+    weight = torch.nn.Parameter(distribute_tensor(embedding.weight.data, mesh, [Shard(0)]))
     embedding.weight = weight
+    split = [embedding, head] if head is not None else [embedding]
     if tied:
         head.weight = weight
-    for module in (embedding, head) if tied else (embedding,):
+    else:
+        if head is not None:
+            head.weight = torch.nn.Parameter(distribute_tensor(head.weight.data, mesh, [Shard(0)]))
+        # DTensor's embedding backward hands a vocabulary-sharded weight a whole (Replicate) gradient, V x h on every
+        # rank (tied to the head, its sum with the head's is sharded): Megatron's lookup instead
+        embedding.forward = types.MethodType(_vocab_parallel_lookup, embedding)
+        split.remove(embedding)
+    for module in split:
         module.register_forward_pre_hook(
             lambda m, args: (DTensor.from_local(args[0], mesh, [Replicate()], run_check=False), *args[1:]))
         module.register_forward_hook(lambda m, args, out: out.redistribute(mesh, [Replicate()]).to_local())
 
 
-def apply_tensor_parallel(model, mesh, family: str):
-    """Split `model` (a GPT2LMHeadModel or BloomForCausalLM, whole on every rank, the same weights) over the 1-D TP
-    `mesh` in place; returns it. Every parameter becomes a DTensor (tp_placements lists them)."""
+def _vocab_parallel_lookup(embedding, input_ids):
+    """Megatron's VocabParallelEmbedding on a Shard(0) weight: each rank looks up the ids among its own rows (the others
+    zero), and the partial outputs are summed. Its backward leaves each rank its own rows' gradient, a Shard(0)
+    DTensor like the weight."""
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    weight = embedding.weight
+    mesh, local = weight.device_mesh, weight.to_local()
+    start = mesh.get_local_rank() * -(-weight.shape[0] // mesh.size())  # torch.chunk's rows: ceil(V / TP) a rank
+    outside = (input_ids < start) | (input_ids >= start + local.shape[0])
+    rows = torch.nn.functional.embedding(torch.where(outside, 0, input_ids - start), local)
+    rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+    return DTensor.from_local(rows, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+
+
+def apply_tensor_parallel(model, mesh, spec):
+    """Split `model` (a causal LM of family `spec`, whole on every rank, the same weights) over the 1-D TP `mesh` in
+    place, by the family's tp_plan; returns it. Every parameter becomes a DTensor (tp_placements lists them)."""
     tp = mesh.size()
     if model.config.num_attention_heads % tp:
         raise ValueError(f"TP {tp} does not divide the {model.config.num_attention_heads} attention heads")
-    blocks = model.transformer.h
-    for block in blocks:
-        for name, style in PLANS[family].items():
+    for block in model.get_submodule(spec.block_prefix):
+        for name, style in spec.tp_plan.items():
             module = block.get_submodule(name)
             if style.startswith("colwise"):
                 _colwise(module, mesh, fused=3 if style.endswith("fused3") else 1)
             else:
                 _rowwise(module, mesh)
-        attention = block.get_submodule(ATTENTION[family])
-        attention.num_heads //= tp
-        if family == "gpt2":
-            attention.split_size //= tp  # c_attn's output is [q_r | k_r | v_r], h / TP each
-        else:
-            attention.register_forward_pre_hook(_slice_alibi(mesh.get_local_rank(), tp), with_kwargs=True)
+        spec.adapt_attention_for_tp(block.get_submodule(spec.attention_module), tp, mesh.get_local_rank())
     _vocab_parallel(model, mesh)
     converted: dict = {}
     for module in model.modules():

@@ -122,8 +122,9 @@ def _placement_dim(placement) -> int | None:
     return getattr(placement, "dim", None)
 
 
-def inspect_tensor_parallel(model, family: str, tp: int) -> dict:
-    """Every parameter's placements against the TP plan's table (formulas.tensors.TP_SPLITS): on the mesh's "tp"
+def inspect_tensor_parallel(model, shape, tp: int) -> dict:
+    """Every parameter's placements against the TP plan (its family's tp_plan, formulas.tensors.tp_split_dim): on the
+    mesh's "tp"
     dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
     data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. (The elements this rank holds are compared with
     the plan's count by the caller, from inspect_parameters.)"""
@@ -137,7 +138,7 @@ def inspect_tensor_parallel(model, family: str, tp: int) -> dict:
             mismatches.append(f"{name}: not a DTensor on a mesh with a tp dimension")
             continue
         placements = dict(zip(names, p.placements))
-        want = tp_split_dim(family, name)
+        want = tp_split_dim(shape, name)
         got = _placement_dim(placements["tp"])
         if got != want or mesh["tp"].size() != tp:
             mismatches.append(f"{name}: {placements['tp']} over tp {mesh['tp'].size()}, the plan says "

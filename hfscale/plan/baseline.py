@@ -86,7 +86,7 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
     try:
         shape = data.model.shape()
     except HfscaleError:
-        raise HfscaleError(f"{path}: the log states no GPT-2/BLOOM model shape (num_layers, hidden_size, "
+        raise HfscaleError(f"{path}: the log states no GPT-2/BLOOM/Llama model shape (num_layers, hidden_size, "
                            "num_attention_heads in its arguments block), so it cannot be projected") from None
     if (cfg.extra.get("context_parallel") or 1) > 1:
         raise HfscaleError(f"{path}: the log ran context parallelism (CP {cfg.extra['context_parallel']}), whose "

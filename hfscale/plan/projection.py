@@ -68,9 +68,10 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                   offload_params=strategy.offloads_state("parameters"))
     if strategy.engine == "fsdp":
         root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
-        tail = ("transformer.ln_f.", "transformer.wte.", "transformer.word_embeddings.weight")
+        spec = shape.spec
+        tail = (spec.final_norm + ".", spec.embedding, "lm_head.weight")
         leftover = sum(tp.numel for tp in parameter_tensors(shape)
-                       if not tp.name.startswith(("transformer.h.", *tail)))  # the model's own unit
+                       if not (spec.is_block(tp.name) or tp.name.startswith(tail)))  # the model's own unit
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
                             root_param_bytes=t * root, root_leftover_bytes=t * leftover, units=shape.n_layer,
                             norm_tensors=len(backward_order) if plan.clips_gradients else 0)

@@ -49,11 +49,12 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2/bloom checkpoint (local directory or Hub name); overrides --model."})
+        default=None, metadata={"help": "A pretrained gpt2, bloom or llama (mistral) checkpoint (local directory or Hub name); overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
-    ffn_hidden_size: int | None = field(default=None, metadata={"help": "Override the MLP inner size (GPT-2 only; default 4 x hidden)."})
+    num_key_value_heads: int | None = field(default=None, metadata={"help": "Override a Llama preset's key/value heads (grouped-query attention; must divide the heads)."})
+    ffn_hidden_size: int | None = field(default=None, metadata={"help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
     dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining)."})
@@ -68,13 +69,15 @@ class ModelArguments:
         if not 0 <= self.dropout < 1:
             raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
-            resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size)
+            resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size,
+                          n_kv_head=self.num_key_value_heads)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
     def shape(self) -> ModelShape:
         """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""
         return model_shape(self.model, self.model_name_or_path, self.trust_remote_code, self.n_layer,
-                           self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size)
+                           self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size,
+                           self.num_key_value_heads)
 
 
 def has_tokenizer_files(path: str) -> bool:
@@ -168,7 +171,7 @@ class HfscaleTrainingArguments(TrainingArguments):
     perf_warmup_steps: int = field(default=2, metadata={"help": "Optimizer steps excluded from timing (default 2; on a GPU 5, or half the steps of a run of under 10); the whole-run figures are timed from the first logging step at or after them (the steady state: docs/metrics.md). 0: every step timed."})
     report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "Logging backends; tensorboard is written by hfscale into the run directory."})
     logging_steps: float = field(default=10, metadata={"help": "Log (and time) every N optimizer steps."})
-    ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2/BLOOM use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
+    ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "Default False (GPT-2, BLOOM and Llama use every parameter each step; True adds a graph traversal per step), except ddp_powersgd: True, which keeps DDP's gradient buckets in construction order (no rebuild after step 1) so PowerSGD's per-bucket state resumes exactly from a checkpoint."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Allow reusing a run directory that already holds a finished run's results."})
     record_batches: bool = field(default=False, metadata={"help": "Record a digest of every micro-batch per rank in results.json (proves no sample is skipped or repeated across a resume; one sync per micro-batch)."})
     count_collectives: int = field(default=0, metadata={"help": "Record every collective of optimizer step N (>= 2; one whole loop period, torch's profiler) per rank in results.json: kind, dtype, message size, count - what hfscale's communication model is checked against (0: off)."})

@@ -95,7 +95,7 @@ class StrategyCallback(TrainerCallback):
             self.engine_params = sum(t.numel for t in tp_local_tensors(self.plan.shape, self.plan.tp,
                                                                          args.process_index % self.plan.tp))
             self.facts["tensor_parallel"] = {
-                **verify.inspect_tensor_parallel(trainer.model_wrapped, self.plan.shape.family, self.plan.tp),
+                **verify.inspect_tensor_parallel(trainer.model_wrapped, self.plan.shape, self.plan.tp),
                 "tp": self.plan.tp, "elements_tp_slices": self.engine_params}
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)

@@ -101,11 +101,14 @@ def write_marker(path: Path, info: dict) -> dict:
     return marker
 
 
+MODEL_IDENTITY = ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size", "kv_heads", "tied_head")
+
+
 def identity(strategy: str, optim: str, world_size: int, shape, data: dict | None = None) -> dict:
     """What a checkpoint must share with the run that resumes it. `data`: what decides its place in the data (the
     batch shape, the data seed, run/data.position_identity); a run with --ignore_data_skip starts the data over."""
     return {"strategy": strategy, "optim": optim, "world_size": world_size,
-            "model": {k: getattr(shape, k) for k in ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size")},
+            "model": {k: getattr(shape, k) for k in MODEL_IDENTITY},
             "data": data or {}}
 
 
@@ -152,9 +155,18 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_ski
     return str(path)
 
 
+def saved_model(marker: dict):
+    """A marker's model identity; one written before Llama (GPT-2 and BLOOM alone) holds no key/value heads or tied
+    head, and had one key/value head per query head and a tied head."""
+    model = marker.get("model")
+    if isinstance(model, dict) and "kv_heads" not in model and "n_head" in model:
+        return {**model, "kv_heads": model["n_head"], "tied_head": True}
+    return model
+
+
 def check_compatible(path: Path, marker: dict, expected: dict, data_skip: bool = True) -> None:
     for key in ("strategy", "optim", "world_size", "model"):
-        if marker.get(key) != expected[key]:
+        if (saved_model(marker) if key == "model" else marker.get(key)) != expected[key]:
             raise HfscaleError(f"checkpoint {path} was saved with {key} {marker.get(key)!r} but this run has "
                                f"{expected[key]!r}; resume with the same {key} (or start a new --output_dir)")
     saved = marker.get("data")

@@ -47,6 +47,21 @@ def rank0_builds(args, strategy) -> bool:
     return zero3_init(args, strategy)
 
 
+def share_rank0_buffers(model, device) -> None:
+    """Rank 0's non-persistent buffers on every rank. They are in no state dict, so the engine that shards rank 0's
+    weights out never sends them, and accelerate's FSDP2 loading keeps each rank's own: on a rank built without
+    weights, uninitialised memory (Llama's rotary inv_freq: its ranks rotated q and k differently, and fsdp left ddp
+    by 5e-3 in 20 steps). Collective; each through the run's device (NCCL sends no host tensor)."""
+    import torch.distributed as dist
+
+    for name, buffer in model.named_buffers():
+        module, _, leaf = name.rpartition(".")
+        if leaf in model.get_submodule(module)._non_persistent_buffers_set:
+            shared = buffer.to(device)
+            dist.broadcast(shared, src=0)
+            buffer.copy_(shared)
+
+
 @contextlib.contextmanager
 def plain_construction(args, strategy):
     """transformers builds under zero.Init whenever the Trainer's DeepSpeed config is ZeRO-3 (from_pretrained,
@@ -94,6 +109,8 @@ def build(model_args, args, shape, tokenizer, strategy=None):
         # (seen: fsdp's losses left ddp's after the first update). to_empty unties shared weights; tie them again.
         model = model.to_empty(device="cpu")
         model.tie_weights()
+    if rank0_builds(args, strategy) and not zero3_init(args, strategy):  # partition_zero3 broadcasts every buffer
+        share_rank0_buffers(model, args.device)
     if zero3_init(args, strategy):
         from transformers.integrations.deepspeed import deepspeed_config
 

@@ -1,6 +1,6 @@
 """The model's forward in training: no KV cache, and optionally the fused linear cross-entropy.
 
-**No KV cache.** transformers' GPT-2 and BLOOM build a key/value cache in every forward unless told not to (their
+**No KV cache.** transformers' GPT-2, BLOOM and Llama build a key/value cache in every forward unless told not to (their
 config's `use_cache` is true for generation): every layer's keys and values are copied into it, 2·b·s·h elements
 per layer that nothing in training reads, about 7% of what a GPT-2 step keeps. A training forward here passes
 `use_cache=False` (the model's config is untouched: a saved or exported model generates with its cache as before).

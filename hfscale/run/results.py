@@ -85,10 +85,13 @@ def _json_kind(annotation) -> str:
 @dataclass
 class ModelRecord(_Section):
     name: str | None = None
-    family: str | None = None  # gpt2 | bloom
+    family: str | None = None  # gpt2 | bloom | llama
     n_layer: int | None = None
     hidden: int | None = None
     n_head: int | None = None
+    n_kv_head: int | None = None  # key/value heads (null in files of earlier runs: one per query head)
+    tied: bool | None = None  # the LM head is the word embedding (null: the family's default)
+    rope_theta: float | None = None
     vocab: int | None = None
     positions: int | None = None
     ffn: int | None = None
@@ -103,7 +106,8 @@ class ModelRecord(_Section):
         missing = [k for k in ("family", "n_layer", "hidden", "n_head", "vocab", "positions") if getattr(self, k) is None]
         if missing:
             raise HfscaleError(f"the results file does not describe the model's shape (no {', '.join(missing)})")
-        return ModelShape(self.family, self.n_layer, self.hidden, self.n_head, self.vocab, self.positions, self.ffn)
+        return ModelShape(self.family, self.n_layer, self.hidden, self.n_head, self.vocab, self.positions, self.ffn,
+                          self.n_kv_head, self.tied, self.rope_theta)
 
 
 @dataclass

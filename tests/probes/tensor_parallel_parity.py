@@ -1,5 +1,5 @@
 """hfscale's tensor-parallel plan against the unsharded model: 2 gloo processes (a TP mesh of 2) each build the same
-tiny GPT-2 and tiny BLOOM twice, split one copy (hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps
+tiny GPT-2, tiny BLOOM and tiny Llama (grouped-query attention, an untied head) twice, split one copy (hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps
 with gradient clipping on the same batches. Prints, as JSON, per family: the losses of both, the largest difference of
 any gradient (full tensors) and of any weight after the steps, the clipped norms, each parameter's placements and
 the elements rank 0 holds against the whole model. Leaves through os._exit (see powersgd_hooks.py)."""
@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TP = 2
+PRESET = {"gpt2": "tiny", "bloom": "tiny-bloom", "llama": "tiny-llama"}
 
 
 def family_run(family: str, mesh) -> dict:
@@ -23,9 +24,9 @@ def family_run(family: str, mesh) -> dict:
     from hfscale.models import PRESETS, build_model
     from hfscale.parallel.tensor_parallel import apply_tensor_parallel, tp_placements
 
-    shape = PRESETS["tiny" if family == "gpt2" else "tiny-bloom"]
+    shape = PRESETS[PRESET[family]]
     whole, split = build_model(shape, 0, "eager"), build_model(shape, 0, "eager")
-    apply_tensor_parallel(split, mesh, family)
+    apply_tensor_parallel(split, mesh, shape.spec)
 
     def full(t):
         return t.full_tensor() if isinstance(t, DTensor) else t
@@ -64,7 +65,7 @@ def worker(rank: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
-    result = {family: family_run(family, mesh) for family in ("gpt2", "bloom")}
+    result = {family: family_run(family, mesh) for family in PRESET}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -1,0 +1,193 @@
+"""What a model is to hfscale: its shape (ModelShape) and its family (Family), registered by the transformers
+`model_type`s it serves. Pure: no torch or transformers at import.
+
+A family owns everything hfscale knows about one transformers architecture - its presets, the mapping to and from the
+transformers config, its trainable tensors by name and shape (so the exact parameter count, FLOPs and the memory model
+follow from them), its tensor-parallel plan (the one table the run applies and the memory model reads), and whether its
+head is tied. The rest of hfscale asks `shape.spec`; adding a family is one module beside gpt2.py, bloom.py and llama.py
+(docs/models.md).
+"""
+
+from dataclasses import dataclass, replace
+
+from ..errors import HfscaleError, one_of
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
+
+    family: str  # a registered family: gpt2 | bloom | llama
+    n_layer: int
+    hidden: int
+    n_head: int
+    vocab: int
+    positions: int  # the longest sequence the model takes (GPT-2: its position table's rows)
+    ffn: int | None = None  # MLP inner size; None: the family's default (4 x hidden; Llama's 8/3 x hidden rule)
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per query head
+    tied: bool | None = None  # the LM head is the word embedding; None: the family's default
+    rope_theta: float | None = None  # rotary base of a family with rotary positions; None: the family's default
+
+    @property
+    def spec(self) -> "Family":
+        return family(self.family)
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn if self.ffn is not None else self.spec.default_ffn(self.hidden)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_head
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the key (and of the value) projection: key/value heads x head size."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def tied_head(self) -> bool:
+        return self.spec.tied_default if self.tied is None else self.tied
+
+
+# module inside a block -> how tensor parallelism splits it: colwise (by output), rowwise (by input); colwise_fused3:
+# GPT-2's fused [q | k | v] projection, each of the three split (parallel/tensor_parallel.py applies it)
+TP_STYLES = ("colwise", "colwise_fused3", "rowwise")
+
+
+class Family:
+    """One transformers architecture. Subclasses set the class attributes and the methods marked below."""
+
+    name: str
+    model_types: tuple[str, ...]  # the transformers model_types served (config.json's "model_type")
+    differs: dict[str, str] = {}  # model_types of a near shape it does not serve -> what differs
+    class_name: str  # its transformers causal-LM class
+    presets: dict[str, ModelShape]
+    tied_default: bool = True
+    conv1d: bool = False  # weights stored [in, out] (GPT-2's Conv1D) rather than nn.Linear's [out, in]
+    gated_mlp: bool = False  # SwiGLU: gate and up projections, then down (three matrices)
+    rotary: bool = False  # rotary positions (no position table)
+    block_prefix: str  # the blocks' module path: block i is f"{block_prefix}.{i}"
+    attention_module: str  # the attention module inside a block
+    embedding: str  # the word embedding's parameter name
+    final_norm: str  # the norm after the last block (a module path)
+    position_table: bool = False  # learned positions, s x h (GPT-2's wpe)
+    sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
+    own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
+    tp_plan: dict[str, str]  # module inside a block -> one of TP_STYLES
+
+    # ---- for each family to define ----------------------------------------------------------------------------------
+    def default_ffn(self, hidden: int) -> int:
+        return 4 * hidden
+
+    def tensors(self, shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every trainable tensor of the transformers model, in `model.parameters()` order."""
+        raise NotImplementedError
+
+    def hf_config(self, shape: ModelShape, dropout: float = 0.0, **extra):
+        """The transformers config of a shape (imports transformers)."""
+        raise NotImplementedError
+
+    def shape_from_config(self, config) -> ModelShape:
+        """The shape of a transformers config of a served model_type, or HfscaleError naming what hfscale cannot
+        train of it."""
+        raise NotImplementedError
+
+    def check(self, shape: ModelShape) -> None:
+        """Family-specific refusals of a shape (HfscaleError); the common ones are models.resolve.validate_shape's."""
+
+    def adapt_attention_for_tp(self, attention, tp: int, rank: int) -> None:
+        """Make a block's attention module run its 1/TP of the heads once its projections are split."""
+
+    # ---- derived from the above -------------------------------------------------------------------------------------
+    def block_tensors(self, shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
+        """Block 0's tensors, named within the block."""
+        prefix = f"{self.block_prefix}.0."
+        return [(name[len(prefix):], dims) for name, dims in self.tensors(replace(shape, n_layer=1))
+                if name.startswith(prefix)]
+
+    def is_block(self, name: str) -> bool:
+        return name.startswith(self.block_prefix + ".")
+
+    def head_name(self, shape: ModelShape) -> str | None:
+        """The LM head's own parameter when it is not tied to the word embedding."""
+        return None if shape.tied_head else "lm_head.weight"
+
+    def _module_style(self, name: str) -> tuple[str | None, str]:
+        """(the TP style of the block module `name` (a parameter) belongs to, or None; "weight" | "bias")."""
+        module, _, kind = name.rpartition(".")
+        for planned, style in self.tp_plan.items():
+            if module.endswith("." + planned):
+                return style, kind
+        return None, kind
+
+    def tp_split_dim(self, name: str) -> int | None:
+        """The dimension parameter `name` splits over under hfscale's TP plan, or None: replicated. Column-parallel
+        weights by output and their biases by row (GPT-2's fused QKV bias stays whole: tensor_parallel.py says why),
+        row-parallel weights by input; the word embedding and an untied head by vocabulary rows."""
+        if name.endswith("." + self.embedding) or name == self.embedding or name == "lm_head.weight":
+            return 0
+        style, kind = self._module_style(name)
+        if style is None:
+            return None
+        out_dim, in_dim = (1, 0) if self.conv1d else (0, 1)
+        if kind == "bias":
+            return 0 if style == "colwise" else None
+        return out_dim if style.startswith("colwise") else in_dim
+
+    def megatron_split(self, name: str) -> bool:
+        """Whether Megatron's TP splits `name` (a block parameter): the planned modules' weights and column-parallel
+        biases; LayerNorms and row-parallel biases stay whole (formulas/parallel3d.py)."""
+        style, kind = self._module_style(name)
+        return style is not None and (kind == "weight" or style.startswith("colwise"))
+
+    def tp_refusal(self, shape: ModelShape, tp: int) -> str | None:
+        """Why this model cannot be split over `tp` ranks (whole query and key/value heads per rank, an even MLP
+        split), or None."""
+        if tp < 1:
+            return f"TP must be at least 1, got {tp}"
+        if shape.n_head % tp or shape.ffn_size % tp:
+            return f"TP {tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
+        if shape.kv_heads % tp:
+            return (f"TP {tp} does not divide the {shape.kv_heads} key/value heads (grouped-query attention: each rank "
+                    f"needs whole key/value heads); use a TP dividing {shape.kv_heads}")
+        return None
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(spec: Family) -> Family:
+    FAMILIES[spec.name] = spec
+    return spec
+
+
+def family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise one_of("model family", name, FAMILIES)
+    return FAMILIES[name]
+
+
+def family_for_model_type(model_type: str) -> Family:
+    """The family serving a transformers model_type, or HfscaleError naming the ones served."""
+    for spec in FAMILIES.values():
+        if model_type in spec.model_types:
+            return spec
+        if model_type in spec.differs:
+            raise HfscaleError(f"model type {model_type!r} is not served: {spec.differs[model_type]}")
+    served = ", ".join(t for spec in FAMILIES.values() for t in spec.model_types)
+    raise HfscaleError(f"model type {model_type!r} is not supported; hfscale knows: {served}")
+
+
+def all_presets() -> dict[str, ModelShape]:
+    return {name: shape for spec in FAMILIES.values() for name, shape in spec.presets.items()}
+
+
+def differing(config, expected: dict) -> list[str]:
+    """`key=value (hfscale's family needs X)` for each config attribute that is not what the family builds."""
+    return [f"{key}={getattr(config, key, None)!r} (needs {want!r})" for key, want in expected.items()
+            if getattr(config, key, want) != want]

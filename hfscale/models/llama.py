@@ -1,0 +1,103 @@
+"""Llama (transformers' LlamaForCausalLM), the shape most models are trained in today: RMSNorms without biases, a gated
+SwiGLU MLP (gate, up and down projections, its own intermediate size), rotary positions (no position table),
+grouped-query attention (fewer key/value heads than query heads), no biases anywhere, the head tied to the word
+embedding or not. A Mistral config has the same tensors and is served (its sliding window is its attention's business);
+a Qwen2 config is not: its q/k/v projections carry biases.
+
+The presets are the published shapes (each model's config.json): hidden, layers, heads, key/value heads, intermediate
+size, vocabulary, positions, tied head and rotary base. Llama 3.1/3.2's rotary scaling for long contexts is left out:
+hfscale trains from scratch at a few thousand tokens, where the scaling changes nothing it measures.
+"""
+
+from math import ceil
+
+from ..errors import HfscaleError
+from .family import Family, ModelShape, differing, register
+
+LLAMA3_VOCAB, SMOLLM2_VOCAB = 128256, 49152
+
+
+def _llama(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied, rope_theta):
+    return ModelShape("llama", n_layer, hidden, n_head, vocab, positions, ffn, n_kv_head, tied, rope_theta)
+
+
+class Llama(Family):
+    name = "llama"
+    model_types = ("llama", "mistral")
+    differs = {"qwen2": "its q/k/v projections carry biases (Qwen2's attention always has them; Llama's has none)"}
+    class_name = "LlamaForCausalLM"
+    tied_default = False
+    gated_mlp = True
+    rotary = True
+    own_widths = True
+    block_prefix = "model.layers"
+    attention_module = "self_attn"
+    embedding = "model.embed_tokens.weight"
+    final_norm = "model.norm"
+    # Megatron's layout, as torchtitan's Llama plan: q/k/v and gate/up by output (whole query and key/value heads per
+    # rank), o and down by input. Attention reshapes to (-1, head_dim): a rank runs its own heads with no other change.
+    tp_plan = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+               "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+               "mlp.down_proj": "rowwise"}
+    presets = {
+        # A few-hundred-thousand-parameter Llama for tests and the CPU runs: GQA (2 key/value heads for 4), a gated
+        # MLP of its own width, an untied head
+        "tiny-llama": _llama(2, 64, 4, 2, 176, 2048, 256, False, 10000.0),
+        "smollm2-135m": _llama(30, 576, 9, 3, 1536, SMOLLM2_VOCAB, 8192, True, 100000.0),
+        "smollm2-360m": _llama(32, 960, 15, 5, 2560, SMOLLM2_VOCAB, 8192, True, 100000.0),
+        "smollm2-1.7b": _llama(24, 2048, 32, 32, 8192, SMOLLM2_VOCAB, 8192, True, 130000.0),
+        "tinyllama-1.1b": _llama(22, 2048, 32, 4, 5632, 32000, 2048, False, 10000.0),
+        "llama-3.2-1b": _llama(16, 2048, 32, 8, 8192, LLAMA3_VOCAB, 131072, True, 500000.0),
+        "llama-3.2-3b": _llama(28, 3072, 24, 8, 8192, LLAMA3_VOCAB, 131072, True, 500000.0),
+        "llama-3.1-8b": _llama(32, 4096, 32, 8, 14336, LLAMA3_VOCAB, 131072, False, 500000.0),
+        "llama-3.1-70b": _llama(80, 8192, 64, 8, 28672, LLAMA3_VOCAB, 131072, False, 500000.0),
+    }
+
+    def default_ffn(self, hidden):
+        """Llama's sizing rule: 2/3 of a 4h MLP (three matrices for two), rounded up to a multiple of 256."""
+        return 256 * ceil(8 * hidden / 3 / 256)
+
+    def tensors(self, shape):
+        h, f, v, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.kv_hidden
+        block = [("self_attn.q_proj.weight", (h, h)), ("self_attn.k_proj.weight", (kv, h)),
+                 ("self_attn.v_proj.weight", (kv, h)), ("self_attn.o_proj.weight", (h, h)),
+                 ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
+                 ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+        return [(self.embedding, (v, h)),
+                *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
+                ("model.norm.weight", (h,)), *([] if shape.tied_head else [("lm_head.weight", (v, h))])]
+
+    def check(self, shape):
+        if shape.kv_heads > shape.n_head or shape.n_head % shape.kv_heads:
+            raise HfscaleError(f"{shape.kv_heads} key/value heads do not divide the {shape.n_head} attention heads "
+                               f"(grouped-query attention shares each among a whole number of query heads); choose a "
+                               f"divisor of {shape.n_head}")
+
+    def hf_config(self, shape, dropout=0.0, **extra):
+        from transformers import LlamaConfig
+
+        theta = shape.rope_theta or 10000.0
+        return LlamaConfig(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
+                           num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
+                           intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
+                           max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
+                           rope_parameters={"rope_type": "default", "rope_theta": theta}, attention_dropout=dropout,
+                           **extra)
+
+    def shape_from_config(self, config):
+        heads, hidden = config.num_attention_heads, config.hidden_size
+        refused = differing(config, {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False})
+        head_dim = getattr(config, "head_dim", None)
+        if head_dim not in (None, hidden // max(heads, 1)):
+            refused.append(f"head_dim={head_dim} (needs hidden_size / num_attention_heads = {hidden // max(heads, 1)})")
+        if refused:
+            raise HfscaleError(f"its {config.model_type} config differs from the Llama shape hfscale trains: "
+                               f"{', '.join(refused)}")
+        rope = getattr(config, "rope_parameters", None) or {}
+        return ModelShape("llama", config.num_hidden_layers, hidden, heads, config.vocab_size,
+                          config.max_position_embeddings, config.intermediate_size,
+                          getattr(config, "num_key_value_heads", None) or heads,
+                          bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"))
+
+
+LLAMA_FAMILY = register(Llama())
