@@ -7,7 +7,8 @@ forward minus before it (what autograd keeps for the backward; the weights are a
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
 features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama per-layer b·s·f and b·s·kv, its MLP and
-key/value widths varied apart from h - in bytes per element, for each (family, attention, precision, checkpointing) mode.
+key/value widths varied apart from h - in bytes per element, for each (family, attention, precision, checkpointing)
+mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes llama  # a family's modes
@@ -29,8 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 SHAPES = [(4, 256, 4, 8192, 512, 4), (8, 256, 4, 8192, 512, 4), (4, 256, 4, 8192, 256, 8), (4, 256, 4, 16384, 512, 4),
           (4, 512, 8, 8192, 512, 4), (2, 384, 6, 4096, 384, 2), (4, 256, 8, 8192, 512, 4)]
 # Llama's, with (key/value heads, MLP width) after them: those two varied too, apart from h and from each other
-LLAMA_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(SHAPES, (2, 2, 2, 2, 4, 2, 4), (704, 704, 704, 704, 1408, 1024, 704))]
-LLAMA_SHAPES += [(4, 256, 4, 8192, 512, 4, 4, 704), (4, 256, 4, 8192, 512, 4, 2, 1024), (4, 256, 4, 8192, 512, 4, 1, 512)]
+LLAMA_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(SHAPES, (2, 2, 2, 2, 4, 2, 4),
+                                                        (704, 704, 704, 704, 1408, 1024, 704))]
+LLAMA_SHAPES += [(4, 256, 4, 8192, 512, 4, 4, 704), (4, 256, 4, 8192, 512, 4, 2, 1024),
+                 (4, 256, 4, 8192, 512, 4, 1, 512)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
                                                        ("llama", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]

@@ -146,16 +146,12 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
     results, plan = record.results, trainer.plan
     figures, steps = meter.whole_run() if meter else (None, 0)
     memory = memory_now(results.environment.device_type == "cuda", trainer.step_memory)
-    my_steps = trainer.step_memory.summary()
-    per_rank = [my_steps]
     if torch.distributed.is_initialized():
         names = sorted(memory)
         peak = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=args.device)
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         memory = {n: v for n, v in zip(names, peak.tolist())}
-        per_rank = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(per_rank, my_steps)
-    for name, value in {**memory, "step_per_rank": per_rank}.items():
+    for name, value in {**memory, "step_per_rank": gathered(trainer.step_memory.summary())}.items():
         setattr(results.memory, name, value)
     for name, value in (figures.__dict__ if figures else {}).items():
         setattr(results.perf, name, value)
@@ -170,32 +166,30 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
         record.update(final_weights=weights_fingerprint(trainer.model, plan.strategy.engine),
                       probe_logits=probe_logits(trainer.model, plan.shape.vocab, args.device))
     if trainer.collectives:
-        counted = [trainer.collectives.collectives]
-        if torch.distributed.is_initialized():
-            counted = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(counted, trainer.collectives.collectives)
-        record.update(communication={"step": args.count_collectives, "per_rank": counted})
+        record.update(communication={"step": args.count_collectives,
+                                     "per_rank": gathered(trainer.collectives.collectives)})
     if trainer.host_syncs:
         record.update(host_syncs=trainer.host_syncs.summary())
     if trainer.step_profiler:
         record.update(profile=trainer.step_profiler.summary)
     if args.record_batches:
-        digests = [trainer.batch_digests]
-        if torch.distributed.is_initialized():
-            digests = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(digests, trainer.batch_digests)
-        record.update(batch_digests=digests)
+        record.update(batch_digests=gathered(trainer.batch_digests))
+
+
+def gathered(value) -> list:
+    """Every rank's `value`, in rank order (collective; a process without a group: its own alone)."""
+    if not torch.distributed.is_initialized():
+        return [value]
+    per_rank = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(per_rank, value)
+    return per_rank
 
 
 def tokens_fed(trainer) -> dict:
     """What each rank's data loader handed it over this process's optimizer steps, with the rank's place on the
     tensor-parallel mesh as torch holds it: the tokens of a step, counted apart from the plan that computes them."""
     tp_mesh = trainer.parallelism.device_mesh["tp"] if trainer.parallelism is not None else None
-    mine = [trainer.tokens_fed, tp_mesh.get_local_rank() if tp_mesh is not None else 0]
-    per_rank = [mine]
-    if torch.distributed.is_initialized():
-        per_rank = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(per_rank, mine)
+    per_rank = gathered([trainer.tokens_fed, tp_mesh.get_local_rank() if tp_mesh is not None else 0])
     first = trainer.state.global_step if trainer.first_trained_step is None else trainer.first_trained_step
     return {"steps": trainer.state.global_step - first,
             "per_rank": [tokens for tokens, _ in per_rank], "tp_rank": [tp_rank for _, tp_rank in per_rank]}

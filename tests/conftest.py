@@ -162,8 +162,25 @@ def assert_figures_count_the_loaders(res: dict) -> None:
     assert perf["tokens_per_s"] * perf["s_per_iter"] == pytest.approx(per_step, rel=1e-9), (perf, fed)
     assert perf["tokens_per_step"] == per_step and perf["samples_per_s"] * perf["s_per_iter"] == pytest.approx(
         per_step / res["config"]["seq_len"], rel=1e-9)
-    assert res["config"]["dp"] == len(groups) and res["config"]["dp"] * res["config"]["tp"] == res["config"]["world_size"]
+    config = res["config"]
+    assert config["dp"] == len(groups) and config["dp"] * config["tp"] == config["world_size"]
     assert perf["tokens_per_s_per_gpu"] * res["config"]["world_size"] == pytest.approx(perf["tokens_per_s"], rel=1e-9)
+
+
+def assert_trains_as(res: dict, ref: dict, steps: int) -> None:
+    """The same model as `ref` (ddp's run of the same 8 samples a step): losses, gradient norms and final weights
+    within 1e-4 over `steps` fp32 steps, and the reference learned (not two untrained copies agreeing)."""
+    losses = [h["loss"] for h in ref["loss_history"]]
+    assert len(res["loss_history"]) == len(losses) == steps
+    for key in ("loss", "grad_norm"):
+        got, want = [h[key] for h in res["loss_history"]], [h[key] for h in ref["loss_history"]]
+        assert max(abs(a - b) / b for a, b in zip(got, want)) <= 1e-4, (key, got, want)
+    assert res["final_weights"].keys() == ref["final_weights"].keys()
+    for name, (ref_sum, ref_l1, ref_l2) in ref["final_weights"].items():
+        total, l1, l2 = res["final_weights"][name]
+        assert abs(total - ref_sum) / ref_l1 <= 1e-4 and abs(l1 - ref_l1) / ref_l1 <= 1e-4, name
+        assert abs(l2 - ref_l2) / ref_l2 <= 1e-4, name
+    assert losses[-1] < losses[0] - 0.05
 
 
 # ---- runs several tests read, in any worker ---------------------------------------------------------------------------
@@ -301,11 +318,11 @@ def llama_parity() -> dict:
 
 
 def llama_tp_run() -> dict:
-    """tp on tiny-llama, 2 processes: one TP group at MBS 8 (the 8 samples the parity runs' ddp sees), its final
-    step saved (whole HF weights: export reads them)."""
+    """tp on tiny-llama, 2 processes: one TP group at MBS 8 (the 8 samples the parity runs' ddp sees), saving at
+    steps TP_SAVE_STEP and PARITY_STEPS (whole HF weights: export and resume read them)."""
     return shared_run("llama-tp", lambda folder: train(
         folder, "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8", "--save_strategy", "steps",
-        "--save_steps", str(PARITY_STEPS), "--fingerprint_weights", steps=PARITY_STEPS))  # TINY's flags, these win
+        "--save_steps", str(TP_SAVE_STEP), "--fingerprint_weights", steps=PARITY_STEPS))  # TINY's flags, these win
 
 
 # DeepSpeed JIT-compiles its CPU Adam (the offload strategies' optimizer) the first time a process on this machine needs

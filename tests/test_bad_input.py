@@ -95,9 +95,11 @@ CASES = {
     "key/value heads not dividing the heads": (["--model", "tiny-llama", "--num_key_value_heads", "3"],
                                                "3 key/value heads do not divide the 4 attention heads"),
     "key/value heads for BLOOM": (["--model", "tiny-bloom", "--num_key_value_heads", "2"],
-                                  "BLOOM has one key/value head per query head (4); --num_key_value_heads is for Llama"),
+                                  "BLOOM has one key/value head per query head (4); --num_key_value_heads is for "
+                                  "Llama"),
     "a Llama sequence beyond its positions": (["--model", "tiny-llama", "--seq_len", "512"],
-                                              "--seq_len 512 is longer than the model's 256 positions; choose at most 256"),
+                                              "--seq_len 512 is longer than the model's 256 positions; choose at "
+                                              "most 256"),
     "zero layers": (["--n_layer", "0"], "n_layer must be positive"),
     "seq_len beyond positions": (["--seq_len", "4096"], "longer than the model's 256 positions"),
     "negative seq_len": (["--seq_len", "-3"], "--seq_len must be positive"),
@@ -226,7 +228,8 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     configs = {"opt": '{"model_type": "opt"}', "qwen2": '{"model_type": "qwen2"}',
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
                "biased": '{"model_type": "llama", "attention_bias": true}',
-               "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, "head_dim": 256}'}
+               "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
+                             '"head_dim": 256}'}
     for name, text in configs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(text)

@@ -9,30 +9,12 @@ import sys
 
 import pytest
 
-from conftest import (LLAMA_STRATEGIES, PARITY_STEPS, assert_figures_count_the_loaders, llama_parity, llama_tp_run,
-                      run)
+from conftest import (LLAMA_STRATEGIES, PARITY_STEPS, assert_figures_count_the_loaders, assert_trains_as, llama_parity,
+                      llama_tp_run, run)
 from hfscale.formulas.tensors import tp_local_tensors
 from hfscale.models import PRESETS
 
 pytestmark = pytest.mark.multiprocess
-
-
-def _losses(res) -> list[float]:
-    return [h["loss"] for h in res["loss_history"]]
-
-
-def _matches_ddp(res, ref) -> None:
-    """Losses, gradient norms and final weights within 1e-4 of ddp's over the same 8 samples a step."""
-    assert len(_losses(res)) == len(_losses(ref)) == PARITY_STEPS
-    for key in ("loss", "grad_norm"):
-        got, want = [h[key] for h in res["loss_history"]], [h[key] for h in ref["loss_history"]]
-        assert max(abs(a - b) / b for a, b in zip(got, want)) <= 1e-4, (key, got, want)
-    assert res["final_weights"].keys() == ref["final_weights"].keys()
-    for name, (ref_sum, ref_l1, ref_l2) in ref["final_weights"].items():
-        total, l1, l2 = res["final_weights"][name]
-        assert abs(total - ref_sum) / ref_l1 <= 1e-4 and abs(l1 - ref_l1) / ref_l1 <= 1e-4, name
-        assert abs(l2 - ref_l2) / ref_l2 <= 1e-4, name
-    assert _losses(ref)[-1] < _losses(ref)[0] - 0.05  # it learned: not two untrained copies agreeing
 
 
 def _holds_what_the_memory_model_says(res) -> None:
@@ -53,7 +35,7 @@ def test_llama_trains_under_zero3_and_fsdp_as_ddp_does(strategy):
     runs = parity["runs"]
     res, ref = runs[strategy], runs["ddp"]
     assert res["model"]["family"] == "llama" and res["model"]["n_kv_head"] == 2 and res["model"]["tied"] is False
-    _matches_ddp(res, ref)
+    assert_trains_as(res, ref, PARITY_STEPS)
     for one in (res, ref):
         assert one["model"]["params_formula"] == one["model"]["params_model"] == 354_624
         assert_figures_count_the_loaders(one)
@@ -73,7 +55,7 @@ def test_llama_tp_splits_the_key_value_heads_and_trains_as_ddp():
     tp = res["strategy_check"]["tensor_parallel"]
     assert tp["tp"] == 2 and tp["mismatches"] == [] and tp["checked"] == len(list(res["final_weights"]))
     assert tp["elements_tp_slices"] == sum(t.numel for t in tp_local_tensors(PRESETS["tiny-llama"], 2))
-    _matches_ddp(res, ref)
+    assert_trains_as(res, ref, PARITY_STEPS)
     assert_figures_count_the_loaders(res)
     assert res["config"]["dp"] == 1 and "  DP 1 · TP 2 · MBS 8" in res["_stdout"]
     _holds_what_the_memory_model_says(res)
@@ -101,7 +83,7 @@ def test_a_llama_checkpoint_exports_to_a_plain_transformers_llama(tmp_path):
     assert torch.allclose(logits, torch.tensor(res["probe_logits"]), rtol=0, atol=1e-5)
 
 
-# ---- the memory a Llama step holds on this CPU, against the calibrated activation model --------------------------------
+# ---- the memory a Llama step holds on this CPU, against the calibrated activation model ----------------------------
 
 # A Llama shape none of the calibration shapes has (benchmarks/calibrate_activations.py LLAMA_SHAPES): 3 layers, 6 heads
 # sharing 2 key/value heads, an MLP 2.5 x hidden
@@ -124,7 +106,7 @@ def test_the_llama_activation_estimate_matches_the_measured_step(tmp_path, atten
     assert results["estimate"]["step_peak"] == pytest.approx(measured, rel=0.10), (results["estimate"], measured)
 
 
-# ---- the planners on the published shapes ------------------------------------------------------------------------------
+# ---- the planners on the published shapes --------------------------------------------------------------------------
 
 def test_estimate_and_project_plan_a_llama(tmp_path):
     """`hfscale estimate` of llama-3.1-8b on 8 H100s and of a Llama config.json alone (the preset's own numbers), and
@@ -151,3 +133,17 @@ def test_estimate_and_project_plan_a_llama(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     points = json.loads(proc.stdout)["points"]
     assert {p["gpus"] for p in points} == {2, 4, 8} and all(p["tokens_per_s"] > 0 for p in points)
+
+
+def test_a_llama_run_resumes_exactly_from_its_checkpoint(tmp_path):
+    """The tp run resumed from its step-10 checkpoint (whole weights and AdamW states, each rank taking its slices of
+    the split q/k/v, the untied head and the vocabulary-parallel embedding again) continues with exactly the losses
+    of the uninterrupted run."""
+    from conftest import TP_SAVE_STEP, train
+
+    full = llama_tp_run()
+    checkpoint = f"{full['output_dir']}/checkpoint-{TP_SAVE_STEP}"
+    resumed = train(tmp_path / "resumed", "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8",
+                    "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
+    assert resumed["resumed_from"] == checkpoint
+    assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in full["loss_history"]]

@@ -538,3 +538,18 @@ def test_tp_slices_follow_the_plan_table_and_the_korthikanti_ratio():
     assert 34 * s * b * h * linear + 5 * a * s * s * b * attention == pytest.approx(
         parallel3d.activation_bytes_per_layer(s, b, h, a, tp=8))
     assert tp_activation_scales(8, True) == tp_activation_scales(1, False) == (1.0, 1.0)
+
+
+def test_communication_buffers_follow_the_replicas_and_the_tp_slices():
+    """DDP's buckets exist where there is more than one replica: a tp run on one node is one replica (no DDP wrapper,
+    no buckets), ddp on the same 8 GPUs 8 of them; fsdp_tp gathers its TP slices, 1/T of what fsdp gathers of the
+    blocks."""
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.runplan import RunPlan
+
+    def buffers(strategy, world=8):
+        return RunPlan(get_strategy(strategy), get_optimizer("adamw"), PRESETS["llama-3.1-8b"], 4096,
+                       world_size=world, processes_per_node=8, precision="bf16").memory().comm_buffers
+
+    assert buffers("tp") == 0 and buffers("ddp") > 0
+    assert buffers("fsdp_tp", 16) < buffers("fsdp", 16) / 4

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HSDP_MBS, assert_figures_count_the_loaders, HSDP_STEPS, PARITY_STEPS, TINY, env, hsdp_job, parity_runs, run, slurm, slurm_train
+from conftest import (HSDP_MBS, HSDP_STEPS, PARITY_STEPS, TINY, assert_figures_count_the_loaders, env, hsdp_job,
+                      parity_runs, run, slurm, slurm_train)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -191,7 +192,8 @@ def test_a_launch_on_one_machine_leaves_its_port_to_accelerate(tmp_path):
      "--strategy zero1,zero2 with one --output_dir: every job would run in that folder"),
     (["--nodes", "2", "--gpus_per_node", "8", "--strategies", "zero1,zero2", "--out", "jobs"],
      "--strategies is now --strategy (the Trainer's name; lists are comma-separated values of it)"),
-    (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1,zero4", "--out", "jobs"], "unknown strategy 'zero4'"),
+    (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1,zero4", "--out", "jobs"],
+     "unknown strategy 'zero4'"),
     (["--nodes", "2", "--gpus_per_node", "8", "--strategy", "zero1", "--", "--strategy", "zero3"],
      "--strategy zero1 (slurm's) and --strategy zero3 (the training flags') disagree"),
     (["--nodes", "2", "--gpus_per_node", "8", "--requeue", "0", "--", "--output_dir", "a"],

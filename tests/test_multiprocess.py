@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BF16_RUNS, assert_figures_count_the_loaders, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
-                      accelerate_launch, bf16_result, fsdp_tp_job, host_memory_run, hsdp_8bit_job, hsdp_job,
-                      partition_run, parity_runs, run, shared_train, swept_run, tp_run, tune_trial)
+from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
+                      accelerate_launch, assert_figures_count_the_loaders, bf16_result, fsdp_tp_job, host_memory_run,
+                      hsdp_8bit_job, hsdp_job, partition_run, parity_runs, run, shared_train, swept_run, tp_run,
+                      tune_trial)
 
 pytestmark = pytest.mark.multiprocess
 

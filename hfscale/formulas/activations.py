@@ -1,5 +1,6 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
-backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM and Llama, by device, precision,
+backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM and Llama, by device,
+precision,
 attention, checkpointing, torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
 (benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
 states of a rank; docs/estimate.md has the tables.
@@ -11,12 +12,12 @@ from math import ceil, log2
 from ..models.family import family
 from .metrics import ModelShape
 
-# Bytes per element of six features (see activation_features), fitted per device to what autograd keeps after the
-# forward in HF's GPT-2/BLOOM (transformers 5.23) by benchmarks/calibrate_activations.py; mode =
-# family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel keeps
-# no s x s matrix and autocast keeps other copies), so each device has its own table:
-# - cpu: 7 shapes per mode (GPT-2, BLOOM; Llama 10) measured on the 2-core CI machine with hfscale's training forward (no
-#   KV cache; torch 2.13, benchmarks/results/activations_2026-11-25.json and activations_llama_2026-11-28.json);
+# Bytes per element of six features (eight for Llama; see activation_features), fitted per device to what autograd
+# keeps after the forward in HF's GPT-2/BLOOM/Llama (transformers 5.23-5.24) by benchmarks/calibrate_activations.py;
+# mode = family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel
+# keeps no s x s matrix and autocast keeps other copies), so each device has its own table:
+# - cpu: 7 shapes per mode (GPT-2, BLOOM; Llama 10) measured on the 2-core CI machine with hfscale's training forward
+#   (no KV cache; torch 2.13, benchmarks/results/activations_2026-11-25.json and activations_llama_2026-11-28.json);
 # - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
 #   all 18 modes) and with the KV cache (2026-11-23, 6 modes; kv_cache_bytes taken off each row before the fit),
 #   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except

@@ -243,15 +243,19 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, pr
     return mem
 
 
-def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda: bool = False, ranks: int = 2) -> int:
-    """Buffers the engine allocates to communicate (the largest moment, not their sum over the step)."""
+def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda: bool = False, replicas: int = 2,
+                      tp: int = 1) -> int:
+    """Buffers the engine allocates to communicate (the largest moment, not their sum over the step), on a rank that
+    holds its TP slices of the model (tp_local_tensors) among `replicas` data-parallel ones."""
     train = DTYPE_BYTES[precision]
-    P = sum(t.numel for t in parameter_tensors(shape))
-    if layout.engine == "ddp":  # one process is not wrapped in DDP (accelerate): no buckets
-        return DDP_BUCKET_COPIES * 4 * P if ranks > 1 else 0
+    tensors = tp_local_tensors(shape, tp)
+    P = sum(t.numel for t in tensors)
+    block = sum(t.numel for t in tensors if t.name.startswith(f"{shape.spec.block_prefix}.0."))
+    if layout.engine == "ddp":  # one replica (one process, or tp's one TP group) is not wrapped in DDP: no buckets
+        return DDP_BUCKET_COPIES * 4 * P if replicas > 1 else 0
     if layout.engine == "fsdp":  # the root unit (embeddings) stays gathered; blocks are gathered one ahead
-        root = P - shape.n_layer * block_numel(shape)
-        return train * (root + FSDP_PREFETCH_UNITS * block_numel(shape)) + 4 * block_numel(shape)
+        root = P - shape.n_layer * block
+        return train * (root + FSDP_PREFETCH_UNITS * block) + 4 * block
     # ZeRO-1/2 allocate their whole reduce bucket (reduce_bucket_size elements, x2 with overlap_comm) at the first
     # gradient of every micro-step (stage_1_and_2.setup_buckets): on CUDA the allocator counts all of it - 2 GB for
     # DeepSpeed's default 5e8 fp32 elements, whatever the model (seen: the README's tiny zero1 run held 2.04 GB above
@@ -278,7 +282,7 @@ def rank_memory(plan) -> RankMemory:
                        plan.logits_output)
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
-    mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.world_size)
+    mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the
     # backward and dropped at the step; ZeRO-3's flat gradient buffer lives from the start); on CUDA, ZeRO-1/2's reduce

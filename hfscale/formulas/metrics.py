@@ -84,8 +84,9 @@ def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool,
     Hardware FLOPs add what activation checkpointing recomputes (HFU): the forward of the decoder blocks (the LM
     head is outside them) less the MLP's output projection (GPT-2's c_proj, Llama's down_proj) - torch's non-reentrant
     checkpoint, transformers' default, stops recomputing once the last activation the backward needs is rebuilt
-    (early stop), and nothing needs that matmul's output. `full_recompute`: the reentrant checkpoint (use_reentrant=True), which reruns the
-    whole block. Both checked against torch's FlopCounterMode (tests/test_metrics.py).
+    (early stop), and nothing needs that matmul's output. `full_recompute`: the reentrant checkpoint
+    (use_reentrant=True), which reruns the whole block. Both checked against torch's FlopCounterMode
+    (tests/test_metrics.py).
     """
     parts = forward_flops_per_sequence(shape, seq)
     forward = sum(parts.values())
@@ -144,7 +145,7 @@ class StepFigures:
 
 @dataclass(frozen=True)
 class Throughput:
-    """What one measured seconds-per-iteration gives without any FLOPs: tokens and samples per second, days to a budget."""
+    """What one measured seconds-per-iteration gives without FLOPs: tokens and samples per second, days to a budget."""
 
     tokens_per_s: float
     tokens_per_s_per_gpu: float

@@ -14,7 +14,7 @@ from .metrics import ModelShape
 class Tensor:
     name: str
     shape: tuple[int, ...]
-    is_embedding: bool = False  # the word embedding (an nn.Embedding: bitsandbytes keeps its states 32-bit)
+    is_embedding: bool = False  # an nn.Embedding's weight (bitsandbytes keeps its states 32-bit)
 
     @property
     def numel(self) -> int:
@@ -34,7 +34,7 @@ def parameter_tensors(shape: ModelShape) -> tuple[Tensor, ...]:
     """The trainable tensors of the HF model, in `model.parameters()` order, as its family lists them (models/): a
     tied head is the embedding, an untied one its own tensor."""
     spec = shape.spec
-    return tuple(Tensor(name, dims, name == spec.embedding) for name, dims in spec.tensors(shape))
+    return tuple(Tensor(name, dims, name in spec.embeddings) for name, dims in spec.tensors(shape))
 
 
 def tp_split_dim(shape: ModelShape, name: str) -> int | None:

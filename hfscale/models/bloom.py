@@ -37,7 +37,8 @@ class Bloom(Family):
     def tensors(self, shape):
         h, f, v = shape.hidden, shape.ffn_size, shape.vocab
         block = [("input_layernorm.weight", (h,)), ("input_layernorm.bias", (h,)),
-                 ("self_attention.query_key_value.weight", (3 * h, h)), ("self_attention.query_key_value.bias", (3 * h,)),
+                 ("self_attention.query_key_value.weight", (3 * h, h)),
+                 ("self_attention.query_key_value.bias", (3 * h,)),
                  ("self_attention.dense.weight", (h, h)), ("self_attention.dense.bias", (h,)),
                  ("post_attention_layernorm.weight", (h,)), ("post_attention_layernorm.bias", (h,)),
                  ("mlp.dense_h_to_4h.weight", (f, h)), ("mlp.dense_h_to_4h.bias", (f,)),

@@ -74,8 +74,8 @@ class Family:
     block_prefix: str  # the blocks' module path: block i is f"{block_prefix}.{i}"
     attention_module: str  # the attention module inside a block
     embedding: str  # the word embedding's parameter name
+    position_embedding: str | None = None  # a learned position table's (an nn.Embedding too: GPT-2's wpe)
     final_norm: str  # the norm after the last block (a module path)
-    position_table: bool = False  # learned positions, s x h (GPT-2's wpe)
     sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
     tp_plan: dict[str, str]  # module inside a block -> one of TP_STYLES
@@ -109,6 +109,11 @@ class Family:
         prefix = f"{self.block_prefix}.0."
         return [(name[len(prefix):], dims) for name, dims in self.tensors(replace(shape, n_layer=1))
                 if name.startswith(prefix)]
+
+    @property
+    def embeddings(self) -> tuple[str, ...]:
+        """The parameters of nn.Embedding modules (bitsandbytes keeps 32-bit optimizer states for them)."""
+        return (self.embedding, *([self.position_embedding] if self.position_embedding else []))
 
     def is_block(self, name: str) -> bool:
         return name.startswith(self.block_prefix + ".")

@@ -20,7 +20,7 @@ class GPT2(Family):
     attention_module = "attn"
     embedding = "transformer.wte.weight"
     final_norm = "transformer.ln_f"
-    position_table = True
+    position_embedding = "transformer.wpe.weight"
     tp_plan = {"attn.c_attn": "colwise_fused3", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
                "mlp.c_proj": "rowwise"}
     presets = {
@@ -44,7 +44,7 @@ class GPT2(Family):
                  ("attn.c_attn.bias", (3 * h,)), ("attn.c_proj.weight", (h, h)), ("attn.c_proj.bias", (h,)),
                  ("ln_2.weight", (h,)), ("ln_2.bias", (h,)), ("mlp.c_fc.weight", (h, f)), ("mlp.c_fc.bias", (f,)),
                  ("mlp.c_proj.weight", (f, h)), ("mlp.c_proj.bias", (h,))]
-        return [(self.embedding, (v, h)), ("transformer.wpe.weight", (shape.positions, h)),
+        return [(self.embedding, (v, h)), (self.position_embedding, (shape.positions, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
                 ("transformer.ln_f.weight", (h,)), ("transformer.ln_f.bias", (h,)),
                 *([] if shape.tied_head else [("lm_head.weight", (v, h))])]

@@ -36,7 +36,8 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
     `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
     if model_name_or_path:
         return pretrained_shape(model_name_or_path, trust_remote_code, weights)
-    return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size, n_kv_head=num_key_value_heads)
+    return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size,
+                         n_kv_head=num_key_value_heads)
 
 
 # Far beyond any model trained (the deepest ~1,000 layers, the widest hidden ~25k, vocabularies ~1M, contexts ~1M
@@ -76,7 +77,8 @@ def shape_from_config(config) -> ModelShape:
     return family_for_model_type(config.model_type).shape_from_config(config)
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def missing_local_path(name_or_path: str) -> bool:

@@ -4,9 +4,9 @@ module (models/<family>.py, `tp_plan`, which the memory model and the start-up p
 Megatron's layout: each block's QKV projections and first MLP matmuls split by output columns (whole query and
 key/value heads per rank), its attention output projection and last MLP matmul split by input rows (their partial
 outputs all-reduced), the word embedding and the LM head (tied to it, or Llama's own) split by vocabulary rows, and
-every other parameter (GPT-2's position table, the norms, the row-split layers' biases) replicated. Every parameter becomes a DTensor on the
-TP mesh, so the optimizer, gradient clipping and checkpoints see one kind of tensor, and a DTensor's full tensor is
-the HF tensor, in HF's shape and order:
+every other parameter (GPT-2's position table, the norms, the row-split layers' biases) replicated. Every parameter
+becomes a DTensor on the TP mesh, so the optimizer, gradient clipping and checkpoints see one kind of tensor, and a
+DTensor's full tensor is the HF tensor, in HF's shape and order:
 - GPT-2's Conv1D stores its weight [in, out] (y = x W + b): its column split is Shard(1), its row split Shard(0) -
   the transpose of nn.Linear's. Its fused c_attn holds [q | k | v] columns, so a plain column split would hand rank 0
   all of q: _StridedShard(1, split_factor=3) splits each of the three instead, giving rank r [q_r | k_r | v_r]. Its
@@ -17,8 +17,9 @@ the HF tensor, in HF's shape and order:
   whole heads together. Its ALiBi biases, built for every head, are sliced to the rank's heads.
 - Llama's q, k and v are separate nn.Linear layers: each splits by output rows, so a rank holds n_head / TP query
   heads and n_kv_head / TP key/value heads (the grouped-query ratio unchanged); its attention reshapes by head size.
-Each attention module then runs its own n_head / TP heads (the family's adapt_attention_for_tp). Proven in tests/test_tensor_parallel.py (2 processes,
-gloo): the loss, every gradient, the clipped norm and AdamW steps equal the unsharded model's.
+Each attention module then runs its own n_head / TP heads (the family's adapt_attention_for_tp). Proven in
+tests/test_tensor_parallel.py (2 processes, gloo): the loss, every gradient, the clipped norm and AdamW steps equal
+the unsharded model's.
 
 The strategies `tp` (TP alone) and `fsdp_tp` (TP inside a node, FSDP2 across) launch it through the Trainer
 (train.py, distributed.tensor_parallel_config, hooks.use_tensor_parallel_state). Both write their checkpoints whole,

@@ -49,12 +49,15 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2, bloom or llama (mistral) checkpoint (local directory or Hub name); overrides --model."})
+        default=None, metadata={"help": "A pretrained gpt2, bloom or llama (mistral) checkpoint (local directory or "
+                                        "Hub name); overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
-    num_key_value_heads: int | None = field(default=None, metadata={"help": "Override a Llama preset's key/value heads (grouped-query attention; must divide the heads)."})
-    ffn_hidden_size: int | None = field(default=None, metadata={"help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
+    num_key_value_heads: int | None = field(default=None, metadata={
+        "help": "Override a Llama preset's key/value heads (grouped-query attention; must divide the heads)."})
+    ffn_hidden_size: int | None = field(default=None, metadata={
+        "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
     dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining)."})
@@ -69,8 +72,8 @@ class ModelArguments:
         if not 0 <= self.dropout < 1:
             raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
-            resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size,
-                          n_kv_head=self.num_key_value_heads)
+            resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size,
+                          self.vocab_size, n_kv_head=self.num_key_value_heads)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
     def shape(self) -> ModelShape:

@@ -23,7 +23,8 @@ def format_summary(results) -> str:
         f"hfscale run {results.run_name}  [{results.status}]",
         f"  strategy {results.strategy} · optim {results.optim} · model {model.name} "
         f"({model.params_model / 1e6:.2f}M params) · {cfg.world_size} x {env.device_name}",
-        f"  DP {cfg.dp or cfg.world_size}" + (f" · TP {cfg.tp}" if (cfg.tp or 1) > 1 else "") + f" · MBS {cfg.micro_batch_size} · GAS {cfg.grad_accum} · GBS "
+        f"  DP {cfg.dp or cfg.world_size}" + (f" · TP {cfg.tp}" if (cfg.tp or 1) > 1 else "")
+        + f" · MBS {cfg.micro_batch_size} · GAS {cfg.grad_accum} · GBS "
         f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.checkpointing} · {cfg.precision} · "
         + ("compiled (--torch_compile false for eager)" if cfg.torch_compile else "eager")
         + (" · fused linear cross-entropy" if cfg.fused_linear_cross_entropy else ""),

@@ -64,7 +64,8 @@ def tp_step(optim: str) -> None:
     from hfscale.models import PRESETS, build_model
     from hfscale.parallel.tensor_parallel import apply_tensor_parallel
 
-    model = apply_tensor_parallel(build_model(PRESETS["tiny"], 0, "eager"), init_device_mesh("cpu", (1,)), PRESETS["tiny"].spec)
+    model = apply_tensor_parallel(build_model(PRESETS["tiny"], 0, "eager"), init_device_mesh("cpu", (1,)),
+                                  PRESETS["tiny"].spec)
     opt = optimizer(optim, model.parameters())
     ids = torch.randint(0, PRESETS["tiny"].vocab, (2, 16))
     model(input_ids=ids, labels=ids).loss.backward()

@@ -1,6 +1,7 @@
 """hfscale's tensor-parallel plan against the unsharded model: 2 gloo processes (a TP mesh of 2) each build the same
-tiny GPT-2, tiny BLOOM and tiny Llama (grouped-query attention, an untied head) twice, split one copy (hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps
-with gradient clipping on the same batches. Prints, as JSON, per family: the losses of both, the largest difference of
+tiny GPT-2, tiny BLOOM and tiny Llama (grouped-query attention, an untied head) twice, split one copy
+(hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps with gradient clipping on the same batches.
+Prints, as JSON, per family: the losses of both, the largest difference of
 any gradient (full tensors) and of any weight after the steps, the clipped norms, each parameter's placements and
 the elements rank 0 holds against the whole model. Leaves through os._exit (see powersgd_hooks.py)."""
 
