@@ -154,9 +154,12 @@ def main() -> None:
         kept = kept_rounds(opts.replay)
         if not kept:
             sys.exit(f"--replay {opts.replay}: no kept rounds (*-np*-round*.json) there")
-        config = next(iter(kept.values()))[0]["one"]["config"]  # what the rounds ran, for the printed figures
-        opts.per_device_train_batch_size, opts.steps = config["micro_batch_size"], config["max_steps"]
-        opts.bf16 = config["precision"] == "bf16"
+        from hfscale.run.results import Results
+
+        # what the rounds ran, for the printed figures (their results files of either schema)
+        config = Results.from_dict(next(iter(kept.values()))[0]["one"]).config
+        opts.per_device_train_batch_size, opts.steps = config.per_device_train_batch_size, config.max_steps
+        opts.bf16 = config.precision == "bf16"
         measured = [[{**r, **replay(r)} for r in records] for records in kept.values()]
     else:
         measured = ([measure(opts, strategy, n) for _ in range(opts.repeats)] for strategy in strategies for n in counts)

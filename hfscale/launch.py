@@ -241,28 +241,32 @@ def refuse_run_file(train_args: list[str]) -> None:
 
 @dataclass(frozen=True)
 class RunSpec:
+    """One run of a sweep or of tune, in the training flags' names (the sweep's axes, in their order)."""
+
     strategy: str
     optim: str
-    nproc: int
-    micro_batch: int
-    grad_accum: int
-    checkpointing: bool
+    num_processes: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    activation_checkpointing: bool
     repeat: int = 0  # a sweep's --repeats: the configuration's k-th run, from 1 (0: measured once)
 
     @property
     def name(self) -> str:
-        return (f"{self.strategy}-{self.optim}-np{self.nproc}-mbs{self.micro_batch}-gas{self.grad_accum}"
-                + ("-ac" if self.checkpointing else "") + (f"-r{self.repeat}" if self.repeat else ""))
+        return (f"{self.strategy}-{self.optim}-np{self.num_processes}-mbs{self.per_device_train_batch_size}"
+                f"-gas{self.gradient_accumulation_steps}" + ("-ac" if self.activation_checkpointing else "")
+                + (f"-r{self.repeat}" if self.repeat else ""))
 
     @property
     def sweep_record(self) -> dict:
         """What the run's results file says of its place in the sweep (the report merges a configuration's repeats)."""
-        return {"nproc": self.nproc, **({"repeat": self.repeat} if self.repeat else {})}
+        return {"nproc": self.num_processes, **({"repeat": self.repeat} if self.repeat else {})}
 
     def train_args(self, fixed: list[str]) -> list[str]:
-        return ["--strategy", self.strategy, "--optim", self.optim, "--per_device_train_batch_size", str(self.micro_batch),
-                "--gradient_accumulation_steps", str(self.grad_accum),
-                *(["--activation_checkpointing", "true"] if self.checkpointing else []), *fixed]
+        return ["--strategy", self.strategy, "--optim", self.optim,
+                "--per_device_train_batch_size", str(self.per_device_train_batch_size),
+                "--gradient_accumulation_steps", str(self.gradient_accumulation_steps),
+                *(["--activation_checkpointing", "true"] if self.activation_checkpointing else []), *fixed]
 
 
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> Results:
@@ -270,10 +274,12 @@ def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str])
     return Results(status=status, error=error, run_name=run.name, strategy=run.strategy, optim=run.optim,
                    sweep=run.sweep_record,
                    model=ModelRecord(name=flag_value(fixed, "--model") or "tiny", params_model=planned_params(fixed)),
-                   config=ConfigRecord(world_size=run.nproc, micro_batch_size=run.micro_batch,
-                                       grad_accum=run.grad_accum,
-                                       global_batch_size=run.nproc * run.micro_batch * run.grad_accum,
-                                       checkpointing=run.checkpointing))
+                   config=ConfigRecord(world_size=run.num_processes,
+                                       per_device_train_batch_size=run.per_device_train_batch_size,
+                                       gradient_accumulation_steps=run.gradient_accumulation_steps,
+                                       global_batch_size=run.num_processes * run.per_device_train_batch_size
+                                       * run.gradient_accumulation_steps,
+                                       activation_checkpointing=run.activation_checkpointing))
 
 
 def planned_params(fixed: list[str]) -> int | None:
@@ -326,7 +332,7 @@ def decided_without_launch(run: RunSpec, out: Path, retry_failed: bool = False) 
         check_pair(run.strategy, run.optim)
     except HfscaleError as err:
         return {"run": run.name, "status": "refused", "error": str(err)}
-    reason = layout_refusal(get_strategy(run.strategy), run.nproc, run.nproc)
+    reason = layout_refusal(get_strategy(run.strategy), run.num_processes, run.num_processes)
     return {"run": run.name, "status": "refused", "error": reason} if reason else None
 
 
@@ -339,6 +345,6 @@ def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_fai
         if row["status"] == "refused" and not row.get("skipped"):
             write_results(run_dir, stub_results(run, "refused", row["error"], fixed))
         return row
-    outcome = run_training(run.train_args(fixed), run_dir, run.nproc, timeout)
+    outcome = run_training(run.train_args(fixed), run_dir, run.num_processes, timeout)
     record_outcome(run, run_dir, outcome.status, outcome.error, outcome.log_tail, outcome.seconds, fixed)
     return {"run": run.name, "status": outcome.status, "error": outcome.error, "wall_s": round(outcome.seconds, 1)}

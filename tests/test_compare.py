@@ -85,7 +85,7 @@ def test_the_logs_own_header_wins_over_its_file_name_and_ramp_up_is_left_out():
     cfg, perf = record["config"], record["perf"]
     assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"]) == (64, 4, 16, 1)
     assert record["strategy"] == "megatron-deepspeed-tp4-pp16" and cfg["global_batch_size"] == 2048
-    assert cfg["rampup_batch_size"] and cfg["seq_len"] == 2048 and cfg["checkpointing"] is True
+    assert cfg["rampup_batch_size"] and cfg["seq_len"] == 2048 and cfg["activation_checkpointing"] is True
     # only iterations at GBS 2048 count (3 of them), the first of those skipped: (110 + 112) / 2 s
     assert perf["iterations_averaged"] == 2 and perf["s_per_iter"] == pytest.approx(111.0)
     assert perf["tflops_per_gpu_bigscience"] == pytest.approx(104e9 * 4 * 2 * 2048 * 2048 / (111.0 * 64 * 1e12))
@@ -171,7 +171,7 @@ def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_g
     record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
     cfg = record["config"]
     assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"], cfg["context_parallel"]) == (16, 2, 1, 4, 2)
-    assert cfg["grad_accum"] == 64 // (1 * 4) and record["strategy"] == "megatron-tp2-pp1-cp2"
+    assert cfg["gradient_accumulation_steps"] == 64 // (1 * 4) and record["strategy"] == "megatron-tp2-pp1-cp2"
     assert record["perf"]["tokens_per_s"] == pytest.approx(64 * 8192 / 3.2)
     write_results(tmp_path / "imported", Results.from_dict(record))
     rows = write_report([tmp_path / "imported"], tmp_path / "report", with_plots=False)[0]
@@ -328,7 +328,7 @@ def test_a_newer_megatron_lm_header_says_no_recomputation_its_precision_and_voca
     record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
     cfg = record["config"]
     assert (cfg["world_size"], cfg["tp"], cfg["pp"], cfg["dp"], cfg["seq_len"]) == (64, 4, 2, 8, 4096)
-    assert cfg["checkpointing"] is False and cfg["precision"] == "bf16" and record["model"]["vocab"] == 128256
+    assert cfg["activation_checkpointing"] is False and cfg["precision"] == "bf16" and record["model"]["vocab"] == 128256
     s_per_iter = (10002 + 10003) / 2 / 1000
     assert record["perf"]["tflops_per_gpu_bigscience"] == pytest.approx(8e9 * 3 * 2 * 4096 * 512 / (s_per_iter * 64 * 1e12))
 
@@ -436,12 +436,39 @@ def _hfscale_row(out, strategy, gpus, tokens_per_s, status="ok"):
     write_results(out, Results.from_dict({
         "status": status, "error": None if status == "ok" else "Tried to allocate 20 GiB", "run_name": out.name,
         "strategy": strategy, "optim": "adamw", "model": {"name": "gpt2-124m", "params_model": 124_439_808},
-        "config": {"world_size": gpus, "micro_batch_size": 4, "grad_accum": 2, "global_batch_size": 8 * gpus,
-                   "seq_len": 1024, "checkpointing": True, "precision": "bf16"},
+        "config": {"world_size": gpus, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                   "global_batch_size": 8 * gpus, "seq_len": 1024, "activation_checkpointing": True, "precision": "bf16"},
         "environment": {"device_type": "cuda"},
         "perf": {"s_per_iter": 8 * gpus * 1024 / tokens_per_s, "tokens_per_s": tokens_per_s,
                  "tflops_per_gpu_bigscience": 100.0, "mfu": 0.4} if status == "ok" else {},
         "memory": {"peak_allocated_gb": 30.5, "peak_rss_gb": 4.0}, "loss_history": [{"step": 1, "loss": 7.0}, {"step": 2, "loss": 6.0}]}))
+
+
+def test_a_schema_1_results_file_of_an_earlier_run_is_read_in_the_trainers_names(tmp_path):
+    """A committed schema-1 file (a projection round's 1-process run, benchmarks/results/projection_2026-11-26/): its
+    micro_batch_size, grad_accum and checkpointing read as per_device_train_batch_size, gradient_accumulation_steps
+    and activation_checkpointing; the report's row has its MBS and GAS; written back it is schema 2."""
+    from hfscale.compare.report import collect
+    from hfscale.run.results import SCHEMA_VERSION, read_results
+
+    one = json.loads((REPO / "benchmarks/results/projection_2026-11-26/zero1-np2-round0.json").read_text())["one"]
+    assert one["schema_version"] == 1 and {"micro_batch_size", "grad_accum", "checkpointing"} <= set(one["config"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"status": "ok", **one}))
+    config = read_results(tmp_path / "run").config
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps, config.activation_checkpointing) \
+        == (one["config"]["micro_batch_size"], one["config"]["grad_accum"], one["config"]["checkpointing"])
+    assert not {"micro_batch_size", "grad_accum", "checkpointing"} & set(config.extra)
+    row = collect([tmp_path / "run" / "results.json"])[0]
+    assert (row.mbs, row.gas) == (one["config"]["micro_batch_size"], one["config"]["grad_accum"])
+    write_results(tmp_path / "again", read_results(tmp_path / "run"))
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["schema_version"] == SCHEMA_VERSION == 2
+    assert again["config"]["per_device_train_batch_size"] == one["config"]["micro_batch_size"]
+    (tmp_path / "future").mkdir()
+    (tmp_path / "future" / "results.json").write_text(json.dumps({"status": "ok", "schema_version": 3}))
+    with pytest.raises(HfscaleError, match="results schema version 3; this hfscale reads versions 1 and 2"):
+        read_results(tmp_path / "future")
 
 
 def test_a_run_without_its_world_size_is_a_row_and_no_point_on_the_gpu_axis(tmp_path):
@@ -540,7 +567,7 @@ def test_a_results_key_of_the_wrong_kind_is_refused_in_one_line(tmp_path, key, v
         assert proc.returncode == 2 and proc.stderr.strip() == f"hfscale: error: {refused.value}", proc.stderr
         assert not (tmp_path / "runs" / "report").exists()
     path.write_text(json.dumps({**good, "schema_version": 99}))  # a later hfscale's file: named, with the versions
-    with pytest.raises(HfscaleError, match=f"^{path}: results schema version 99; this hfscale reads version 1$"):
+    with pytest.raises(HfscaleError, match=f"^{path}: results schema version 99; this hfscale reads versions 1 and 2$"):
         read_results(path)
     diverged = {**good, "loss_history": [{"step": 1, "loss": float("nan")}]}  # a diverged loss is still a number
     assert Results.from_dict(json.loads(json.dumps(diverged))).loss_history[0]["loss"] != 0

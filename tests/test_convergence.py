@@ -146,8 +146,8 @@ def test_loss_points_sit_at_the_tokens_the_loader_delivered():
 
     for res in (parity_runs()["runs"]["ddp"], bf16_result("ddp")):
         cfg, points = res["config"], res["loss_history"]
-        per_step = cfg["micro_batch_size"] * cfg["grad_accum"] * cfg["world_size"] * cfg["seq_len"]
+        per_step = cfg["per_device_train_batch_size"] * cfg["gradient_accumulation_steps"] * cfg["world_size"] * cfg["seq_len"]
         assert [p["tokens"] for p in points] == [p["tokens_counted"] for p in points]
         assert [p["tokens"] for p in points] == [p["step"] * per_step for p in points]
         assert all(b["elapsed_s"] > a["elapsed_s"] > 0 for a, b in zip(points, points[1:]))
-    assert [bf16_result("ddp")["config"][k] for k in ("micro_batch_size", "grad_accum")] == [2, 2]
+    assert [bf16_result("ddp")["config"][k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")] == [2, 2]

@@ -191,7 +191,7 @@ def test_estimate_command_table_and_json():
     assert fsdp_states <= tp_states < 1.02 * fsdp_states
     # 7.1B parameters: DDP holds 16 bytes each (112 GB) and cannot fit in 80 GB; ZeRO-3 shards them 32 ways and fits.
     assert not rows["ddp"]["fits"] and rows["ddp"]["memory"]["model_states"] > 100e9
-    assert rows["zero3"]["fits"] and rows["zero3"]["max_micro_batch"] >= 2
+    assert rows["zero3"]["fits"] and rows["zero3"]["max_per_device_train_batch_size"] >= 2
     assert rows["zero3_offload"]["memory"]["host_offload"] > 0 and rows["zero3_offload"]["host_per_node"] > 8 * rows["zero3_offload"]["memory"]["host_offload"]
     assert any("GB = 1e9" in line for line in report["assumptions"])
     # BLOOM with checkpointing under autocast is measured on CUDA (results/h100_2026-11-26b): the notes say so

@@ -218,7 +218,7 @@ def test_project_all_includes_the_fastest_3d_layout_that_fits(capsys):
     assert any("megatron* layouts" in a for a in report["assumptions"])
     # the same global batch as the data-parallel strategies at each count
     zero1 = {p["gpus"]: p for p in report["points"] if p["strategy"] == "zero1"}
-    assert all(p["global_batch"] == zero1[p["gpus"]]["global_batch"] for p in grid)
+    assert all(p["global_batch_size"] == zero1[p["gpus"]]["global_batch_size"] for p in grid)
     # one fixed layout is its own series; on a 40 GB device a 7.1B model only fits split 8 ways by TP x PP
     project.main([*argv, "--strategy", "megatron", "--tp", "1,8", "--pp", "1", "--device", "A100-40GB"])
     fixed = json.loads(capsys.readouterr().out)

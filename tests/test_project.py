@@ -567,6 +567,6 @@ def test_tune_and_project_judge_the_same_plan_alike():
         if c.status not in ("planned", "pruned"):
             continue
         base = _base(1, c.run.strategy, 8, device_memory_bytes=40e9)
-        plan = base.plan.but(shape=PRESETS["bloom-1b7"], per_device_train_batch_size=c.run.micro_batch,
+        plan = base.plan.but(shape=PRESETS["bloom-1b7"], per_device_train_batch_size=c.run.per_device_train_batch_size,
                              activation_checkpointing=False, device_type="cpu")  # tune's trials run here (no GPU)
         assert fit(plan, 40e9).fits is (c.status == "planned"), c.run.name

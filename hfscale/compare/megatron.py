@@ -171,8 +171,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
         optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params,
                                      **logged_shape(header)),
         config=ConfigRecord(world_size=sizes["world"], dp=sizes["dp"], tp=sizes["tp"], pp=sizes["pp"],
-                            micro_batch_size=mbs, grad_accum=gas, global_batch_size=gbs, seq_len=seq,
-                            checkpointing=ckpt, token_budget=token_budget, precision=header.get("precision"),
+                            per_device_train_batch_size=mbs, gradient_accumulation_steps=gas, global_batch_size=gbs,
+                            seq_len=seq, activation_checkpointing=ckpt, token_budget=token_budget, precision=header.get("precision"),
                             extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
                                    "context_parallel": sizes["cp"], "recompute": header.get("recompute"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}))

@@ -101,7 +101,7 @@ def _notes(results: Results) -> str:
             notes.append(f"the log says {reported:.1f} TFLOPs/GPU")
     elif (cfg.tp or 1) > 1:  # hfscale's own TP runs, in the Megatron logs' terms, so the two read side by side
         notes.append(f"TP {cfg.tp} PP {cfg.pp or 1} DP {cfg.dp or '?'}")
-    if cfg.checkpointing:
+    if cfg.activation_checkpointing:
         notes.append("act. ckpt")
     if cfg.precision:
         notes.append(cfg.precision)
@@ -123,7 +123,7 @@ def to_row(path: Path) -> Row:
     return Row(
         run=results.run_name or path.parent.name, status=results.status, gpus=cfg.world_size,
         params=model.params_model, strategy=results.strategy or "?", optim=results.optim or "?",
-        dp=cfg.dp if cfg.dp is not None else cfg.world_size, mbs=cfg.micro_batch_size, gas=cfg.grad_accum,
+        dp=cfg.dp if cfg.dp is not None else cfg.world_size, mbs=cfg.per_device_train_batch_size, gas=cfg.gradient_accumulation_steps,
         gbs=cfg.global_batch_size, s_per_iter=perf.s_per_iter if ok else None,
         tflops=perf.tflops_per_gpu_bigscience if ok else None, mfu=perf.mfu if ok else None,
         mem_gb=mem.peak_gb, mem_kind="device" if mem.peak_allocated_gb is not None else "RSS",

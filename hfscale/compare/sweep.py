@@ -194,7 +194,7 @@ def dry_run(spec: SweepSpec, retry_failed: bool) -> None:
             print(f"  {row['status']:<8} {run.name}" + ("  (already done)" if row.get("skipped") else f"  {row['error']}"))
             continue
         command = strategy_launch([*run.train_args(spec.train_args), "--output_dir", str(Path(spec.out) / run.name)],
-                                  run.nproc)
+                                  run.num_processes)
         print(f"  launch   {run.name}\n    {shlex.join(command)}")
     print(f"dry run: {len(expand(spec))} runs; nothing launched or written")
 

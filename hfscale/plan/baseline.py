@@ -62,9 +62,9 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
         spread = [float(x["s_per_iter"]) for x in history]
         world, nodes = cfg.world_size, env.nodes or 1
         plan = RunPlan(strategy, get_optimizer(data.optim), data.model.shape(), cfg.seq_len,
-                       per_device_train_batch_size=cfg.micro_batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                       per_device_train_batch_size=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                        world_size=world, processes_per_node=max(1, world // nodes), precision=cfg.precision or "fp32",
-                       activation_checkpointing=bool(cfg.checkpointing),
+                       activation_checkpointing=bool(cfg.activation_checkpointing),
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
                        fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy),
                        device_type=env.device_type or "cuda",  # a ZeRO run's buckets, as it ran (else the shipped)
@@ -91,16 +91,16 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
     if (cfg.extra.get("context_parallel") or 1) > 1:
         raise HfscaleError(f"{path}: the log ran context parallelism (CP {cfg.extra['context_parallel']}), whose "
                            "attention exchanges the 3D model does not time; it cannot be projected")
-    if not (cfg.tp and cfg.pp and cfg.dp and cfg.micro_batch_size and cfg.global_batch_size and cfg.seq_len):
+    if not (cfg.tp and cfg.pp and cfg.dp and cfg.per_device_train_batch_size and cfg.global_batch_size and cfg.seq_len):
         raise HfscaleError(f"{path}: the log does not state its TP, PP, DP, micro-batch and global batch")
-    if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp):
+    if cfg.global_batch_size % (cfg.per_device_train_batch_size * cfg.dp):
         raise HfscaleError(f"{path}: its global batch {cfg.global_batch_size} is not a whole number of micro-batches "
-                           f"of {cfg.micro_batch_size} per pipeline over DP {cfg.dp}")
+                           f"of {cfg.per_device_train_batch_size} per pipeline over DP {cfg.dp}")
     family = "megatron-deepspeed" if str(data.strategy).startswith("megatron-deepspeed") else "megatron"
-    recompute = (cfg.extra.get("recompute") or "full") if cfg.checkpointing else "none"
+    recompute = (cfg.extra.get("recompute") or "full") if cfg.activation_checkpointing else "none"
     return GridPlan(family, "adamw", shape, cfg.seq_len, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp,
-                    per_device_train_batch_size=cfg.micro_batch_size,
-                    gradient_accumulation_steps=cfg.global_batch_size // (cfg.micro_batch_size * cfg.dp),
+                    per_device_train_batch_size=cfg.per_device_train_batch_size,
+                    gradient_accumulation_steps=cfg.global_batch_size // (cfg.per_device_train_batch_size * cfg.dp),
                     processes_per_node=min(cfg.world_size or gpus_per_node, gpus_per_node),
                     precision=cfg.precision or "bf16", recompute=recompute,
                     sequence_parallel=bool(cfg.extra.get("sequence_parallel")))

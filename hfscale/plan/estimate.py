@@ -27,14 +27,14 @@ from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_
 class Row:
     strategy: str
     optim: str
-    micro_batch: int
+    per_device_train_batch_size: int
     refused: str | None = None
     memory: dict | None = None  # RankMemory.as_dict(), bytes
     host_per_node: int | None = None
     construction_per_node: int | None = None  # host RAM of the busiest node while the model is built and sharded
     construction_per_node_full_copies: int | None = None  # the same if every process built a whole fp32 copy
     fits: bool | None = None
-    max_micro_batch: int | None = None
+    max_per_device_train_batch_size: int | None = None
 
 
 def build_parser() -> ArgumentParser:
@@ -100,7 +100,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                 mem = sized.memory()
                 verdict = fit(sized, device_bytes, host_bytes, mem)
                 rows.append(Row(strategy.name, optimizer.name, b, memory=mem.as_dict(),
-                                host_per_node=verdict.host_per_node, fits=verdict.fits, max_micro_batch=best,
+                                host_per_node=verdict.host_per_node, fits=verdict.fits, max_per_device_train_batch_size=best,
                                 construction_per_node=construction_host_bytes(shape, per_node, strategy.rank0_builds,
                                                                               plan.shard_ranks),
                                 construction_per_node_full_copies=construction_host_bytes(shape, per_node, False, 1)))
@@ -131,7 +131,7 @@ def grid_rows(opts, shape: ModelShape, families: list[str], optimizers: list, si
                         mem = sized.memory()
                         verdict = fit(sized, device_bytes, None, mem)
                         rows.append(Row(plan.name, optimizer.name, b, memory=mem.as_dict(), host_per_node=0,
-                                        fits=verdict.fits, max_micro_batch=best, construction_per_node=0,
+                                        fits=verdict.fits, max_per_device_train_batch_size=best, construction_per_node=0,
                                         construction_per_node_full_copies=0))
     return rows
 
@@ -152,9 +152,9 @@ def table(rows: list[Row]) -> str:
             continue
         m = r.memory
         lines.append("| " + " | ".join([
-            r.strategy, r.optim, str(r.micro_batch), _gb(m["parameters"]), _gb(m["gradients"]), _gb(m["master_weights"]),
+            r.strategy, r.optim, str(r.per_device_train_batch_size), _gb(m["parameters"]), _gb(m["gradients"]), _gb(m["master_weights"]),
             _gb(m["optimizer_states"]), _gb(m["activation_peak"]), _gb(m["comm_buffers"]), _gb(m["device_total"]),
-            _gb(r.host_per_node), "yes" if r.fits else "**no**", str(r.max_micro_batch)]) + " |")
+            _gb(r.host_per_node), "yes" if r.fits else "**no**", str(r.max_per_device_train_batch_size)]) + " |")
     return "\n".join(lines) + "\n"
 
 

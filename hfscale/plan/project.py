@@ -152,7 +152,7 @@ def markdown(points: list[Point], knees: dict, budget: float) -> str:
     for p in points:
         fits = "?" if p.fits is None else "yes" if p.fits else f"**no**: {p.fit_reason}"
         name = f"{p.strategy} ({p.layout})" if p.layout else p.strategy
-        lines.append(f"| {name} | {p.gpus} | {p.nodes} | {p.grad_accum} | {p.global_batch} | {p.s_per_iter:.4g} | "
+        lines.append(f"| {name} | {p.gpus} | {p.nodes} | {p.gradient_accumulation_steps} | {p.global_batch_size} | {p.s_per_iter:.4g} | "
                      f"{p.tokens_per_s:,.0f} | {p.days:,.2f} | {p.days_low:,.2f}–{p.days_high:,.2f} | "
                      f"{p.gpu_days:,.1f} | {p.exposed_comm_s:.3g} | {p.straggler_s:.3g} | "
                      f"{p.comm_bytes_per_gpu / GB:.3g} | {p.efficiency:.0%} | {fits} |")

@@ -28,8 +28,8 @@ class Point:
     strategy: str
     gpus: int
     nodes: int
-    grad_accum: int
-    global_batch: int
+    gradient_accumulation_steps: int
+    global_batch_size: int  # samples
     s_per_iter: float
     tokens_per_s: float
     days: float

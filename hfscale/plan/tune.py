@@ -158,7 +158,7 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
     cand.reason = res.error if cand.status != "ok" else None
     if cand.status == "ok" and res.perf.tokens_per_s:
         cand.tokens_per_s = res.perf.tokens_per_s
-        cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.nproc)[0]
+        cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.num_processes)[0]
         cand.memory_gb = res.memory.peak_gb
         cand.noise = relative_noise(res)
 
@@ -197,7 +197,7 @@ def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Cand
     out = []
     for p in points:
         run = RunSpec(f"{p.strategy}-{p.layout}", "adamw", opts.num_processes, base.plan.per_device_train_batch_size,
-                      p.grad_accum, base.plan.activation_checkpointing)
+                      p.gradient_accumulation_steps, base.plan.activation_checkpointing)
         reason = (f"projected from {winner.run.name}'s throughput (docs/project.md, 3D layouts); hfscale cannot "
                   "launch a 3D layout" + ("" if p.fits is not False else f"; does not fit: {p.fit_reason}"))
         out.append(Candidate(run, "projected", reason, p.total_per_gpu / GB, p.tokens_per_s, p.days))
@@ -217,14 +217,14 @@ def write_winner(best: Candidate, out: Path, fixed: list[str], flags: list[str])
     strategy = get_strategy(best.run.strategy)
     folder = out / "best"
     config = load_yaml(strategy.accelerate_config_path)
-    config["num_processes"] = best.run.nproc
+    config["num_processes"] = best.run.num_processes
     if strategy.deepspeed_config:
         ds = json.loads(strategy.deepspeed_config_path.read_text())
         atomic_write_text(folder / "ds_config.json", json.dumps(ds, indent=2) + "\n")
         config["deepspeed_config"] = {**config.get("deepspeed_config", {}),
                                       "deepspeed_config_file": str((folder / "ds_config.json").resolve())}
     header = (f"# hfscale tune winner: {best.run.name}, {best.tokens_per_s:,.0f} tokens/s measured over "
-              f"{best.run.nproc} processes\n")
+              f"{best.run.num_processes} processes\n")
     atomic_write_text(folder / "accelerate_config.yaml", header + yaml.safe_dump(config, sort_keys=False))
     train_args = [*flags, *best.run.train_args(drop_flag(fixed, "--max_steps"))]  # the trials' length is not the run's
     # the accelerate of the interpreter that wrote this: the script runs from a shell without the venv activated

@@ -17,7 +17,11 @@ from ..errors import HfscaleError
 from ..files import atomic_write_text
 from ..formulas.metrics import ModelShape
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 named the batch and recomputation as hfscale 0.1 did; schema 2 as the Trainer's flags do. A schema-1 file
+# (an earlier run's) is read with its keys renamed, and written back (report, sweep) as schema 2.
+SCHEMA_1_CONFIG = {"micro_batch_size": "per_device_train_batch_size", "grad_accum": "gradient_accumulation_steps",
+                   "checkpointing": "activation_checkpointing"}
 RESULTS_FILE = "results.json"
 
 
@@ -113,11 +117,11 @@ class ModelRecord(_Section):
 @dataclass
 class ConfigRecord(_Section):
     world_size: int | None = None
-    micro_batch_size: int | None = None
-    grad_accum: int | None = None
-    global_batch_size: int | None = None  # samples
+    per_device_train_batch_size: int | None = None  # MBS
+    gradient_accumulation_steps: int | None = None  # GAS
+    global_batch_size: int | None = None  # samples: MBS x GAS x DP
     seq_len: int | None = None
-    checkpointing: bool | None = None
+    activation_checkpointing: bool | None = None
     precision: str | None = None
     max_steps: int | None = None
     seed: int | None = None
@@ -135,7 +139,8 @@ class ConfigRecord(_Section):
     tp: int | None = None
     pp: int | None = None
     extra: dict = field(default_factory=dict)
-    POSITIVE = ("world_size", "micro_batch_size", "grad_accum", "global_batch_size", "seq_len", "dp", "tp", "pp")
+    POSITIVE = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps", "global_batch_size", "seq_len",
+                "dp", "tp", "pp")
 
 
 @dataclass
@@ -247,8 +252,10 @@ class Results(_Section):
     def from_dict(cls, data: dict):
         data = dict(data)
         version = data.pop("schema_version", SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
-            raise HfscaleError(f"results schema version {version}; this hfscale reads version {SCHEMA_VERSION}")
+        if version == 1 and isinstance(data.get("config"), dict):
+            data["config"] = {SCHEMA_1_CONFIG.get(k, k): v for k, v in data["config"].items()}
+        elif version != SCHEMA_VERSION:
+            raise HfscaleError(f"results schema version {version}; this hfscale reads versions 1 and {SCHEMA_VERSION}")
         results = super().from_dict(data)
         for name in HISTORIES:
             for entry in getattr(results, name):

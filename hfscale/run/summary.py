@@ -24,8 +24,8 @@ def format_summary(results) -> str:
         f"  strategy {results.strategy} · optim {results.optim} · model {model.name} "
         f"({model.params_model / 1e6:.2f}M params) · {cfg.world_size} x {env.device_name}",
         f"  DP {cfg.dp or cfg.world_size}" + (f" · TP {cfg.tp}" if (cfg.tp or 1) > 1 else "")
-        + f" · MBS {cfg.micro_batch_size} · GAS {cfg.grad_accum} · GBS "
-        f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.checkpointing} · {cfg.precision} · "
+        + f" · MBS {cfg.per_device_train_batch_size} · GAS {cfg.gradient_accumulation_steps} · GBS "
+        f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.activation_checkpointing} · {cfg.precision} · "
         + ("compiled (--torch_compile false for eager)" if cfg.torch_compile else "eager")
         + (" · fused linear cross-entropy" if cfg.fused_linear_cross_entropy else ""),
         f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.measured_steps or 0} steps"
