@@ -24,9 +24,9 @@ Sections (--only), run in this order:
   MFU, the allocator's peak beside the estimate, and for ddp the ratio to the hand-written step. `--profile` profiles
   one step of every run (the busiest device ops and the device's idle share of each strategy); a profiled run's speed
   is that of its logging intervals before the profiled one.
-- `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa and BLOOM eager x fp32/autocast_bf16/bf16 x
-  checkpointing off/on x compiled or not, over shapes varied one at a time (the rows
-  benchmarks/calibrate_activations.py --fit takes).
+- `grid`: what autograd keeps and the step's peak for GPT-2 eager/sdpa, BLOOM eager and Llama sdpa x
+  fp32/autocast_bf16/bf16 x checkpointing off/on x compiled or not, over shapes varied one at a time (Llama's with
+  its key/value heads and MLP width varied too; the rows benchmarks/calibrate_activations.py --fit takes).
 `--references eager,compiled,loss-only`, `--no-pairs` (ddp's and the ZeRO variants only) and `--grid_filter REGEX` pick parts of
 a section; an item that raises is recorded with its error and the suite goes on (a lease is 15 minutes).
 `--budget_s` (default 530: under 9 minutes with start-up) stops starting new items and records them as skipped; the
@@ -51,8 +51,15 @@ GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4,
                (4, 1024, 16, 50257, 1024, 8), (4, 2048, 16, 50257, 1024, 4), (4, 1024, 16, 8192, 1024, 4),
                (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2)]  # (layers, hidden, heads, vocab, seq, MBS)
 DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
-GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)))
+GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)),
+                                                            ("llama", ("sdpa",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
+# Llama's: (key/value heads, MLP width) after the sizes, varied apart from the hidden size and from each other (its
+# activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES)
+LLAMA_GRID_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(GRID_SHAPES, (4, 4, 4, 4, 8, 4, 8, 4),
+                                                              (2816, 2816, 2816, 2816, 5632, 2816, 2816, 4096))]
+LLAMA_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 16, 2816), (4, 1024, 16, 50257, 1024, 4, 2, 4096)]
+LLAMA_DRY_SHAPES = [(*shape, 2, f) for shape, f in zip(DRY_SHAPES, (352, 256))]
 REFERENCES = ("eager", "compiled", "loss-only")  # the hand-written steps, in the order they run
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
 # --fused_linear_cross_entropy's modes (the estimate's fused_loss_bytes, structural until measured): the first shapes
@@ -390,11 +397,13 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss:
     from hfscale.run.memory import StepMemory
 
     fam, attn, prec, ck = mode.split("/")
-    l, h, a, v, s, b = shape
+    l, h, a, v, s, b, *widths = shape  # a Llama shape: then its key/value heads and MLP width
+    kv, f = widths or (None, None)
     row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
+           **({"kv_heads": kv, "ffn": f} if widths else {}),
            "fused_loss": fused_loss, "kv_cache": False, "logits_output": False}  # run/forward.py: the loss alone
     try:
-        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256)), 0, attn).to(device)
+        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn).to(device)
     except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it
         return {**row, "error": f"ValueError: {str(err)[:160]}"}
     if ck == "1":
@@ -682,11 +691,16 @@ def main() -> None:
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
         compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
-        points = [(m, shape, False, False) for m in GRID_MODES for shape in shapes]
+        llama = LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES  # --grid_shapes: GPT-2's and BLOOM's
+
+        def of(mode: str, pool: list) -> list:
+            return pool if not mode.startswith("llama/") else llama[:len(pool)] if pool is compiled_shapes else llama
+
+        points = [(m, shape, False, False) for m in GRID_MODES for shape in of(m, shapes)]
         fused = [(m, shape, False, True) for m in FUSED_MODES for shape in compiled_shapes]
         if not opts.dry_run:
             points += [(m, shape, True, False) for m in GRID_MODES if not m.endswith("/1")
-                       for shape in compiled_shapes] + fused
+                       for shape in of(m, compiled_shapes)] + fused
         for mode, shape, compiled, fused_loss in points if not opts.dry_run else points[:2] + fused[:1]:
             label = f"{mode}{' compiled' if compiled else ''}{' fused loss' if fused_loss else ''}"
             if opts.grid_filter and not re.search(opts.grid_filter, label):

@@ -261,7 +261,7 @@ def lease_sections(script) -> list[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh", "gpu_call_offload.sh",
                                     "gpu_call_zero_buckets.sh", "gpu_call_loss_only_grid.sh",
-                                    "gpu_call_mfu.sh"])
+                                    "gpu_call_mfu.sh", "gpu_call_llama.sh"])
 def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
     """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
     Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than
