@@ -31,7 +31,7 @@ from hfscale.parallel.distributed import (  # noqa: E402
     restate_matmul_precision, setup_processes, shutdown, tensor_parallel_config, tf32_matmuls)
 from hfscale.parallel.tensor_parallel import apply_tensor_parallel  # noqa: E402
 from hfscale.run.args import (RunState, build_training_arguments, check_model, check_model_tokenizer,  # noqa: E402
-                              check_output_dir, parse_args)
+                              check_output_dir, parse_args, training_flag_defaults)
 from hfscale.run.checks import (OPTIMIZER_FLAGS, check_hyperparameters, check_trainer_combinations,  # noqa: E402
                                 ignored_optimizer_flags)
 from hfscale.run.planning import plan_training  # noqa: E402
@@ -234,7 +234,7 @@ def check_args(argv: list[str] | None):
     check_output_dir(training)
     training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
                                                 model_args.fused_linear_cross_entropy)
-    check_trainer_combinations(training)
+    check_trainer_combinations(training, training_flag_defaults())
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,
                      validation=validation_plan(data_args, evaluating(training["eval_strategy"])))

@@ -2,16 +2,11 @@
 beside training), memory and throughput by run. matplotlib (Agg) is imported only here, only when plotting; each PNG
 is written atomically."""
 
-from __future__ import annotations
-
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..files import atomic_path
 from .convergence import X_AXES, curve
-
-if TYPE_CHECKING:  # report.py builds the rows and imports this module
-    from .report import Row
+from .rows import Row
 
 
 def _label(row: Row) -> str:

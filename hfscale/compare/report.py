@@ -9,7 +9,7 @@ import base64
 import csv
 import io
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from html import escape
 from pathlib import Path
 
@@ -24,43 +24,11 @@ from ..run.results import RESULTS_FILE, Results, read_results
 from .convergence import compare_runs
 from .convergence import markdown as convergence_markdown
 from .plots import plots
+from .rows import Row
 
 BUDGET = 100e9  # the days/100B column
 COLUMNS = ["GPUs", "Size", "Strategy", "Optim", "DP", "MBS", "GAS", "GBS", "Speed (s/it)", "TFLOPs/GPU", "MFU",
            "Mem (GB)", "tokens/s", "days/100B", "Notes"]
-
-
-@dataclass
-class Row:
-    run: str
-    status: str
-    gpus: int | None
-    params: int | None
-    strategy: str
-    optim: str
-    dp: int | None
-    mbs: int | None
-    gas: int | None
-    gbs: int | None
-    s_per_iter: float | None
-    tflops: float | None  # BigScience convention: comparable with imported Megatron rows
-    mfu: float | None  # exact model FLOPs against the peak recorded by the run
-    mem_gb: float | None
-    mem_kind: str  # "device" (CUDA allocated) or "RSS" (host process)
-    tokens_per_s: float | None
-    days: float | None
-    notes: str
-    loss_history: list
-    path: str
-    group: str = ""  # model, data and sequence length: runs of one group can be compared by convergence
-    eval_history: list = field(default_factory=list)
-    repeat: int = 0  # a sweep's --repeats: the configuration's k-th run (0: measured once)
-    runs: int = 1  # the repeats merged into this row
-    s_per_iter_range: tuple[float, float] | None = None  # fastest and slowest of the merged repeats that finished
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def find_results(paths: list[Path]) -> list[Path]:

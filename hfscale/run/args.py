@@ -15,7 +15,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import get_type_hints
 
@@ -210,6 +210,12 @@ class RunState:
     checkpoint_identity: dict | None = None  # set once the run knows its world size (train.resume_checkpoint)
     resume_from: str | None = None  # the complete checkpoint this run resumes from
     validation: dict | None = None  # where validation text comes from (run/data.validation_plan), None: no evaluation
+
+
+def training_flag_defaults() -> dict:
+    """Every training flag's default as hfscale's TrainingArguments set it (hfscale's own among them)."""
+    return {f.name: f.default if f.default is not MISSING else f.default_factory()
+            if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
 
 
 def build_training_arguments(training: dict, overrides: dict | None = None) -> HfscaleTrainingArguments:

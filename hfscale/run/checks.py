@@ -4,7 +4,7 @@ flags combine (`check_trainer_combinations`), one line naming the flag instead o
 
 import json
 import math
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from types import SimpleNamespace
 
 from transformers import TrainingArguments
@@ -189,19 +189,16 @@ def check_scheduler_kwargs(name: str, kwargs: dict) -> None:
                            f"{json.dumps(kwargs)}")
 
 
-def check_trainer_combinations(kw: dict) -> None:
+def check_trainer_combinations(kw: dict, defaults: dict) -> None:
     """TrainingArguments' own checks of how its flags combine (`_validate_args`: --load_best_model_at_end with another
     save than eval schedule, reduce_lr_on_plateau without evaluation, ...), made here on the flags alone: built into
     TrainingArguments they are made in every launched rank, after its process group started. Its checks read only the
     flags, converted as its __post_init__ converts them; should a later transformers read more, they run in the ranks
-    as before (build_training_arguments) rather than refuse a good run here."""
+    as before (build_training_arguments) rather than refuse a good run here. `defaults`: every flag's default as the
+    run's arguments set them (run/args.training_flag_defaults: hfscale's own among them)."""
     from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
-    from .args import HfscaleTrainingArguments  # its defaults (hfscale's own among them); args imports this module
-
-    flags = {f.name: f.default if f.default is not MISSING else f.default_factory()
-             if f.default_factory is not MISSING else None for f in fields(HfscaleTrainingArguments)}
-    args = SimpleNamespace(**{**flags, **kw})
+    args = SimpleNamespace(**{**defaults, **kw})
     try:
         args.eval_strategy = IntervalStrategy(args.eval_strategy)
         args.logging_strategy = IntervalStrategy(args.logging_strategy)
