@@ -3,7 +3,7 @@ MLP, nn.Linear projections with the fused query_key_value laid out per head, the
 attention only in transformers."""
 
 from ..errors import HfscaleError
-from .family import Family, ModelShape, register
+from .family import UNTIED_HEAD, Family, ModelShape, register
 
 VOCAB = 250880
 TRAINED_SEQ = 2048  # ALiBi has no position table: the sequence length BLOOM was trained with
@@ -47,7 +47,7 @@ class Bloom(Family):
                 ("transformer.word_embeddings_layernorm.bias", (h,)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
                 ("transformer.ln_f.weight", (h,)), ("transformer.ln_f.bias", (h,)),
-                *([] if shape.tied_head else [("lm_head.weight", (v, h))])]
+                *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
 
     def check(self, shape):
         if shape.ffn is not None and shape.ffn != 4 * shape.hidden:

@@ -54,9 +54,7 @@ class ModelShape:
         return self.spec.tied_default if self.tied is None else self.tied
 
 
-# module inside a block -> how tensor parallelism splits it: colwise (by output), rowwise (by input); colwise_fused3:
-# GPT-2's fused [q | k | v] projection, each of the three split (parallel/tensor_parallel.py applies it)
-TP_STYLES = ("colwise", "colwise_fused3", "rowwise")
+UNTIED_HEAD = "lm_head.weight"  # transformers' name of a causal LM's own head weight (tied: the embedding's)
 
 
 class Family:
@@ -70,7 +68,6 @@ class Family:
     tied_default: bool = True
     conv1d: bool = False  # weights stored [in, out] (GPT-2's Conv1D) rather than nn.Linear's [out, in]
     gated_mlp: bool = False  # SwiGLU: gate and up projections, then down (three matrices)
-    rotary: bool = False  # rotary positions (no position table)
     block_prefix: str  # the blocks' module path: block i is f"{block_prefix}.{i}"
     attention_module: str  # the attention module inside a block
     embedding: str  # the word embedding's parameter name
@@ -78,7 +75,9 @@ class Family:
     final_norm: str  # the norm after the last block (a module path)
     sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
-    tp_plan: dict[str, str]  # module inside a block -> one of TP_STYLES
+    # module inside a block -> how tensor parallelism splits it (parallel/tensor_parallel.py applies it): colwise (by
+    # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split)
+    tp_plan: dict[str, str]
 
     # ---- for each family to define ----------------------------------------------------------------------------------
     def default_ffn(self, hidden: int) -> int:
@@ -118,10 +117,6 @@ class Family:
     def is_block(self, name: str) -> bool:
         return name.startswith(self.block_prefix + ".")
 
-    def head_name(self, shape: ModelShape) -> str | None:
-        """The LM head's own parameter when it is not tied to the word embedding."""
-        return None if shape.tied_head else "lm_head.weight"
-
     def _module_style(self, name: str) -> tuple[str | None, str]:
         """(the TP style of the block module `name` (a parameter) belongs to, or None; "weight" | "bias")."""
         module, _, kind = name.rpartition(".")
@@ -134,7 +129,7 @@ class Family:
         """The dimension parameter `name` splits over under hfscale's TP plan, or None: replicated. Column-parallel
         weights by output and their biases by row (GPT-2's fused QKV bias stays whole: tensor_parallel.py says why),
         row-parallel weights by input; the word embedding and an untied head by vocabulary rows."""
-        if name.endswith("." + self.embedding) or name == self.embedding or name == "lm_head.weight":
+        if any(name == vocab or name.endswith("." + vocab) for vocab in (self.embedding, UNTIED_HEAD)):
             return 0
         style, kind = self._module_style(name)
         if style is None:

@@ -2,7 +2,7 @@
 projections stored [in, out] with a fused [q | k | v], the head tied to the word embedding. Also the BigScience
 experiment shapes, which used this architecture."""
 
-from .family import Family, ModelShape, register
+from .family import UNTIED_HEAD, Family, ModelShape, register
 
 VOCAB = 50257
 
@@ -47,7 +47,7 @@ class GPT2(Family):
         return [(self.embedding, (v, h)), (self.position_embedding, (shape.positions, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
                 ("transformer.ln_f.weight", (h,)), ("transformer.ln_f.bias", (h,)),
-                *([] if shape.tied_head else [("lm_head.weight", (v, h))])]
+                *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
 
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import GPT2Config

@@ -12,7 +12,7 @@ hfscale trains from scratch at a few thousand tokens, where the scaling changes 
 from math import ceil
 
 from ..errors import HfscaleError
-from .family import Family, ModelShape, differing, register
+from .family import UNTIED_HEAD, Family, ModelShape, differing, register
 
 LLAMA3_VOCAB, SMOLLM2_VOCAB = 128256, 49152
 
@@ -28,7 +28,6 @@ class Llama(Family):
     class_name = "LlamaForCausalLM"
     tied_default = False
     gated_mlp = True
-    rotary = True
     own_widths = True
     block_prefix = "model.layers"
     attention_module = "self_attn"
@@ -65,7 +64,7 @@ class Llama(Family):
                  ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
         return [(self.embedding, (v, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
-                ("model.norm.weight", (h,)), *([] if shape.tied_head else [("lm_head.weight", (v, h))])]
+                ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
 
     def check(self, shape):
         if shape.kv_heads > shape.n_head or shape.n_head % shape.kv_heads:

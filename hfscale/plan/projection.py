@@ -17,6 +17,7 @@ from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import SECONDS_PER_DAY, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
+from ..models.family import UNTIED_HEAD
 from ..runplan import RunPlan, accumulation_steps
 from .baseline import Baseline
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridPlan, grid_layouts
@@ -69,7 +70,7 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
     if strategy.engine == "fsdp":
         root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
         spec = shape.spec
-        tail = (spec.final_norm + ".", spec.embedding, "lm_head.weight")
+        tail = (spec.final_norm + ".", spec.embedding, UNTIED_HEAD)
         leftover = sum(tp.numel for tp in parameter_tensors(shape)
                        if not (spec.is_block(tp.name) or tp.name.startswith(tail)))  # the model's own unit
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
