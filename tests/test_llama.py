@@ -22,6 +22,8 @@ def _holds_what_the_memory_model_says(res) -> None:
     (the rank that holds the most)."""
     estimate, ranks = res["estimate"], res["memory"]["model_states_per_rank"]
     for component in ("parameters", "gradients", "master_weights", "optimizer_states"):
+        if (res["strategy"], component) == ("zero1", "gradients"):  # the backward's full gradients, by the step a
+            continue  # partition: test_gradient_partitions.py compares the two moments
         measured = max(r[component] for r in ranks)
         held = estimate[component] + estimate["host"].get(component, 0)
         assert held == pytest.approx(measured, rel=0.02, abs=64), (res["strategy"], component, held, ranks)
@@ -147,3 +149,29 @@ def test_a_llama_run_resumes_exactly_from_its_checkpoint(tmp_path):
                     "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
     assert resumed["resumed_from"] == checkpoint
     assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in full["loss_history"]]
+
+
+# Beside ddp, zero3, fsdp and tp above: the other engines' routes and the other optimizers' state layouts on Llama
+# (bitsandbytes' 8-bit blocks with the embedding's 32-bit states, Adafactor's factored states of the gated MLP,
+# DeepSpeed's CPU Adam, PowerSGD's compressed buckets), 3 steps each
+LLAMA_PAIRS = [("zero1", "adamw_8bit"), ("zero2_offload", "adamw"), ("ddp_powersgd", "adafactor")]
+
+
+@pytest.mark.parametrize("strategy,optim", LLAMA_PAIRS)
+def test_llama_trains_under_more_strategies_and_optimizers(strategy, optim):
+    from conftest import shared_train
+
+    extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
+    res = shared_train(f"llama-{strategy}-{optim}", strategy, "--model", "tiny-llama", "--optim", optim, *extra, steps=3)
+    assert (res["strategy"], res["optim"], res["model"]["family"]) == (strategy, optim, "llama")
+    check = res["strategy_check"]
+    assert check["world_size_torch"] == 2 and len(set(map(tuple, check["first_batch_per_rank"]))) == 2
+    assert "uint8" in check["optimizer_states"]["dtypes"] if optim == "adamw_8bit" else True
+    assert check["optimizer_states"]["factored"] if optim == "adafactor" else True
+    if strategy == "zero2_offload":
+        assert check["offload_optimizer"] and check["optimizer_states"]["devices"] == ["cpu"]
+    if strategy == "ddp_powersgd":
+        assert check["powersgd"]["compressed_buckets"] > 0
+    assert [p["loss"] for p in res["loss_history"]][-1] < [p["loss"] for p in res["loss_history"]][0]
+    assert_figures_count_the_loaders(res)
+    _holds_what_the_memory_model_says(res)
