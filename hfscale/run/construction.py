@@ -49,9 +49,9 @@ def rank0_builds(args, strategy) -> bool:
 
 def share_rank0_buffers(model, device) -> None:
     """Rank 0's non-persistent buffers on every rank. They are in no state dict, so the engine that shards rank 0's
-    weights out never sends them, and accelerate's FSDP2 loading keeps each rank's own: on a rank built without
-    weights, uninitialised memory (Llama's rotary inv_freq: its ranks rotated q and k differently, and fsdp left ddp
-    by 5e-3 in 20 steps). Collective; each through the run's device (NCCL sends no host tensor)."""
+    weights out never sends them, and accelerate's FSDP2 loading keeps each rank's own: uninitialised memory on a rank
+    built without weights (Llama's rotary inv_freq; docs/estimate.md). Collective; each through the run's device (NCCL
+    sends no host tensor)."""
     import torch.distributed as dist
 
     for name, buffer in model.named_buffers():
