@@ -553,12 +553,13 @@ HSDP_MBS = ["--per_device_train_batch_size", "2"]
 
 
 def hsdp_8bit_job() -> dict:
-    """fsdp_hybrid x adamw_8bit (torchao's AdamW8bit on the 2-D mesh), 2 "nodes" x 2 processes, 3 steps: the
-    strategy x optimizer matrix's run of that pair."""
+    """fsdp_hybrid x adamw_8bit (torchao's AdamW8bit on the 2-D mesh), 2 "nodes" x 2 processes, 3 steps, on tiny-llama:
+    the strategy x optimizer matrix's run of that pair."""
     def make(folder):
         folder.mkdir(parents=True, exist_ok=True)
         return slurm_train(fake_slurm_bin(folder / "bin"), folder, "fsdp_hybrid", 2, 2,
-                           [*TINY, "--optim", "adamw_8bit", "--max_steps", "3", "--output_dir", str(folder / "run")])
+                           [*TINY, "--model", "tiny-llama", "--optim", "adamw_8bit", "--max_steps", "3",
+                            "--output_dir", str(folder / "run")])
 
     return shared_run("hsdp-2x2-8bit", make)
 

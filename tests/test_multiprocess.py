@@ -300,8 +300,9 @@ def pair_result(strategy: str, optim: str) -> dict:
     if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's run
         return tp_run()
     if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
-        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, "--save_strategy", "no", steps=3,
-                                                                  key=f"fsdp_tp-2x2-{optim}")
+        model = ["--model", "tiny-llama"] if (strategy, optim) in LLAMA_PAIRS else []
+        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *model, "--save_strategy", "no",
+                                                                  steps=3, key=f"fsdp_tp-2x2-{optim}")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     kind, _, key = where.partition(":")
     if key:  # a run another test makes, by the conftest function that makes it
@@ -337,9 +338,13 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
 # BLOOM run of its own (every DeepSpeed pair's run is another test's, on GPT-2).
 BLOOM_PAIRS = [("ddp_powersgd", "adamw_8bit"), ("fsdp_offload", "adamw_8bit")]
 BLOOM_RUNS = [("zero3", "adafactor")]
+# ... and Llama (grouped-query attention split by TP, an untied head), torchao's 8-bit AdamW on the 2-D meshes: the
+# matrix's runs of fsdp_tp and fsdp_hybrid with it (tests/test_llama.py runs the other engines on it)
+LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit")]
+FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS}}
 
 
-@pytest.mark.parametrize("strategy,optim,family", [(*p, "bloom" if p in BLOOM_PAIRS else "gpt2") for p in PAIRS
+@pytest.mark.parametrize("strategy,optim,family", [(*p, FAMILY.get(p, "gpt2")) for p in PAIRS
                                                    if p not in INCOMPATIBLE] + [(*p, "bloom") for p in BLOOM_RUNS])
 def test_memory_estimate_equals_what_the_engine_holds(strategy, optim, family):
     """Per rank: bytes of parameters, gradients (right before the first optimizer step), fp32 masters and optimizer
