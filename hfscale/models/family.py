@@ -8,6 +8,7 @@ head is tied. The rest of hfscale asks `shape.spec`; adding a family is one modu
 (docs/models.md).
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
 from ..errors import HfscaleError, one_of
@@ -57,8 +58,8 @@ class ModelShape:
 UNTIED_HEAD = "lm_head.weight"  # transformers' name of a causal LM's own head weight (tied: the embedding's)
 
 
-class Family:
-    """One transformers architecture. Subclasses set the class attributes and the methods marked below."""
+class Family(ABC):
+    """One transformers architecture. Subclasses set the class attributes and define the abstract methods."""
 
     name: str
     model_types: tuple[str, ...]  # the transformers model_types served (config.json's "model_type")
@@ -83,18 +84,18 @@ class Family:
     def default_ffn(self, hidden: int) -> int:
         return 4 * hidden
 
+    @abstractmethod
     def tensors(self, shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
         """(name, shape) of every trainable tensor of the transformers model, in `model.parameters()` order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def hf_config(self, shape: ModelShape, dropout: float = 0.0, **extra):
         """The transformers config of a shape (imports transformers)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def shape_from_config(self, config) -> ModelShape:
         """The shape of a transformers config of a served model_type, or HfscaleError naming what hfscale cannot
         train of it."""
-        raise NotImplementedError
 
     def check(self, shape: ModelShape) -> None:
         """Family-specific refusals of a shape (HfscaleError); the common ones are models.resolve.validate_shape's."""
