@@ -8,6 +8,7 @@ Units: FLOPs are floating-point operations (a multiply-add is 2); `_s` seconds; 
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import prod
 
 from ..models.family import ModelShape
 
@@ -22,13 +23,7 @@ def param_count(shape: ModelShape) -> int:
     -> 4h^2 + 2hf + 9h + f (= 12h^2 + 13h when f = 4h); plus word embeddings v*h, a final LayerNorm 2h and the
     position table s*h. Llama per layer: q and o 2h^2, k and v 2h*kv (GQA), the gated MLP 3hf, two RMSNorms 2h; plus
     v*h, the final norm h, and an untied head's v*h."""
-    total = 0
-    for _, dims in shape.spec.tensors(shape):
-        n = 1
-        for d in dims:
-            n *= d
-        total += n
-    return total
+    return sum(prod(dims) for _, dims in shape.spec.tensors(shape))
 
 
 def param_count_bigscience(n_layer: int, hidden: int, seq: int, vocab: int) -> int:

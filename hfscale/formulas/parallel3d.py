@@ -15,11 +15,12 @@ Sources (docs/project.md says how close each check came):
 """
 
 from dataclasses import dataclass, replace
-from math import ceil
+from math import ceil, prod
 
 from .comm import RING, Links, collective_s
 from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, RankMemory
 from .metrics import ModelShape, forward_flops_per_sequence
+from .tensors import parameter_tensors
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: no recomputation)
 VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to 128 x TP
@@ -107,23 +108,17 @@ def stage_parameters(shape: ModelShape, grid: Grid, stage: int) -> int:
     padded), or - when P > 1 - the last stage's own copy of the tied word embedding."""
     spec, t = shape.spec, grid.tp
     block = spec.block_tensors(shape)
-    split = sum(_numel(d) for n, d in block if spec.megatron_split(f"{spec.block_prefix}.0.{n}"))
-    whole = sum(_numel(d) for _, d in block) - split
+    split = sum(prod(d) for n, d in block if spec.megatron_split(f"{spec.block_prefix}.0.{n}"))
+    whole = sum(prod(d) for _, d in block) - split
     blocks = stage_layers(shape, grid) * (ceil(split / t) + whole)
     embedding = padded_vocab(shape.vocab, t) * shape.hidden // t
-    tensors = spec.tensors(shape)
-    first_block = next(i for i, (n, _) in enumerate(tensors) if spec.is_block(n))
-    first = embedding + sum(_numel(d) for n, d in tensors[:first_block] if n != spec.embedding)
-    norm = sum(_numel(d) for n, d in tensors if n.startswith(spec.final_norm + "."))
+    tensors = parameter_tensors(shape)
+    first_block = next(i for i, t in enumerate(tensors) if spec.is_block(t.name))
+    first = embedding + sum(t.numel for t in tensors[:first_block] if t.name != spec.embedding)
+    norm = sum(t.numel for t in tensors if t.name.startswith(spec.final_norm + "."))
     head = embedding if not shape.tied_head or grid.pp > 1 else 0
     return blocks + (first if stage == 0 else 0) + (norm + head if stage == grid.pp - 1 else 0)
 
-
-def _numel(dims: tuple[int, ...]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def grad_bytes(precision: str) -> int:

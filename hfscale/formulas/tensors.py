@@ -5,7 +5,7 @@ memory, communication and projection formulas walk them, and tests/ check them a
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, prod
 
 from .metrics import ModelShape
 
@@ -65,9 +65,10 @@ def tp_local_tensors(shape: ModelShape, tp: int = 1, rank: int = 0) -> tuple[Ten
     return tuple(out)
 
 
+@lru_cache(maxsize=64)  # asked once per layer by zero3_gathers, and by every row's memory and communication model
 def block_numel(shape: ModelShape) -> int:
     """Elements of one transformer block (an FSDP unit, a ZeRO-3 gathering unit)."""
-    return sum(Tensor(name, dims).numel for name, dims in shape.spec.block_tensors(shape))
+    return sum(prod(dims) for _, dims in shape.spec.block_tensors(shape))
 
 
 def zero3_gathers(shape: ModelShape, persistence_threshold: int, max_reuse_distance: int) -> tuple[int, int]:
