@@ -181,7 +181,7 @@ def without_kv_cache(row: dict) -> dict:
     return {**row, "activations": row["activations"] - cache, "peak": row["peak"] - cache, "kv_cache": False}
 
 
-def fit_rows(rows: list[dict]) -> dict:
+def fit_rows(rows: list[dict], device: str = "cuda") -> dict:
     """Least-squares coefficients per mode from measured rows ({"mode", n_layer, hidden, heads, vocab, seq, mbs,
     activations, peak}, with the KV cache taken off rows that kept it), a row that disagrees with the rest of its mode
     set aside and named (fit_mode), and each checkpointed mode's recompute terms: what a recomputed block's backward
@@ -190,7 +190,7 @@ def fit_rows(rows: list[dict]) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from hfscale.formulas.activations import activation_features
+    from hfscale.formulas.activations import activation_features, keeps_attention_scores
 
     rows = [without_kv_cache(r) for r in rows]  # every row in the terms of hfscale's training step
 
@@ -210,8 +210,9 @@ def fit_rows(rows: list[dict]) -> dict:
                   "fallback")
             continue
         X, y = np.array([features(r) for r in mine], float), np.array([r["activations"] for r in mine], float)
-        if mode.split("/")[1] == "sdpa":  # SDPA's kernels keep no b·a·s² matrix (0.005 in every unfolded fit): a column
-            X[:, 1] = 0               # left free only makes the fit unstable where heads vary in one shape alone
+        # SDPA's kernels keep no b·a·s² matrix (0.005 in every unfolded fit) but where torch runs its math kernel: a
+        # column left free only makes the fit unstable where heads vary in one shape alone
+        X[:, 1] *= [keeps_attention_scores(row_shape(mode.split("/")[0], r), mode, device) for r in mine]
         coef, outlier, worst, loo = fit_mode(X, y)
         if outlier is not None:
             set_aside.append(mine[outlier])
@@ -247,12 +248,13 @@ def recompute_term(rows: list[dict], coef, full, features, scores: bool = True) 
     kept = np.array([sum(c * x for c, x in zip(coef, features(r))) for r in rows])
     bsh = np.array([r["mbs"] * r["seq"] * r["hidden"] for r in rows], float)
     bas = np.array([r["mbs"] * r["heads"] * r["seq"] ** 2 for r in rows], float)
+    widths = np.array([sum(c * x for c, x in zip(full[6:], features(r)[6:])) / r["n_layer"] for r in rows], float)
     logits = np.array([LOGITS_PEAK_COPIES * 4 * r["mbs"] * r["seq"] * r["vocab"] for r in rows], float)
     peak = np.array([r["peak"] for r in rows], float)
     per_bsh = np.arange(1501) / 10
     best = (float("inf"), (0.0, 0.0))
     for per_bas in (np.arange(81) / 4 if scores else [0.0]):
-        block = (full[0] + per_bsh[:, None]) * bsh + (full[1] + per_bas) * bas
+        block = (full[0] + per_bsh[:, None]) * bsh + (full[1] + per_bas) * bas + widths  # as recomputed_block_bytes
         worst = np.round((np.abs(kept + np.maximum(logits, block) - peak) / peak).max(axis=1), 4)
         if worst.min() < best[0]:
             best = (float(worst.min()), (float(per_bsh[worst == worst.min()].max()), float(per_bas)))
@@ -260,8 +262,8 @@ def recompute_term(rows: list[dict], coef, full, features, scores: bool = True) 
 
 
 def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
-    """(coefficients, the row set aside or None, worst in-sample error, worst leave-one-out error) of one mode's rows.
-    A row is set aside - at most one per mode, and named - when the fit of the mode's other rows misses it by more than
+    """(coefficients, the row set aside or None, worst in-sample error, worst leave-one-out error over the rows the
+    others determine) of one mode's rows. A row is set aside - at most one per mode, and named - when the fit of the mode's other rows misses it by more than
     `tolerance` while those rows predict each other within `agreement`: one measurement that disagrees with the rest of
     its mode, not a shape the model cannot describe (two H100 grids measured the same checkpointed shape 0.41 GB apart,
     one embedding matrix's size in the step's baseline; docs/estimate.md)."""
@@ -270,15 +272,20 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
     def fit(X, y):
         coef = np.linalg.lstsq(X, y, rcond=None)[0]
         loo = [abs(X[i] @ np.linalg.lstsq(np.delete(X, i, 0), np.delete(y, i), rcond=None)[0] - y[i]) / y[i]
-               for i in range(len(y))]
+               for i in range(len(y)) if identifiable(np.delete(X, i, 0))] or [0.0]
         return coef, loo
+
+    def identifiable(X):  # a row that alone varies a feature (the Llama grid's one MLP width apart from h) cannot be
+        scaled = X / np.maximum(np.abs(X).max(axis=0), 1)  # left out: the others do not determine its coefficient
+        s = np.linalg.svd(scaled[:, np.abs(X).max(axis=0) > 0], compute_uv=False)
+        return s[-1] / s[0] > 5e-3
 
     coef, loo = fit(X, y)
     outlier = None
     if max(loo) > tolerance and len(y) > X.shape[1] + 1:
-        rests = [(max(rest_loo), i, rest_coef) for i in range(len(y))
+        rests = [(max(rest_loo), i, rest_coef) for i in range(len(y)) if identifiable(np.delete(X, i, 0))
                  for rest_coef, rest_loo in [fit(np.delete(X, i, 0), np.delete(y, i))]]
-        agree, candidate, rest_coef = min(rests, key=lambda r: r[0])
+        agree, candidate, rest_coef = min(rests, key=lambda r: r[0], default=(float("inf"), None, None))
         if agree <= agreement and abs(X[candidate] @ rest_coef - y[candidate]) / y[candidate] > tolerance:
             outlier, coef = candidate, rest_coef
             X, y = np.delete(X, candidate, 0), np.delete(y, candidate)

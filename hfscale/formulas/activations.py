@@ -21,7 +21,8 @@ from .metrics import ModelShape
 # - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
 #   all 18 modes) and with the KV cache (2026-11-23, 6 modes; kv_cache_bytes taken off each row before the fit),
 #   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except
-#   checkpointing with autocast (2% / 4-16%). Two rows disagreed with the rest of their mode and were set aside by the
+#   checkpointing with autocast (2% / 4-16%); Llama's SDPA modes on one H200 (2026-11-28, h200_2026-11-28/; its
+#   checkpointed fp32 not yet). Two rows disagreed with the rest of their mode and were set aside by the
 #   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
 #   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
@@ -84,6 +85,13 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
         'bloom/eager/autocast_bf16/1': (1.212, 0.029, 4.257, 11.156, 2.38, 0.812),
         'bloom/eager/bf16/0': (32.003, 6.002, 4.001, 5.981, -0.126, 0.004),
         'bloom/eager/bf16/1': (1.964, 0.001, 4.002, 6.144, 1.882, 0.004),
+        # Llama: 10 shapes per mode on one H200 (2026-11-28, benchmarks/results/h200_2026-11-28/); fp32 with GQA keeps
+        # the math kernel's attention probabilities (keeps_attention_scores); checkpointed fp32 not measured yet
+        'llama/sdpa/autocast_bf16/0': (32.59, 0.0, 4.018, 3.996, -0.016, 2.042, 7.642, 3.825),
+        'llama/sdpa/autocast_bf16/1': (2.693, 0.0, 4.272, 8.968, 0.12, 0.879, -0.347, -0.482),
+        'llama/sdpa/bf16/0': (20.685, 0.0, 4.013, 6.98, 0.016, 0.006, 7.882, 3.787),
+        'llama/sdpa/bf16/1': (1.952, 0.0, 4.002, 7.903, 0.026, 0.008, 0.014, 0.009),
+        'llama/sdpa/fp32/0': (39.97, 3.998, 4.003, 11.823, 0.162, 0.01, 16.012, 0.033),
     },
 }
 # Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
@@ -96,7 +104,8 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
 RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {
     "bloom/eager/autocast_bf16/1": (22.0, 5.75), "bloom/eager/bf16/1": (9.8, 6.0), "bloom/eager/fp32/1": (26.3, 6.5),
     "gpt2/eager/autocast_bf16/1": (1.8, 3.75), "gpt2/eager/bf16/1": (34.7, 0.0), "gpt2/eager/fp32/1": (2.6, 4.75),
-    "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0)}}
+    "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0),
+    "llama/sdpa/autocast_bf16/1": (21.9, 0.0), "llama/sdpa/bf16/1": (20.8, 0.0)}}
 RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
 # torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): what a compiled step
 # keeps, as a factor on the eager estimate, per mode - calibrate_activations.fit_compiled over the CUDA grid's compiled
@@ -115,7 +124,8 @@ RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
 STEP_OUTPUTS = ("returned", "loss_only")
 COMPILED_ACTIVATION_FACTOR = {"cuda": {
     "returned": {"gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696},
-    "loss_only": {"gpt2/sdpa/autocast_bf16/0": 0.472, "gpt2/sdpa/bf16/0": 0.556, "gpt2/sdpa/fp32/0": 0.661}}}
+    "loss_only": {"gpt2/sdpa/autocast_bf16/0": 0.472, "gpt2/sdpa/bf16/0": 0.556, "gpt2/sdpa/fp32/0": 0.661,
+                  "llama/sdpa/autocast_bf16/0": 0.639, "llama/sdpa/bf16/0": 0.65}}}
 COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
 # returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
@@ -207,6 +217,17 @@ def activation_mode(family_name: str, attention: str, compute: str, checkpointin
     return f"{family_name}/{attn}/{compute}/{int(checkpointing)}"
 
 
+def keeps_attention_scores(shape: ModelShape, mode: str, device: str) -> bool:
+    """Whether a step's attention keeps its b·a·s² probabilities for the backward. Eager attention does; SDPA's flash
+    and memory-efficient kernels do not - except on CUDA in fp32 with grouped-query attention, which neither takes
+    (flash computes in 16 bits, the memory-efficient kernel has no `enable_gqa`, which transformers passes), so torch
+    runs its math kernel and keeps them: 4.0 bytes per element in the H200 rows (docs/estimate.md)."""
+    attention, compute = mode.split("/")[1:3]
+    if attention != "sdpa":
+        return True
+    return device == "cuda" and compute == "fp32" and shape.kv_heads < shape.n_head
+
+
 def kv_cache_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str) -> int:
     """What transformers' KV cache adds to a training step's kept tensors in `mode` (FITTED_WITH_KV_CACHE)."""
     _, attention, compute, checkpointing = mode.split("/")
@@ -262,7 +283,8 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE
     feats = activation_features(shape, seq, micro_batch)
     linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
-    feats[0], feats[1] = feats[0] * linear, feats[1] * attention
+    scores = keeps_attention_scores(shape, mode, device if calibration == device else "cpu")
+    feats[0], feats[1] = feats[0] * linear, feats[1] * attention * scores
     for width in range(6, len(feats)):  # a block's MLP and key/value tensors: column-parallel outputs, split
         feats[width] *= 1 if linear == 1 else 1 / tp
     if tp > 1:
@@ -274,11 +296,12 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         calibration += ", with the KV cache" if kv_cache else ", the KV cache of the fit's steps taken off"
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
     loss_share = table[mode][2] * feats[2]  # the fp32 logits
+    fused_kept = fused_running = 0  # the fused loss's own: torch.compile cannot drop the gradients its forward makes
     if fused_loss:
-        loss_kept, loss_running = fused_loss_bytes(shape, seq, micro_batch, mode)
+        fused_kept, fused_running = fused_loss_bytes(shape, seq, micro_batch, mode)
         # the logits' terms out, and the head's share of the weight copies autocast keeps (the loss casts its own)
-        kept += loss_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
-        peak_extra, loss_share = loss_running, loss_kept
+        kept += fused_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
+        peak_extra, loss_share = 0, fused_kept
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
@@ -290,7 +313,8 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         factor, peak_extra, note = compiled_step(shape, seq, micro_batch, mode, device, peak_extra, fused_loss,
                                                  logits_output)
         calibration += note
-    return Activations(int(kept * factor), int(kept * factor + peak_extra), int(backward_end * factor), calibration)
+    kept = (kept - fused_kept) * factor + fused_kept
+    return Activations(int(kept), int(kept + max(peak_extra, fused_running)), int(backward_end * factor), calibration)
 
 
 def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str,
@@ -303,7 +327,8 @@ def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: 
         mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
     bsh = micro_batch * seq * shape.hidden
     widths = sum(c * x / shape.n_layer for c, x in zip(full[6:], activation_features(shape, seq, micro_batch)[6:]))
-    return (full[0] + per_bsh) * bsh + (full[1] + per_scores) * micro_batch * shape.n_head * seq * seq + widths
+    scores = keeps_attention_scores(shape, mode, device)
+    return (full[0] + per_bsh) * bsh + (full[1] * scores + per_scores) * micro_batch * shape.n_head * seq * seq + widths
 
 
 def compiled_step(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str, peak_extra: float,
