@@ -209,8 +209,10 @@ def test_powersgd_hook_compresses_after_warmup():
 
 
 def eight_bit_run(strategy: str) -> dict:
-    """The 3-step adamw_8bit run of ddp, zero2 or fsdp: the 8-bit checks' and those strategies' adamw_8bit pair."""
-    return result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit", steps=3)
+    """The 3-step adamw_8bit run of ddp, zero2 or fsdp: the 8-bit checks' and those strategies' adamw_8bit pair (zero2's
+    on Llama: LLAMA_PAIRS)."""
+    model = ["--model", "tiny-llama"] if (strategy, "adamw_8bit") in LLAMA_PAIRS else []
+    return result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit", *model, steps=3)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
@@ -338,9 +340,10 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
 # BLOOM run of its own (every DeepSpeed pair's run is another test's, on GPT-2).
 BLOOM_PAIRS = [("ddp_powersgd", "adamw_8bit"), ("fsdp_offload", "adamw_8bit")]
 BLOOM_RUNS = [("zero3", "adafactor")]
-# ... and Llama (grouped-query attention split by TP, an untied head), torchao's 8-bit AdamW on the 2-D meshes: the
-# matrix's runs of fsdp_tp and fsdp_hybrid with it (tests/test_llama.py runs the other engines on it)
-LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit")]
+# ... and Llama (grouped-query attention split by TP, an untied head): torchao's 8-bit AdamW on the 2-D meshes (the
+# matrix's runs of fsdp_tp and fsdp_hybrid with it) and bitsandbytes' under ZeRO-2 (tests/test_llama.py runs the other
+# engines on it)
+LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit"), ("zero2", "adamw_8bit")]
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS}}
 
 

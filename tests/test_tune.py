@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import REPO, TRIAL_ARGS, TUNE, run, tuned as tune_run
+from hfscale.run.results import read_results
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,6 +43,12 @@ def test_tune_prunes_refuses_runs_and_ranks(tuned):
     for c in ok:  # each trial really ran, with its own results
         res = json.loads((out / "trials" / c["run"] / "results.json").read_text())
         assert res["status"] == "ok" and res["config"]["world_size"] == 2 and res["perf"]["tokens_per_s"] == c["tokens_per_s"]
+        # memory like for like: the states and step peak each trial measured beside its own estimate of them (its
+        # process RSS, 0.6-0.8 GB of interpreter and libraries, read as a 10x miss against a 0.03-0.08 GB estimate)
+        held = read_results(out / "trials" / c["run"] / "results.json").states_and_step()
+        assert c["memory_gb"] == pytest.approx(held.measured / 1e9) and c["memory_gb"] < res["memory"]["peak_rss_gb"] / 3
+        assert c["memory_estimate_gb"] == pytest.approx(held.estimated / 1e9)
+        assert held.estimated_states == pytest.approx(held.measured_states, rel=0.02)
     assert "| 1 | " + report["winner"] in (out / "tune.md").read_text()
     # the 3D layout beside the trials: projected from the winner's throughput, never launched, never the winner
     projected = [c for c in report["candidates"] if c["status"] == "projected"]

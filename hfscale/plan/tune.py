@@ -57,10 +57,11 @@ class Candidate:
     run: RunSpec
     status: str  # planned | pruned | refused | ok | OOM | fail | timeout | skipped | projected (a 3D layout)
     reason: str | None = None
-    estimate_gb: float | None = None
+    estimate_gb: float | None = None  # the plan's whole GPU (states, step, buffers, runtime): what prunes a trial
     tokens_per_s: float | None = None
     days: float | None = None
-    memory_gb: float | None = None
+    memory_gb: float | None = None  # measured model states + step peak, the rank that holds the most
+    memory_estimate_gb: float | None = None  # ... and the run's own estimate of the same
     pareto: bool = False
     noise: float = 0.0  # relative standard error of the measured speed (0: too few logging intervals to say)
 
@@ -159,7 +160,9 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
     if cand.status == "ok" and res.perf.tokens_per_s:
         cand.tokens_per_s = res.perf.tokens_per_s
         cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.num_processes)[0]
-        cand.memory_gb = res.memory.peak_gb
+        held = res.states_and_step()  # like for like: neither side counts the runtime or the interpreter
+        cand.memory_gb = None if held.measured is None else held.measured / GB
+        cand.memory_estimate_gb = None if held.estimated is None else held.estimated / GB
         cand.noise = relative_noise(res)
 
 
@@ -240,15 +243,21 @@ def write_winner(best: Candidate, out: Path, fixed: list[str], flags: list[str])
 
 
 def table(cands: list[Candidate]) -> str:
-    lines = ["| rank | trial | status | tokens/s | days | memory GB (measured) | estimate GB | Pareto | note |",
+    lines = ["| rank | trial | status | tokens/s | days | states + step GB (estimated / measured) | "
+             "whole GPU GB (estimated) | Pareto | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     ranked = sorted(cands, key=lambda c: (c.status != "ok", -(c.tokens_per_s or 0), c.run.name))
+
+    def gb(x):
+        return "" if x is None else f"{x:.2f}"
+
     for i, c in enumerate(ranked, 1):
+        held = "" if c.memory_gb is None and c.memory_estimate_gb is None else \
+            f"{gb(c.memory_estimate_gb) or 'n/a'} / {gb(c.memory_gb) or 'n/a'}"
         lines.append(f"| {i if c.status == 'ok' else ''} | {c.run.name} | {c.status} | "
                      f"{'' if c.tokens_per_s is None else f'{c.tokens_per_s:,.0f}'} | "
-                     f"{'' if c.days is None else f'{c.days:,.1f}'} | "
-                     f"{'' if c.memory_gb is None else f'{c.memory_gb:.2f}'} | "
-                     f"{'' if c.estimate_gb is None else f'{c.estimate_gb:.2f}'} | {'*' if c.pareto else ''} | "
+                     f"{'' if c.days is None else f'{c.days:,.1f}'} | {held} | "
+                     f"{gb(c.estimate_gb)} | {'*' if c.pareto else ''} | "
                      f"{(c.reason or '').replace('|', '/')[:120]} |")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ from typing import get_args
 
 from ..errors import HfscaleError
 from ..files import atomic_write_text
-from ..formulas.metrics import ModelShape
+from ..formulas.metrics import GB, ModelShape
 
 SCHEMA_VERSION = 2
 # Schema 1 named the batch and recomputation as hfscale 0.1 did; schema 2 as the Trainer's flags do. A schema-1 file
@@ -245,6 +245,19 @@ class Results(_Section):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def states_and_step(self) -> "StatesAndStep":
+        """Model states and the step's peak above them, estimated and measured, on the rank that holds the most: the
+        like-for-like pair (a process's RSS or the allocator's peak also counts the runtime, the interpreter and the
+        libraries, which the estimate's states and step leave out)."""
+        est, ranks = self.estimate or {}, [r for r in self.memory.model_states_per_rank or [] if r]
+        steps = [r for r in self.memory.step_per_rank or [] if r]
+        return StatesAndStep(
+            estimated_states=est.get("model_states", 0) + est.get("host_offload", 0) if est else None,
+            measured_states=max((sum(v or 0 for v in r.values()) for r in ranks), default=None),
+            estimated_step=est.get("step_peak", est.get("activation_peak")) if est else None,
+            measured_step=max((r["step_delta_gb"] * GB for r in steps), default=None),
+            first_step_only=bool(steps) and all(r.get("first_steps_only") for r in steps))
+
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, **super().to_dict()}
 
@@ -265,6 +278,26 @@ class Results(_Section):
                 if bad:
                     raise TypeError(f"{name} entry's {bad} is {json.dumps(entry[bad])[:40]}, not a number")
         return results
+
+
+@dataclass(frozen=True)
+class StatesAndStep:
+    """Bytes per rank (Results.states_and_step); None where the run did not record it."""
+    estimated_states: float | None
+    measured_states: float | None
+    estimated_step: float | None
+    measured_step: float | None
+    first_step_only: bool  # the run's only step created the gradients and optimizer states: its step is not one
+
+    @property
+    def estimated(self) -> float | None:
+        return None if None in (self.estimated_states, self.estimated_step) else self.estimated_states + self.estimated_step
+
+    @property
+    def measured(self) -> float | None:
+        if self.first_step_only or None in (self.measured_states, self.measured_step):
+            return None
+        return self.measured_states + self.measured_step
 
 
 HISTORIES = ("loss_history", "eval_history", "perf_history", "checkpoints")

@@ -102,21 +102,15 @@ def eval_line(results) -> str:
 
 def memory_line(results) -> str:
     """Estimated vs measured memory of the rank that holds the most (hfscale.formulas.memory; docs/estimate.md)."""
-    est, mem = results.estimate or {}, results.memory
-    ranks = [r for r in mem.model_states_per_rank or [] if r]
-    steps = [r for r in mem.step_per_rank or [] if r]
-    measured_states = max((sum(v or 0 for v in r.values()) for r in ranks), default=None)
-    est_states = est.get("model_states", 0) + est.get("host_offload", 0) if est else None
-    step = max((r["step_delta_gb"] for r in steps), default=None)
-    first_only = bool(steps) and all(r.get("first_steps_only") for r in steps)
+    m = results.states_and_step()
 
-    def gb(x, scale=GB):
-        return f"{x / scale:.3f}" if isinstance(x, (int, float)) else "n/a"
+    def gb(x):
+        return f"{x / GB:.3f}" if isinstance(x, (int, float)) else "n/a"
 
     measured_step = ("n/a (the run's only step created the gradients and optimizer states: run 2 or more to compare)"
-                     if first_only else f"{gb(step, 1)} GB")
-    return (f"  memory per rank, estimated / measured: model states {gb(est_states)} / {gb(measured_states)} GB · "
-            f"step peak above the states {gb(est.get('step_peak', est.get('activation_peak')))} / {measured_step}")
+                     if m.first_step_only else f"{gb(m.measured_step)} GB")
+    return (f"  memory per rank, estimated / measured: model states {gb(m.estimated_states)} / {gb(m.measured_states)} "
+            f"GB · step peak above the states {gb(m.estimated_step)} / {measured_step}")
 
 
 def print_summary(results) -> None:
