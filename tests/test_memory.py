@@ -561,3 +561,22 @@ def test_communication_buffers_follow_the_replicas_and_the_tp_slices():
 
     assert buffers("tp") == 0 and buffers("ddp") > 0
     assert buffers("fsdp_tp", 16) < buffers("fsdp", 16) / 4
+
+
+def test_no_attention_named_is_transformers_choice_sdpa_where_the_family_has_it():
+    """A run without --attn_implementation builds transformers' default, SDPA (BLOOM has none: eager): its plan's
+    estimate before the model exists is that attention's, not eager's (whose score matrices a 1024-token step would
+    count in GB)."""
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.runplan import RunPlan
+
+    assert act.activation_mode("gpt2", None, "fp32", False) == "gpt2/sdpa/fp32/0"
+    assert act.activation_mode("llama", "", "bf16", True) == "llama/sdpa/bf16/1"
+    assert act.activation_mode("bloom", None, "fp32", False) == "bloom/eager/fp32/0"
+    assert act.activation_mode("gpt2", "eager", "fp32", False) == "gpt2/eager/fp32/0"
+
+    def peak(attention):
+        return RunPlan(get_strategy("ddp"), get_optimizer("adamw"), PRESETS["gpt2-350m"], 1024, attention=attention,
+                       device_type="cuda", precision="bf16").memory().activation_peak
+
+    assert peak(None) == peak("sdpa") < peak("eager")
