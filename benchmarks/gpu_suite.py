@@ -191,7 +191,7 @@ def deepspeed_variant(strategy: str, variant: str, overrides: dict, out: Path) -
     from hfscale.files import atomic_write_text
     from hfscale.parallel.strategies import get_strategy
 
-    config = json.loads(Path(get_strategy(strategy).deepspeed_config_path).read_text())
+    config = get_strategy(strategy).deepspeed_settings()
     config["zero_optimization"].update(overrides)
     path = out / "ds_configs" / f"{strategy}-{variant}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,7 @@ COMMANDS = {
     "tune": "short real trials of every configuration that fits; the winner as ready-to-launch files",
     "bandwidth": "all-reduce / all-gather / reduce-scatter bus bandwidth of this node (like nccl-tests)",
     "strategies": "list strategies; --matrix for the strategy x optimizer table",
+    "configs": "write accelerate_configs/ and ds_configs/ from strategies/*.yaml (--check: only compare)",
     "peak": "measure this device's matmul peak TFLOPs",
 }
 
@@ -93,9 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     if command == "train":
         return import_command("train").main(rest)
     if command in ("launch", "slurm", "sweep", "report", "parity", "import-logs", "export", "estimate", "project",
-                   "bandwidth", "tune"):
+                   "bandwidth", "tune", "configs"):
         module = {"launch": "launch", "slurm": "cluster.slurm", "sweep": "compare.sweep", "report": "compare.report", "parity": "compare.parity",
                   "import-logs": "compare.megatron", "export": "run.export", "estimate": "plan.estimate",
-                  "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune"}[command]
+                  "project": "plan.project", "bandwidth": "plan.bandwidth", "tune": "plan.tune",
+                  "configs": "parallel.shipped"}[command]
         sys.exit(import_command(module).main(rest) or 0)
     {"strategies": cmd_strategies, "peak": cmd_peak}[command](rest)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -448,3 +449,44 @@ def test_a_launcher_environment_names_its_tensor_parallel_strategy(monkeypatch):
     assert launcher_strategy() == "fsdp_tp"
     monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "1")
     assert launcher_strategy() == "fsdp"
+
+
+def test_the_shipped_launcher_files_are_what_the_strategies_define(tmp_path, hfscale_cli):
+    """accelerate_configs/ and ds_configs/ are written from strategies/*.yaml by `hfscale configs`: a committed file
+    that differs (a hand edit, a strategy changed and not written) fails here, and `--check` names it; the code reads
+    the strategy's own settings, which are the JSON's."""
+    import json
+
+    from hfscale.parallel import shipped
+
+    files = shipped.shipped_files()
+    assert len(files) == len(all_strategies()) + sum(bool(s.deepspeed_config) for s in all_strategies().values())
+    assert shipped.stale_files(files) == []
+    assert hfscale_cli(["configs", "--check"]).returncode == 0
+    for s in all_strategies().values():
+        if s.deepspeed_config:
+            assert json.loads(s.deepspeed_config_path.read_text()) == s.shipped_deepspeed_config
+    edited = tmp_path / "zero2.json"  # the check compares texts: any change to a file is one
+    path = get_strategy("zero2").deepspeed_config_path
+    edited.write_text(path.read_text().replace("500000000", "50000000", 1))
+    assert shipped.stale_files({edited: files[path]}) == [edited]
+    assert shipped.stale_files({tmp_path / "missing.json": files[path]}) == [tmp_path / "missing.json"]
+
+
+def test_a_strategy_file_cannot_restate_what_its_stage_and_offload_give(tmp_path):
+    """One home for the stage and the offload: a strategy's zero_optimization that sets them again is refused, and
+    DeepSpeed settings on a strategy of another engine too."""
+    from hfscale.parallel.strategies import _parse_strategy
+
+    source = (config_dir("strategies") / "zero2.yaml").read_text()  # a valid file, then one key too many
+    for bad, message in (("  stage: 3\n", "zero_optimization sets ['stage']"),
+                         ("  offload_optimizer: {device: cpu}\n", "zero_optimization sets ['offload_optimizer']")):
+        path = tmp_path / "zero2.yaml"
+        path.write_text(source.replace("zero_optimization:\n", "zero_optimization:\n" + bad))
+        with pytest.raises(HfscaleError, match=re.escape(message)):
+            _parse_strategy(path)
+    path = tmp_path / "ddp.yaml"
+    path.write_text((config_dir("strategies") / "ddp.yaml").read_text() + "zero_optimization: {overlap_comm: true}\n")
+    with pytest.raises(HfscaleError, match="for engine deepspeed"):
+        _parse_strategy(path)
+

@@ -5,8 +5,9 @@ and what it shards and offloads. Code exists only for what no library does; see 
 axis is its own registry (optimizers.py).
 """
 
+import copy
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import HfscaleError, one_of
@@ -42,6 +43,26 @@ INCOMPATIBLE = {
 }
 
 
+# What every generated DeepSpeed JSON holds beside its zero_optimization: precision and the batch arithmetic filled in
+# by transformers from the Trainer's flags ("auto"), and DeepSpeed's own logging off (the Trainer logs).
+_DEEPSPEED_COMMON = {
+    "bf16": {"enabled": "auto"},
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+}
+_DEEPSPEED_TAIL = {
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "steps_per_print": 1000000,
+    "wall_clock_breakdown": False,
+}
+# ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam: the optimizer is DeepSpeed's, named in the JSON
+_CPU_ADAM = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+_ON_CPU = {"device": "cpu", "pin_memory": True}
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -58,15 +79,30 @@ class Strategy:
     # Megatron-style tensor parallelism over the processes of each node (parallel/tensor_parallel.py): every block's
     # matrices split by heads and MLP columns, the embedding by vocabulary rows; the engine holds what is left
     tensor_parallel: bool = False
+    # DeepSpeed's zero_optimization settings beyond the stage and offload, which zero_stage and offload give
+    zero_optimization: dict = field(default_factory=dict)
 
     @property
     def deepspeed_config_path(self) -> Path | None:
+        """Its ds_configs/ JSON, generated from this strategy (hfscale configs): the file a launcher config names."""
         return config_dir("ds_configs") / self.deepspeed_config if self.deepspeed_config else None
 
-    @cached_property
+    def deepspeed_settings(self) -> dict:
+        """The DeepSpeed JSON of a ZeRO strategy: its stage, its settings and its offload, with transformers' "auto"
+        values for what the Trainer's flags decide (what ds_configs/ ships, parallel/shipped.py)."""
+        zero = {"stage": self.zero_stage, **self.zero_optimization}
+        if self.offloads_state("optimizer_states"):
+            zero["offload_optimizer"] = dict(_ON_CPU)
+        if self.offloads_state("parameters"):
+            zero["offload_param"] = dict(_ON_CPU)
+        optimizer = {"optimizer": _CPU_ADAM} if self.offloads_state("optimizer_states") else {}
+        # a copy all the way down: transformers fills the "auto" values in place
+        return copy.deepcopy({**_DEEPSPEED_COMMON, **optimizer, "zero_optimization": zero, **_DEEPSPEED_TAIL})
+
+    @property
     def shipped_deepspeed_config(self) -> dict | None:
-        """Its ds_configs/ JSON, parsed once and checked (the ZeRO stage and offload the strategy claims)."""
-        return load_deepspeed_config(self.deepspeed_config_path, self) if self.deepspeed_config else None
+        """What a run of the strategy hands DeepSpeed when no --deepspeed JSON is given (None: not DeepSpeed)."""
+        return self.deepspeed_settings() if self.engine == "deepspeed" else None
 
     def deepspeed_config_with(self, zero_optimization: dict) -> dict:
         """Its shipped JSON with another zero_optimization block: what a run recorded it ran with (results.json
@@ -123,6 +159,13 @@ def _parse_strategy(path: Path) -> Strategy:
                                        or "hybrid_shard" in (raw.get("fsdp") or "").split()):
         raise HfscaleError(f"{path}: `tensor_parallel: true` composes with engine ddp (TP alone) or fsdp (FSDP2 across "
                            f"nodes), without a comm hook or hybrid_shard")
+    zero = raw.get("zero_optimization")
+    if zero is not None:
+        if raw.get("engine") != "deepspeed" or not isinstance(zero, dict):
+            raise HfscaleError(f"{path}: zero_optimization is DeepSpeed's settings (a mapping), for engine deepspeed")
+        derived = sorted({"stage", "offload_optimizer", "offload_param"} & set(zero))
+        if derived:
+            raise HfscaleError(f"{path}: zero_optimization sets {derived}, which zero_stage and offload give")
     for key in ("shards", "offload"):
         bad = [k for k in raw.get(key) or [] if k not in STATE_KINDS]
         if bad:

@@ -222,8 +222,7 @@ def write_winner(best: Candidate, out: Path, fixed: list[str], flags: list[str])
     config = load_yaml(strategy.accelerate_config_path)
     config["num_processes"] = best.run.num_processes
     if strategy.deepspeed_config:
-        ds = json.loads(strategy.deepspeed_config_path.read_text())
-        atomic_write_text(folder / "ds_config.json", json.dumps(ds, indent=2) + "\n")
+        atomic_write_text(folder / "ds_config.json", json.dumps(strategy.deepspeed_settings(), indent=2) + "\n")
         config["deepspeed_config"] = {**config.get("deepspeed_config", {}),
                                       "deepspeed_config_file": str((folder / "ds_config.json").resolve())}
     header = (f"# hfscale tune winner: {best.run.name}, {best.tokens_per_s:,.0f} tokens/s measured over "

@@ -211,7 +211,7 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
     """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
     deepspeed_config = None
     if strategy.engine == "deepspeed":
-        path = kw["deepspeed"] or launcher_json_path or strategy.deepspeed_config_path
+        path = kw["deepspeed"] or launcher_json_path or strategy.deepspeed_settings()  # the strategy's, not a copy
         if isinstance(path, dict):
             deepspeed_config = path
         else:
