@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     opts = parser.parse_args()
-    from hfscale.launch import launch_command
+    from hfscale.launching import launch_command
     from hfscale.run.collectives import bytes_by_kind
 
     rows = []

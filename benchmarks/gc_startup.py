@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hfscale.launch import launch_command  # noqa: E402
+from hfscale.launching import launch_command  # noqa: E402
 
 # The "automatic" variant's training script: hfscale/train.py run as __main__, with gc.disable and gc.freeze no-ops.
 AUTOMATIC = """import gc, runpy, sys

@@ -115,6 +115,19 @@ def flag_value(args: list[str], name: str) -> str | None:
     return None
 
 
+def bool_flag(args: list[str], name: str) -> bool:
+    """A TrainingArguments switch in an argument list, as HfArgumentParser reads it: `--name` alone is true, `--name V`
+    or `--name=V` is V (true/false, yes/no, 1/0); absent is false."""
+    truth = ("true", "t", "yes", "y", "1")
+    for i, arg in enumerate(args):
+        if arg == name:
+            value = args[i + 1] if i + 1 < len(args) else None
+            return value is None or value.startswith("--") or value.lower() in truth
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1].lower() in truth
+    return False
+
+
 def train_flag(args: list[str], name: str) -> str | None:
     """A training flag's value, given as `--name V` or as a key of the run file the flags are."""
     if not is_run_file(args):

@@ -110,7 +110,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
     from hfscale.run.trainer import HfscaleTrainer
 
     plan, results = state.plan, record.results
-    on_cuda = results.environment.device_type == "cuda"
+    on_cuda = plan.on_cuda
     record.update(perf=peak_tflops(args, results.environment, plan.precision))
     meter = Meter(plan, token_budget=args.token_budget, peak_tflops=results.perf.peak_tflops,
                   warmup_steps=args.perf_warmup_steps, full_recompute=reentrant_checkpointing(args)) \
@@ -131,7 +131,7 @@ def make_trainer(model_args, args, state, model, blocks, eval_blocks, record, co
                                           record=record, resume_from=state.resume_from, construction=construction))
     trainer.add_callback(GarbageCollectionCallback(args.gc_freq, record))  # after the start-up checks, before the clock starts
     trainer.collectives = CollectiveCounter(args.count_collectives) if args.count_collectives else None
-    trainer.host_syncs = HostSyncCallback(args.device.type) if args.count_host_syncs else None
+    trainer.host_syncs = HostSyncCallback(plan.device_type) if args.count_host_syncs else None
     if trainer.host_syncs:
         trainer.add_callback(trainer.host_syncs)
     trainer.step_profiler = StepProfiler(args.profile_step, on_cuda, os.path.join(args.output_dir, "profile"),
@@ -145,7 +145,7 @@ def finish(trainer, meter, record, args, trainer_metrics: dict) -> None:
     """Whole-run figures, peak memory over all ranks, final weights fingerprint; then the results file."""
     results, plan = record.results, trainer.plan
     figures, steps = meter.whole_run() if meter else (None, 0)
-    memory = memory_now(results.environment.device_type == "cuda", trainer.step_memory)
+    memory = memory_now(plan.on_cuda, trainer.step_memory)
     if torch.distributed.is_initialized():
         names = sorted(memory)
         peak = torch.tensor([memory[n] for n in names], dtype=torch.float64, device=args.device)
@@ -255,7 +255,7 @@ def run(argv: list[str] | None) -> None:
     restate_matmul_precision()  # transformers' TF32 switch, readable by inductor's autotuning
     # what torch really computes in, read back now that transformers has set it up (TF32 under --torch_compile)
     state.plan = state.plan.but(precision=compute_precision(args.bf16, args.fp16, getattr(args, "mixed_precision", None),
-                                                            args.tf32, tf32_matmuls(args.device.type == "cuda")))
+                                                            args.tf32, tf32_matmuls(state.plan.on_cuda)))
     setup_logging(args)
     logger.info("training recipe (flag = yours, default = hfscale's pretraining recipe, trainer = the Trainer's own, "
                 "docs/compare.md): %s",

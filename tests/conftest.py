@@ -46,7 +46,7 @@ if "HFSCALE_TEST_SESSION_DIR" not in os.environ:
 SESSION_DIR = Path(os.environ["HFSCALE_TEST_SESSION_DIR"])
 os.environ["HFSCALE_CACHE_DIR"] = str(SESSION_DIR / "cache")
 
-from hfscale.launch import launch_command  # noqa: E402
+from hfscale.launching import launch_command  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 # Small enough for 2 cores: a 2-layer GPT-2, 64-token blocks, 4 samples per rank.

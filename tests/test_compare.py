@@ -19,7 +19,7 @@ from hfscale.compare.parity import compare, weights_deviation
 from hfscale.compare.plots import wide_range
 from hfscale.compare.report import COLUMNS, write_report
 from hfscale.compare.sweep import SweepSpec, expand
-from hfscale.launch import RunSpec, stub_results
+from hfscale.launching import RunSpec, stub_results
 from hfscale.run.results import Results, write_results
 
 DATA = REPO / "tests" / "data"
@@ -602,7 +602,7 @@ def test_repeats_run_round_by_round_and_the_report_shows_each_configurations_med
     not back to back), each repeat its own run and results file; the report merges a configuration's repeats into one
     row at the median speed, with the spread and the repeats that failed. The launches are faked: what a run writes
     is the train script's business (tests/test_sweep.py launches real ones)."""
-    from hfscale import launch
+    from hfscale import launching as launch
     from hfscale.compare import sweep
 
     speeds = iter([0.10, 0.20, 0.14, 0.30, 0.12, None])  # s/it in launch order; None: zero1's third repeat fails

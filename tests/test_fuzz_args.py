@@ -265,7 +265,7 @@ def test_any_planning_command_line_is_accepted_or_refused_in_one_line(hfscale_cl
     numeric flags: each either answers (exit 0; a tune gets as far as its first trial, which is not launched here)
     or refuses in one line with exit 2 - never a traceback, never an infinite or NaN figure taken as an answer."""
     from conftest import ReachedLaunch
-    from hfscale import launch
+    from hfscale import launching as launch
 
     monkeypatch.setattr(launch, "run_training", lambda *a, **k: (_ for _ in ()).throw(ReachedLaunch("a trial")))
     try:

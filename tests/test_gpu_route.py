@@ -38,7 +38,7 @@ def _value(cmd: list[str], flag: str) -> str:
 
 def test_a_node_never_gets_more_processes_than_gpus(gpus):
     """accelerate reads --num_processes as the total over all machines; each node must see a GPU per process."""
-    from hfscale.launch import strategy_launch
+    from hfscale.launching import strategy_launch
 
     gpus(1)
     with pytest.raises(HfscaleError, match="2 processes per node but this node sees 1 GPU"):
@@ -83,7 +83,7 @@ def test_sweep_and_parity_launch_each_strategy_with_its_shipped_config(gpus, mon
     """Without --config_file a user's default accelerate config (mixed precision, gpu_ids) would leak into every run."""
     import subprocess
 
-    from hfscale import launch
+    from hfscale import launching as launch
 
     gpus(0)  # 2 processes: a CPU machine's launch (a 1-GPU host would refuse it, as it should)
 
@@ -169,6 +169,23 @@ def test_use_cpu_on_a_gpu_machine_takes_the_cpu_route(gpus, monkeypatch):
     assert setup_processes(route_plan("zero1", False)) == {"accelerator_config": "the CPU DeepSpeed route"}
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     assert setup_processes(route_plan("zero1", True)) == {}  # the GPU route is left to the libraries
+
+
+def test_tune_plans_its_trials_on_the_route_they_take(gpus):
+    """tune's trials run here: on a GPU host with --use_cpu among the training flags they are CPU runs, estimated
+    without the CUDA terms (the runtime allowance, the allocator margin), as each trial's own plan is."""
+    from hfscale.flags import bool_flag
+    from hfscale.plan.tune import build_parser, candidates
+
+    assert bool_flag(["--use_cpu"], "--use_cpu") and bool_flag(["--use_cpu", "--bf16"], "--use_cpu")
+    assert bool_flag(["--use_cpu=true"], "--use_cpu") and not bool_flag(["--use_cpu", "False"], "--use_cpu")
+    assert not bool_flag(["--bf16"], "--use_cpu")
+    gpus(2)
+    opts = build_parser().parse_args(["--model", "tiny", "--strategy", "ddp", "--optim", "adamw", "--num_processes",
+                                      "2", "--per_device_train_batch_size", "4"])
+    on_gpu = {c.run.name: c.estimate_gb for c in candidates(opts, [])[0]}
+    on_cpu = {c.run.name: c.estimate_gb for c in candidates(opts, ["--use_cpu"])[0]}
+    assert on_gpu.keys() == on_cpu.keys() and all(on_gpu[n] > on_cpu[n] + 0.9 for n in on_gpu)  # the 1 GB runtime
 
 
 def test_a_bf16_checkpoint_loads_as_fp32_masters(tmp_path):

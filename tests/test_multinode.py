@@ -31,7 +31,7 @@ def single_node():
     return parity_runs()["runs"]["ddp"]
 
 
-# The script's launch takes one of two routes (launch.strategy_launch): torch's (torchrun across nodes; ddp, fsdp, and
+# The script's launch takes one of two routes (launching.strategy_launch): torch's (torchrun across nodes; ddp, fsdp, and
 # HSDP and fsdp_tp, whose 2 x 2 jobs below and in test_tensor_parallel.py match the same one-node ddp run) and
 # DeepSpeed's (its `standard` multi-node launcher; every ZeRO stage takes it), run here. Each job is ~20 CPU-s of CI.
 @pytest.mark.parametrize("strategy", ["zero3"])
@@ -243,7 +243,7 @@ def test_every_process_gets_its_share_of_the_cpus_whatever_the_strategy(tmp_path
     """accelerate sets OMP_NUM_THREADS to 1 on its DDP/FSDP routes and leaves it unset on DeepSpeed's (a lone
     process then runs on every core): through hfscale's launcher one process of ddp and of zero2_offload has the
     same threads, the CPUs / processes per node; a user's OMP_NUM_THREADS stands."""
-    from hfscale.launch import TRAIN_SCRIPT, strategy_launch
+    from hfscale.launching import TRAIN_SCRIPT, strategy_launch
     from hfscale.run.launcher import cpu_threads_per_process, share_the_cpus
 
     probe = tmp_path / "threads.py"

@@ -65,7 +65,7 @@ def test_a_trial_within_the_winners_noise_is_named_as_such():
     """A trial's noise is the standard error of its speed from its own logging intervals (per-step sd / sqrt(timed
     steps), relative); a trial slower than the winner by less than twice their combined error cannot be ordered by one
     short trial each. With the noise known on neither side (too few intervals), no tie is claimed."""
-    from hfscale.launch import RunSpec
+    from hfscale.launching import RunSpec
     from hfscale.plan.tune import Candidate, relative_noise, within_noise
     from hfscale.run.results import Results
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
 from ..flags import at_most_gpus, comma_list, drop_flag, flag_value, refuse_renamed, split_train_args
-from ..launch import check_training_flags, strategy_launch
+from ..launching import check_training_flags, strategy_launch
 from ..parallel.strategies import all_strategies
 from ..run.checkpoints import LATEST
 

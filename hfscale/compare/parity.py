@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir
 from ..flags import comma_list, flag_value, positive, refuse_renamed, split_train_args
-from ..launch import check_training_flags, finished_status, run_training, strategy_launch
+from ..launching import check_training_flags, finished_status, run_training, strategy_launch
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import all_strategies, incompatibility, layout_refusal

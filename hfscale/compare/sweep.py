@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed, split_train_args
-from ..launch import RunSpec, check_training_flags, decided_without_launch, run_one, strategy_launch
+from ..launching import RunSpec, check_training_flags, decided_without_launch, run_one, strategy_launch
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies

@@ -8,7 +8,7 @@ files that launch unchanged.
    each axis named as the training flag it sets, with comma-separated values.
 2. Drop, each with its reason, what the strategy table refuses and what the memory estimate says cannot fit
    (the same verdict as `hfscale estimate` and `hfscale project`: plan/options.fit).
-3. Run a short trial of each of the rest (launch.run_one: failures stay rows; a second call skips finished trials;
+3. Run a short trial of each of the rest (launching.run_one: failures stay rows; a second call skips finished trials;
    `--time_budget` stops launching new ones).
    Megatron's 3D layouts (megatron, megatron-deepspeed) cannot be trialled: each is projected from the winning
    trial's throughput instead, a `projected` row beside the trials.
@@ -32,11 +32,11 @@ from tqdm.auto import tqdm
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
-from ..flags import RENAMED, comma_list, drop_flag, positive, refuse_renamed, split_train_args
+from ..flags import RENAMED, bool_flag, comma_list, drop_flag, positive, refuse_renamed, split_train_args
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, days_to_train
-from ..launch import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
-from ..parallel.distributed import check_local_processes, has_accelerator
+from ..launching import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
+from ..parallel.distributed import check_local_processes, on_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.planning import FP16_NEEDS_GPU
 from ..run.results import RESULTS_FILE, read_results
@@ -105,7 +105,8 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     optimizers = optimizers_option(opts.optim)
     sizes = sorted(set(comma_list(opts.per_device_train_batch_size, "--per_device_train_batch_size", int)))
     modes = comma_list(opts.activation_checkpointing, "--activation_checkpointing", bool)
-    device_type = "cuda" if has_accelerator() else "cpu"  # the trials run here: a CPU machine has no CUDA terms
+    # the trials run here, on the route each run takes (--use_cpu among the training flags: the CPU, GPU or not)
+    device_type = "cuda" if on_accelerator(bool_flag(fixed, "--use_cpu")) else "cpu"
     if opts.fp16 and device_type == "cpu":  # every trial would be refused by its own start-up check
         raise HfscaleError(FP16_NEEDS_GPU)
     out, seq = [], None

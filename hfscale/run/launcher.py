@@ -1,7 +1,7 @@
 """`python -m hfscale.run.launcher ARGS` is `accelerate launch ARGS`, with Python's garbage collector off while the
 launcher imports torch and accelerate, then one full collection and the survivors frozen (hfscale/run/garbage.py):
 ~0.5 CPU-s less per launch; the same launcher, flags and process tree. The command `hfscale launch`, sweep, tune,
-parity and the SLURM script start (`launch.launch_command`); `accelerate launch` typed by hand is the stock one.
+parity and the SLURM script start (`launching.launch_command`); `accelerate launch` typed by hand is the stock one.
 
 It also gives every process the same share of the node's CPUs (`cpu_threads_per_process`), whatever the strategy,
 and ends quietly, with the ranks' exit code 2, when they refused their input: the first to refuse printed its one

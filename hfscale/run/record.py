@@ -31,7 +31,9 @@ def environment(args, plan) -> EnvironmentRecord:
             versions[optional] = importlib.metadata.version(optional)
         except importlib.metadata.PackageNotFoundError:  # an absent optional library is reported, not fatal
             versions[optional] = None
-    on_cuda = args.device.type == "cuda"  # the route the run took (--use_cpu on a GPU host is a CPU run)
+    on_cuda = plan.on_cuda  # the route the plan decided (--use_cpu on a GPU host is a CPU run)
+    if args.device.type != plan.device_type:  # the Trainer must have taken that route: a difference is hfscale's bug
+        raise RuntimeError(f"the plan's route is {plan.device_type}, but the Trainer runs on {args.device.type}")
     return EnvironmentRecord(
         versions=versions, hostname=socket.gethostname(), device_type="cuda" if on_cuda else "cpu",
         device_name=(torch.cuda.get_device_name() if on_cuda
