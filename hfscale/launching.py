@@ -20,12 +20,12 @@ from .flags import at_most_gpus, flag_value, train_flag
 from .formulas.metrics import param_count
 from .models import MODEL_OVERRIDES, model_shape
 from .parallel.configs import check_accelerate_config, launcher_deepspeed_json
-from .parallel.distributed import check_local_processes
+from .parallel.distributed import check_local_processes, visible_device_memory
 from .parallel.launch_env import check_agree, config_strategy
-from .parallel.strategies import check_pair, get_strategy, layout_refusal, tp_layout_refusal
+from .parallel.strategies import get_strategy, tp_layout_refusal
 from .run.outcome import STATUSES, Outcome, classify, kill_tree
 from .run.results import RESULTS_FILE, ConfigRecord, ModelRecord, Results, read_results, write_results
-from .runplan import hsdp_mesh
+from .runplan import RunPlan, fit, hsdp_mesh
 
 TRAIN_SCRIPT = str(Path(__file__).resolve().parent / "train.py")
 LOG_FILE = "launch.log"
@@ -253,19 +253,30 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
     write_results(run_dir, results)
 
 
-def decided_without_launch(run: RunSpec, out: Path, retry_failed: bool = False) -> dict | None:
+def trial_plan(run: RunSpec, fixed: list[str]) -> RunPlan:
+    """The plan each rank of a sweep's or tune's run makes as it starts (train.check_args over its flags, on its
+    processes, all on this node): the same checks, refusals and memory model as the run's own."""
+    from .train import check_args  # the training stack's argument checks: transformers, imported by its first trial
+
+    return check_args(run.train_args(fixed), launched=(run.num_processes, run.num_processes))[3].plan
+
+
+def decided_without_launch(run: RunSpec, out: Path, fixed: list[str], retry_failed: bool = False) -> dict | None:
     """The row of a sweep's (or `hfscale tune`'s) run that is decided without launching it - skipped when out/<run
-    name> already has a final status, refused when the strategy table refuses the pair or the strategy cannot run on
-    its processes, all on this one node (PowerSGD on one, HSDP and fsdp_tp on any one node) - else None: it
-    launches."""
+    name> already has a final status; refused when its own start-up would refuse it (trial_plan: the strategy table,
+    a layout its processes on this one node cannot make, heads TP does not divide, host RAM on a CPU), or when on a
+    GPU its plan does not fit the device's memory - else None: it launches."""
     done = finished_status(out / run.name)
     if done and not (retry_failed and done != "ok"):
         return {"run": run.name, "status": done, "skipped": True}
     try:
-        check_pair(run.strategy, run.optim)
+        plan = trial_plan(run, fixed)
     except HfscaleError as err:
         return {"run": run.name, "status": "refused", "error": str(err)}
-    reason = layout_refusal(get_strategy(run.strategy), run.num_processes, run.num_processes)
+    reason = plan.refusal()
+    if not reason and plan.on_cuda:
+        verdict = fit(plan, visible_device_memory())
+        reason = None if verdict.fits is not False else f"estimate: {verdict.reason}"
     return {"run": run.name, "status": "refused", "error": reason} if reason else None
 
 
@@ -273,7 +284,7 @@ def run_one(run: RunSpec, out: Path, fixed: list[str], timeout: float, retry_fai
     """One run of a sweep (or of `hfscale tune`) into out/<run name>: decided without a launch when it can be (a
     refused one recorded as such), else launched and its outcome recorded."""
     run_dir = out / run.name
-    row = decided_without_launch(run, out, retry_failed)
+    row = decided_without_launch(run, out, fixed, retry_failed)
     if row is not None:
         if row["status"] == "refused" and not row.get("skipped"):
             write_results(run_dir, stub_results(run, "refused", row["error"], fixed))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
 from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
-from .formulas.metrics import ModelShape, StepFigures, step_figures, tokens_per_step
+from .formulas.metrics import GB, ModelShape, StepFigures, step_figures, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
 from .parallel.tensor_parallel import tp_refusal
@@ -214,3 +214,34 @@ class RunPlan:
         if changes.get("strategy", self.strategy) != self.strategy:
             changes.setdefault("deepspeed_config", None)
         return replace(self, **changes)
+
+
+@dataclass
+class Fit:
+    """Whether a plan fits the machine it is planned for: the one verdict estimate, project and tune share."""
+
+    fits: bool | None  # None: the device's memory is unknown (no --device or --device_memory_gb to judge by)
+    total_per_gpu: int  # bytes on the device (RankMemory.device_total)
+    host_per_node: int  # bytes of host RAM on the busiest node: offloaded states + building the model
+    reason: str | None = None  # why not, in words
+
+
+def _gb(nbytes: float) -> str:
+    """GB to one decimal, or three significant digits below 1 GB (a tiny model needs more than '0.0')."""
+    return f"{nbytes / GB:,.1f}" if nbytes >= GB else f"{nbytes / GB:.3g}"
+
+
+def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
+    """Does the plan (a RunPlan or a 3D GridPlan) fit `device_bytes` per GPU (and `host_bytes` of host RAM per node,
+    when given)?"""
+    mem = mem or plan.memory()
+    host = plan.host_per_node(mem)
+    if device_bytes is None:
+        return Fit(None, mem.device_total, host, "no device memory given: not judged")
+    if mem.device_total > device_bytes:
+        return Fit(False, mem.device_total, host, f"needs {_gb(mem.device_total)} GB per GPU, the device has "
+                                                  f"{device_bytes / GB:g}")
+    if host_bytes is not None and host > host_bytes:
+        return Fit(False, mem.device_total, host, f"needs {_gb(host)} GB of host RAM per node, it has "
+                                                  f"{host_bytes / GB:g}")
+    return Fit(True, mem.device_total, host)

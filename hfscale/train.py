@@ -221,11 +221,11 @@ def exit_now() -> None:
     os._exit(0)
 
 
-def check_args(argv: list[str] | None):
+def check_args(argv: list[str] | None, launched: tuple[int, int] | None = None):
     """Every check of the command line that needs no data or model weights: the flags parse, the names exist, the
     choices fit together, the sizes are possible, the --output_dir named can take the run - and the run's plan. Pure
     (leaves nothing on disk); raises HfscaleError (and only that). Returns (model args, data args, TrainingArguments keywords,
-    RunState)."""
+    RunState). `launched`: (processes, per node) of a run about to be launched, instead of this process's launcher."""
     model_args, data_args, training, explicit = parse_args(argv)
     shape, seq_len = check_model(model_args, data_args.seq_len)
     check_model_tokenizer(model_args, data_args)
@@ -233,7 +233,7 @@ def check_args(argv: list[str] | None):
     check_hyperparameters(training)
     check_output_dir(training)
     training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
-                                                model_args.fused_linear_cross_entropy)
+                                                model_args.fused_linear_cross_entropy, launched)
     check_trainer_combinations(training, training_flag_defaults())
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,

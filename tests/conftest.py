@@ -641,8 +641,8 @@ def sweep(out, *args, fixed=SWEEP_FIXED, timeout=900) -> subprocess.CompletedPro
 
 def swept() -> dict:
     """Three sweeps into one folder: ddp and zero2_offload x adamw and adafactor (one pair refused before launch); a
-    zero1 run that cannot finish in 4 s; fsdp_hybrid on one node, refused before launch, and a ddp run handed a
-    DeepSpeed JSON, which the run itself refuses as it starts (every flag is right; not for this strategy).
+    zero1 run that cannot finish in 4 s; fsdp_hybrid on one node, and a ddp run handed a DeepSpeed JSON (every flag is
+    right; not for this strategy), both refused before launch by the checks the run itself would make as it starts.
     {"out", "returncodes", "stderr", "index": the rows of sweep.json right after the third sweep}."""
     def make(folder):
         folder.mkdir(parents=True, exist_ok=True)

@@ -188,6 +188,32 @@ def test_tune_plans_its_trials_on_the_route_they_take(gpus):
     assert on_gpu.keys() == on_cpu.keys() and all(on_gpu[n] > on_cpu[n] + 0.9 for n in on_gpu)  # the 1 GB runtime
 
 
+def test_a_sweep_or_tune_trial_is_refused_as_its_run_would_be_before_anything_launches(gpus, monkeypatch, tmp_path):
+    """A trial is its run's own plan (train.check_args on its processes): refused by the same refusal() - heads TP does
+    not divide, the fused loss under TP, which the pair and layout tables alone let through - and on a GPU judged by
+    the same memory verdict against the device's memory; a trial that fits launches."""
+    from conftest import TINY
+    from hfscale import launching
+    from hfscale.launching import RunSpec, decided_without_launch
+
+    def decided(strategy, *flags, processes=2):
+        return decided_without_launch(RunSpec(strategy, "adamw", processes, 4, 1, False), tmp_path, [*TINY, *flags])
+
+    gpus(0)
+    assert decided("ddp") is None and decided("tp") is None  # tiny's 4 heads split over 2
+    heads = decided("tp", "--n_head", "1", "--hidden_size", "64")
+    assert heads["status"] == "refused" and "heads" in heads["error"]
+    fused = decided("tp", "--fused_linear_cross_entropy")
+    assert fused["status"] == "refused" and "fused" in fused["error"]
+    assert "needs 2+ nodes" in decided("fsdp_hybrid")["error"]  # one node: the layout, as before
+    gpus(2)
+    monkeypatch.setattr(launching, "visible_device_memory", lambda: 10 * 2**30)
+    assert decided("ddp") is None
+    monkeypatch.setattr(launching, "visible_device_memory", lambda: 2**20)  # 1 MiB: nothing fits
+    small = decided("ddp")
+    assert small["status"] == "refused" and small["error"].startswith("estimate: needs")
+
+
 def test_a_bf16_checkpoint_loads_as_fp32_masters(tmp_path):
     """transformers 5 loads a checkpoint in its stored dtype: a bf16 checkpoint would train in pure bf16 under DDP
     (and the precision check, reading an unset policy as float32, would pass). hfscale loads fp32 masters, and the

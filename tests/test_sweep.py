@@ -36,9 +36,10 @@ def test_sweep_runs_the_cross_product_and_keeps_failures_as_rows(swept):
     assert ok["config"]["world_size"] == 2 and ok["perf"]["tokens_per_s"] > 0 and ok["optim"] == "adamw"
     assert "DeepSpeedCPUAdam" in ok["strategy_check"]["optimizer_states"]["optimizer"]
     assert "CPU Adam" in results["zero2_offload-adafactor-np2-mbs4-gas1"]["error"]
-    assert "--deepspeed is for the zero* strategies" in results["ddp-adamw-np1-mbs3-gas1"]["error"]  # by the run
-    assert "needs 2+ nodes" in results["fsdp_hybrid-adamw-np1-mbs3-gas1"]["error"]
-    for name in ("zero2_offload-adafactor-np2-mbs4-gas1", "fsdp_hybrid-adamw-np1-mbs3-gas1"):
+    # the run's own start-up checks (its plan: train.check_args), made by the sweep before it launches anything
+    assert "--deepspeed is for the zero* strategies" in results["ddp-adamw-np1-mbs3-gas1"]["error"]
+    assert "'fsdp_hybrid' is fsdp" in results["fsdp_hybrid-adamw-np1-mbs3-gas1"]["error"]  # the first of its two
+    for name in ("zero2_offload-adafactor-np2-mbs4-gas1", "fsdp_hybrid-adamw-np1-mbs3-gas1", "ddp-adamw-np1-mbs3-gas1"):
         assert not (out / name / "launch.log").exists()  # nothing was launched
     # the timed-out run's whole process tree is gone
     left = subprocess.run(["pgrep", "-f", str(out / "zero1-adamw")], capture_output=True, text=True)

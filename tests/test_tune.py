@@ -145,7 +145,7 @@ def test_fp16_trials_are_refused_up_front_where_no_gpu_runs_them(tmp_path, gpu, 
     the dry run counted 168 trials); where a GPU is seen (faked here) --fp16 is planned like any precision."""
     from hfscale.plan import tune
 
-    monkeypatch.setattr(tune, "has_accelerator", lambda: gpu)
+    monkeypatch.setattr(tune, "on_accelerator", lambda use_cpu=False: gpu and not use_cpu)
     proc = hfscale_cli(["tune", "--model", "tiny", "--strategy", "ddp", "--optim", "adamw", "--fp16", "--dry_run",
                         "--out", tmp_path / "out"], cwd=tmp_path)
     if gpu:

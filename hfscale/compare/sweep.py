@@ -189,7 +189,7 @@ def dry_run(spec: SweepSpec, retry_failed: bool) -> None:
     """What the sweep would do, run by run: the rows decided without a launch (already done; refused by the strategy
     table or by what one node's processes can run), and the launch command of every other one."""
     for run in expand(spec):
-        row = decided_without_launch(run, Path(spec.out), retry_failed)
+        row = decided_without_launch(run, Path(spec.out), spec.train_args, retry_failed)
         if row is not None:
             print(f"  {row['status']:<8} {run.name}" + ("  (already done)" if row.get("skipped") else f"  {row['error']}"))
             continue

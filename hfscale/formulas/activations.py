@@ -12,19 +12,11 @@ from math import ceil, log2
 from ..models.family import family
 from .metrics import ModelShape
 
-# Bytes per element of six features (eight for Llama; see activation_features), fitted per device to what autograd
-# keeps after the forward in HF's GPT-2/BLOOM/Llama (transformers 5.23-5.24) by benchmarks/calibrate_activations.py;
-# mode = family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (on CUDA, SDPA's flash kernel
-# keeps no s x s matrix and autocast keeps other copies), so each device has its own table:
-# - cpu: 7 shapes per mode (GPT-2, BLOOM; Llama 10) measured on the 2-core CI machine with hfscale's training forward
-#   (no KV cache; torch 2.13, benchmarks/results/activations_2026-11-25.json and activations_llama_2026-11-28.json);
-# - cuda: 8 shapes per mode measured on one H100 with hfscale's training forward (torch 2.11; 2026-11-26, two leases,
-#   all 18 modes) and with the KV cache (2026-11-23, 6 modes; kv_cache_bytes taken off each row before the fit),
-#   benchmarks/results/h100_2026-11-2{3,6,6b}/cuda_activations.jsonl: worst fit 0.1%, leave-one-out 0.9%, except
-#   checkpointing with autocast (2% / 4-16%); Llama's SDPA modes on one H200 (2026-11-28, h200_2026-11-28/; its
-#   checkpointed fp32 not yet). Two rows disagreed with the rest of their mode and were set aside by the
-#   fit's rule (calibrate_activations.fit_mode; docs/estimate.md). A mode with no CUDA measurement yet falls back to the
-#   CPU fit and says so (RankMemory.activation_calibration); benchmarks/gpu_suite.py measures the rest.
+# Bytes per element of each feature (ACTIVATION_FEATURES; activation_features counts the elements), fitted per device
+# by benchmarks/calibrate_activations.py to what autograd keeps after the forward in hfscale's training step;
+# mode = family/attention/precision/checkpointing. A CPU and a GPU keep different tensors (SDPA's flash kernel keeps no
+# s x s matrix; autocast caches other copies), hence a table per device. A mode no GPU has measured falls back to the
+# CPU fit and says so. The rows each table was fitted on, and how well: docs/estimate.md ("Where the tables come from").
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
                        "weight matrices (autocast saves their bf16 copies)", "per layer b·s·f (MLP width)",
                        "per layer b·s·kv (key/value width)")
@@ -51,8 +43,7 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'bloom/eager/autocast_bf16/1': (3.423, -0.022, 4.171, 10.446, 4.92, 0.463),
     'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
     'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
-    # Llama: 10 shapes per mode, its MLP and key/value widths varied apart from h (worst fit 0.1-2.9%;
-    # benchmarks/results/activations_llama_2026-11-28.json)
+    # Llama: its MLP and key/value widths varied apart from h
     'llama/eager/fp32/0': (40.49, 3.984, 3.99, 10.627, 0.931, 0.018, 15.981, -0.151),
     'llama/eager/fp32/1': (4.244, -0.015, 3.99, 10.594, 4.733, 0.069, -0.017, -0.036),
     'llama/eager/autocast_bf16/0': (34.24, 5.983, 3.992, 8.209, 0.839, 2.07, 8.015, 0.212),
@@ -66,7 +57,7 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'llama/sdpa/bf16/0': (20.04, -0.001, 3.997, 8.686, -0.103, 0.001, 8.004, 4.012),
     'llama/sdpa/bf16/1': (1.985, -0.007, 3.992, 7.718, 0.348, 0.032, -0.006, 0.052),
 },
-    "cuda": {  # the H100 grids, no KV cache (the 2026-11-23 rows with theirs taken off), SDPA without a b·a·s² term
+    "cuda": {  # no KV cache (rows measured with it have it taken off), SDPA without a b·a·s² term but fp32 with GQA
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
         'gpt2/sdpa/fp32/1': (4.008, 0.0, 4.002, 7.843, -0.012, 0.005),
         'gpt2/sdpa/autocast_bf16/0': (84.046, 0.0, 4.004, 5.955, 0.012, 2.004),
@@ -85,8 +76,7 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
         'bloom/eager/autocast_bf16/1': (1.212, 0.029, 4.257, 11.156, 2.38, 0.812),
         'bloom/eager/bf16/0': (32.003, 6.002, 4.001, 5.981, -0.126, 0.004),
         'bloom/eager/bf16/1': (1.964, 0.001, 4.002, 6.144, 1.882, 0.004),
-        # Llama: 10 shapes per mode on one H200 (2026-11-28, benchmarks/results/h200_2026-11-28/); fp32 with GQA keeps
-        # the math kernel's attention probabilities (keeps_attention_scores); checkpointed fp32 not measured yet
+        # Llama (SDPA): fp32 with GQA keeps the math kernel's attention probabilities (keeps_attention_scores)
         'llama/sdpa/autocast_bf16/0': (32.59, 0.0, 4.018, 3.996, -0.016, 2.042, 7.642, 3.825),
         'llama/sdpa/autocast_bf16/1': (2.693, 0.0, 4.272, 8.968, 0.12, 0.879, -0.347, -0.482),
         'llama/sdpa/bf16/0': (20.685, 0.0, 4.013, 6.98, 0.016, 0.006, 7.882, 3.787),
@@ -95,32 +85,21 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     },
 }
 # Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
-# the logits' gradients and one block's full activations plus what its backward holds beside them,
-# RECOMPUTE_GRADIENT_BYTES per b·s·h element and per b·a·s² element (eager attention's score gradients; SDPA keeps no
-# score matrix: 0) - per mode on CUDA, the pair that misses the mode's measured H100 peaks by the least at worst
-# (calibrate_activations.recompute_term: SDPA and GPT-2 eager bf16 within 1%, the other eager modes within 5.5-8.2%,
-# where a b·s·h term alone missed by 9.5-10.6%); a mode without CUDA rows takes the first fit's 34.1. The CPU
-# calibration had no such row.
+# the logits' gradients and one block's full activations plus what its backward holds beside them, per b·s·h element
+# and per b·a·s² element (eager attention's score gradients; SDPA keeps no score matrix: 0), fitted per CUDA mode by
+# calibrate_activations.recompute_term; a mode without CUDA rows takes the first fit's 34.1.
 RECOMPUTE_GRADIENT_BYTES = {"cpu": {}, "cuda": {
     "bloom/eager/autocast_bf16/1": (22.0, 5.75), "bloom/eager/bf16/1": (9.8, 6.0), "bloom/eager/fp32/1": (26.3, 6.5),
     "gpt2/eager/autocast_bf16/1": (1.8, 3.75), "gpt2/eager/bf16/1": (34.7, 0.0), "gpt2/eager/fp32/1": (2.6, 4.75),
     "gpt2/sdpa/autocast_bf16/1": (40.1, 0.0), "gpt2/sdpa/bf16/1": (7.9, 0.0), "gpt2/sdpa/fp32/1": (28.2, 0.0),
     "llama/sdpa/autocast_bf16/1": (21.9, 0.0), "llama/sdpa/bf16/1": (20.8, 0.0)}}
 RECOMPUTE_GRADIENT_DEFAULT = {"cpu": (0.0, 0.0), "cuda": (34.1, 0.0)}
-# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): what a compiled step
-# keeps, as a factor on the eager estimate, per mode - calibrate_activations.fit_compiled over the CUDA grid's compiled
-# rows (GPT-2 SDPA, 3 shapes each, one H200: benchmarks/results/h200_2026-11-2{5,6}/; every row within 7%). A mode with
-# no compiled row takes the factor of the two compiled whole runs (ddp gpt2-350m 0.52, gpt2-1.3b 0.50;
-# benchmarks/results/h100_2026-11-23/runs.json). No compiled CPU step was measured: there the eager estimate stands.
-# Both compiled tables are keyed by what the measured steps' forward handed back: "returned", the logits beside the
-# loss (the steps measured until 2026-11-26), or "loss_only", hfscale's training forward since 2026-11-26
-# (run/forward.py), measured on two H200 leases of 2026-11-27: benchmarks/results/h200_2026-11-27/ (the same 3 shapes
-# per mode at MBS 4: it keeps what the returned step keeps, within 0.2%) and h200_2026-11-27b/ (8 layers at MBS 8 and
-# 16, the whole runs' micro-batches: under autocast the compiled step keeps less per token as the micro-batch grows,
-# 0.49-0.51 of the eager estimate at MBS 4, 0.474 at 8, 0.463 at 16; bf16 0.556 at every size; fp32 0.655-0.72); an
-# H100 lease the same day measured the MBS 4 rows again (h100_2026-11-27/: the same figures to 0.001). Every
-# row within 9%. A loss-only step without a figure of its own takes the returned one, an upper bound (the logits'
-# gradient is one more tensor to hold), and says so; calibrate_activations.fit_compiled fits each key apart.
+# torch.compile keeps fewer tensors (inductor fuses the cross-entropy and elementwise chains): a factor on the eager
+# estimate per mode (calibrate_activations.fit_compiled over the CUDA grid's compiled rows), keyed by what the measured
+# step's forward handed back: "returned" (the logits beside the loss) or "loss_only" (hfscale's training forward,
+# run/forward.py). A loss-only step without a figure of its own takes the returned one, an upper bound (the logits'
+# gradient is one more tensor to hold), and says so; a mode without compiled rows takes the factor of two compiled
+# whole runs. No compiled CPU step was measured: there the eager estimate stands.
 STEP_OUTPUTS = ("returned", "loss_only")
 COMPILED_ACTIVATION_FACTOR = {"cuda": {
     "returned": {"gpt2/sdpa/autocast_bf16/0": 0.497, "gpt2/sdpa/bf16/0": 0.554, "gpt2/sdpa/fp32/0": 0.696},
@@ -128,33 +107,19 @@ COMPILED_ACTIVATION_FACTOR = {"cuda": {
                   "llama/sdpa/autocast_bf16/0": 0.639, "llama/sdpa/bf16/0": 0.65}}}
 COMPILED_FACTOR_FALLBACK = {"cuda": 0.51}
 # ... and adds, at the start of the backward, bytes per b·s·V logit element, by the bytes of the logits the model
-# returned (2: autocast and bf16; 4: fp32 - their gradient is one of the tensors there) and by whether the vocabulary's
-# rows are a multiple of inductor's 128-byte stride alignment (64 bf16 elements), where eager adds two fp32 copies
-# (LOGITS_PEAK_COPIES). Ragged: GPT-2's 50257 rows, fit_compiled over the same rows (6.01-6.02 and 8.00-8.01); 5.7-6.2
-# in the whole 350M and 1.3B runs. Aligned: padded to 50304, 1.1 (one 1.3B run, bf16 logits, whose step peak fell
-# 1.44 GB with 47 more rows); fp32 logits on aligned rows were not measured and take the ragged figure. Scaling the eager
-# peak by the factor instead put the grid rows' peaks 16% and 10% under, where the logits weigh most.
-# The loss-only step (hfscale's training forward since 2026-11-26, run/forward.py; on CPU its peak above what it keeps
-# fell from 4.0 to 0.25 bytes per logit under autocast, from 8.0 to 0.34 in fp32) measured on two H200 leases of
-# 2026-11-27: ragged, fit_compiled over its grid rows, 4.00-4.01 (2-byte logits: one fp32 copy, where the returned step
-# added the logits' bf16 gradient beside it; at MBS 4, 8 and 16 alike) and 0.41-0.46 (fp32). Aligned: 0, from one
-# 1.3B run (MBS 16, 50304 rows) whose step peak is under what the factor alone keeps. The whole loss-only runs' peaks
-# fell more from the returned step's than the logits term says: with the first lease's factors (MBS 4 only) the
-# estimate stood 7% (350M, MBS 8) and 8.5% (1.3B, MBS 16) over them. The second lease's grid at MBS 8 and 16 found
-# the rest in what the compiled autocast step keeps (above): with the factors fitted over both, 1.9% and 2.6% over;
-# 2.4% and 3.3% with the H100's MBS 4 rows fitted beside them (the same runs on the H100: the same peaks to 0.01 GB).
+# returns (2: autocast and bf16; 4: fp32) and by whether the vocabulary's rows are a multiple of inductor's 128-byte
+# stride alignment (64 two-byte elements), where eager adds two fp32 copies (LOGITS_PEAK_COPIES): fitted by
+# calibrate_activations.fit_compiled (ragged rows) and from whole runs (aligned); scaling the eager peak by the factor
+# instead put the grid's peaks 10-16% under, where the logits weigh most.
 COMPILED_LOGITS_PEAK_BYTES = {"cuda": {"returned": {"ragged": {2: 6.0, 4: 8.0}, "aligned": {2: 1.1}},
                                        "loss_only": {"ragged": {2: 4.0, 4: 0.4}, "aligned": {2: 0.0}}}}
 COMPILED_ALIGNMENT_ELEMENTS = 64  # inductor pads strides to 128 bytes: 64 two-byte elements
 LOGITS_PEAK_COPIES = 2  # at the start of the backward: the logits' gradient and log-softmax's, both fp32
-# transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included.
-# With SDPA its copies of every layer's keys and values are kept beside the ones SDPA saves for the backward: 2 x the
-# compute dtype's bytes per layer b·s·h (measured on CPU, the fits with and without it: gpt2/sdpa fp32 7.95,
-# autocast_bf16 4.08); eager attention's matmuls copy the keys and values anyway (no difference, 0.04), and under
-# checkpointing transformers turns the cache off. hfscale trains without it (run/forward.py) since 2026-11-25. The
-# devices whose table was fitted on steps that kept it have it taken off (and a step that keeps it, kv_cache=True, has it
-# added). None since the CUDA refit of 2026-11-26: the rows measured with it had it taken off before the fit, and the
-# fit then predicted the rows measured without it (1.00 in every unfolded mode).
+# transformers' GPT-2 and BLOOM build a KV cache in every forward unless passed use_cache=False, training included:
+# with SDPA, 2 x the compute dtype's bytes per layer b·s·h beside what SDPA saves (eager attention copies the keys and
+# values anyway; checkpointing turns the cache off). hfscale trains without it (run/forward.py). A device whose table
+# was fitted on steps that kept it is listed here, and has it taken off; none is (rows measured with it are corrected
+# before the fit, calibrate_activations.without_kv_cache).
 FITTED_WITH_KV_CACHE: tuple[str, ...] = ()
 
 

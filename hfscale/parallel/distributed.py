@@ -31,6 +31,13 @@ def on_accelerator(use_cpu: bool = False) -> bool:
     return has_accelerator() and not use_cpu
 
 
+def visible_device_memory() -> int:
+    """Bytes of memory of this node's first visible GPU (the GPU route's device, which a trial's plan must fit)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory
+
+
 def check_local_processes(nproc_per_node: int) -> None:
     """On a GPU machine a node runs at most one process per visible GPU (two ranks on one GPU share its memory and
     NCCL refuses them); a CPU machine runs any number (gloo, one core each at best) up to MAX_GPUS."""
@@ -61,7 +68,7 @@ def restate_matmul_precision() -> None:
     transformers switches TF32 on with `torch.backends.fp32_precision` (--tf32, or --torch_compile on Ampere+), and
     torch then refuses `torch.get_float32_matmul_precision()` ("mix of the legacy and new APIs"). Inductor's autotuning
     (--torch_compile_mode max-autotune*) still reads that getter for its cache key, so the run failed at its first
-    compiled step on an H100 (2026-11-27; pytorch/pytorch#196728). Where every matmul backend holds the one global
+    compiled step (pytorch/pytorch#196728). Where every matmul backend holds the one global
     setting, saying it again through the legacy call changes nothing torch computes and makes the getter answer."""
     import torch
 

@@ -2,7 +2,6 @@
 and the RunPlan a set of those flags describes (hfscale/runplan.py) - the same plan a launched run builds from its
 training arguments, so the planners and the run can never disagree on what a configuration is."""
 
-from dataclasses import dataclass
 
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..flags import ALL, at_most_gpus, comma_list
@@ -11,7 +10,7 @@ from ..formulas.peaks import DEVICES, device_memory_gb
 from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
 from ..parallel.strategies import all_strategies, get_strategy
-from ..runplan import RunPlan, compute_precision
+from ..runplan import RunPlan, compute_precision, fit  # noqa: F401 - fit: the planners' one verdict
 from .grid import FAMILIES, GridPlan, split_strategy_names
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
@@ -166,32 +165,3 @@ def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node:
                    fused_linear_cross_entropy=getattr(opts, "fused_linear_cross_entropy", False))
 
 
-@dataclass
-class Fit:
-    """Whether a plan fits the machine it is planned for: the one verdict estimate, project and tune share."""
-
-    fits: bool | None  # None: the device's memory is unknown (no --device or --device_memory_gb to judge by)
-    total_per_gpu: int  # bytes on the device (RankMemory.device_total)
-    host_per_node: int  # bytes of host RAM on the busiest node: offloaded states + building the model
-    reason: str | None = None  # why not, in words
-
-
-def _gb(nbytes: float) -> str:
-    """GB to one decimal, or three significant digits below 1 GB (a tiny model needs more than '0.0')."""
-    return f"{nbytes / GB:,.1f}" if nbytes >= GB else f"{nbytes / GB:.3g}"
-
-
-def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
-    """Does the plan (a RunPlan or a 3D GridPlan) fit `device_bytes` per GPU (and `host_bytes` of host RAM per node,
-    when given)?"""
-    mem = mem or plan.memory()
-    host = plan.host_per_node(mem)
-    if device_bytes is None:
-        return Fit(None, mem.device_total, host, "no device memory given: not judged")
-    if mem.device_total > device_bytes:
-        return Fit(False, mem.device_total, host, f"needs {_gb(mem.device_total)} GB per GPU, the device has "
-                                                  f"{device_bytes / GB:g}")
-    if host_bytes is not None and host > host_bytes:
-        return Fit(False, mem.device_total, host, f"needs {_gb(host)} GB of host RAM per node, it has "
-                                                  f"{host_bytes / GB:g}")
-    return Fit(True, mem.device_total, host)

@@ -9,10 +9,8 @@ per layer that nothing in training reads, about 7% of what a GPT-2 step keeps. A
 loss, and the b·s·V logits the model also returns cost twice over. accelerate's mixed precision converts every
 floating output of the model to fp32 (`convert_outputs_to_fp32`: a 4-byte copy of the logits, 1.65 GB at 350M,
 micro-batch 8); and under torch.compile an output the loss does not use still gets a gradient - AOTAutograd hands the
-backward a zero tensor of its shape, which the first backward kernel reads. On one H200 (350M compiled, bf16) hfscale's
-step spent 2.1 ms more on the device than the same step written by hand (54.4 against 52.4 ms busy), in the loss's
-two kernels (benchmarks/results/h200_2026-11-26/). With the loss alone its device time is the hand-written step's
-(51.4 against 52.1 ms) and it runs at 1.004 of it, its step peak 1.65 GB lower (benchmarks/results/h200_2026-11-27/).
+backward a zero tensor of its shape, which the first backward kernel reads. With the loss alone, hfscale's compiled
+step costs the device what the same step written by hand does (docs/metrics.md; benchmarks/results/h200_2026-11-27/).
 Evaluation (the model in eval mode) and calls without labels get the model's own output, logits included.
 
 **The fused linear cross-entropy** (`--fused_linear_cross_entropy`): the language-model head and its loss in one step

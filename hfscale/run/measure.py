@@ -40,10 +40,8 @@ class Meter:
     """Times optimizer steps after `warmup_steps` and turns them into metrics.StepFigures for the run's plan.
 
     The whole-run figures are the steady state: timed from the first logging step at or after the warm-up when a step
-    follows it (else from the warm-up's end). The interval up to that log still pays one-off costs after the warm-up -
-    on one H200, 0.2-0.4 s in steps 3-5 of every run, eager and compiled, 350M and 1.3B: 28% of an 18-step 350M
-    compiled average, where every later interval matched a hand-written loop (benchmarks/results/h200_2026-11-25/).
-    It stays in perf_history. `warmup_steps` 0 times everything, from the very first step."""
+    follows it (else from the warm-up's end): the interval up to that log still pays one-off costs after the warm-up
+    on a GPU (docs/metrics.md), and stays in perf_history. `warmup_steps` 0 times everything, from the very first step."""
 
     def __init__(self, plan, *, token_budget, peak_tflops, warmup_steps, full_recompute: bool = False):
         self.plan, self.warmup_steps, self.on_cuda = plan, warmup_steps, plan.on_cuda

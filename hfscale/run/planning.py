@@ -21,13 +21,11 @@ from ..runplan import RunPlan, accumulation_steps, compute_precision
 from .args import require_finite
 from .checks import check_optim_args, json_object_flag, json_settings
 
-# torch.compile by default where it was measured to pay on a GPU: ddp, 1.9x the tokens/s of eager at gpt2-350m on an
-# H100 (benchmarks/results/h100_2026-11-23/record.md). --torch_compile false turns it off; the other strategies compile
-# when asked, until a GPU session has measured them (benchmarks/gpu_suite.py).
+# torch.compile by default where it was measured to pay on a GPU (docs/strategies.md, "CPU and GPU routes");
+# --torch_compile false turns it off; the other strategies compile when asked, until a GPU has measured them.
 COMPILE_BY_DEFAULT_ON_GPUS = ("ddp",)
-# Steps left untimed on a GPU: every run on one H200 paid 0.2-0.4 s of one-off cost in steps 3-5 (eager and compiled,
-# 350M and 1.3B; flat from step 6: benchmarks/results/h200_2026-11-25/record.md) - up to a third of a 20-step average,
-# where a CPU run pays none. Halved for runs too short to spare them; --perf_warmup_steps wins.
+# Steps left untimed on a GPU, whose first steps after the warm-up still pay one-off costs that a CPU run does not
+# (docs/strategies.md, "CPU and GPU routes"). Halved for runs too short to spare them; --perf_warmup_steps wins.
 GPU_PERF_WARMUP_STEPS = 5
 
 
@@ -79,11 +77,12 @@ def resolve_checkpointing(kw: dict) -> bool:
 
 
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
-                  explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False
-                  ) -> tuple[dict, RunPlan, bool]:
+                  explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False,
+                  launched: tuple[int, int] | None = None) -> tuple[dict, RunPlan, bool]:
     """The hfscale checks and strategy defaults on the TrainingArguments keywords, and the run's plan, without building
     the arguments. Returns (the keywords to build the TrainingArguments with, the RunPlan, whether hfscale writes
-    TensorBoard). Pure: reads the launcher's environment and the strategy/DeepSpeed files, changes nothing."""
+    TensorBoard). Pure: reads the launcher's environment (or `launched`: the processes, and those per node, of a run
+    about to be launched - a sweep's or tune's trial) and the strategy/DeepSpeed files, changes nothing."""
     kw = dict(training)
     require_finite(kw)
     optimizer = get_optimizer(kw["optim"])
@@ -94,8 +93,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     gpu = on_accelerator(kw["use_cpu"])  # the route: a visible GPU and no --use_cpu
     kw["optim"] = optimizer.hf_name(gpu, strategy.engine)
     check_optim_args(kw.get("optim_args"), kw["optim"], optimizer.name)
-    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path)
-    world = launcher_world_size()
+    world, per_node = launched or (launcher_world_size(), None)
+    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path, world)
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     check_compile_mode(kw.get("torch_compile_mode"))
@@ -108,7 +107,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
         kw["eval_strategy"] = "steps"  # --eval_steps N alone: evaluate every N steps, as the flag says
     plan = RunPlan(strategy, optimizer, shape, seq_len, per_device_train_batch_size=kw["per_device_train_batch_size"],
                    gradient_accumulation_steps=kw["gradient_accumulation_steps"], world_size=world,
-                   processes_per_node=launcher_processes_per_node(world),
+                   processes_per_node=per_node or launcher_processes_per_node(world),
                    # the flags' precision; train.run() reads back what torch really computes in (TF32) once built
                    precision=compute_precision(kw["bf16"], kw["fp16"], os.environ.get("ACCELERATE_MIXED_PRECISION"),
                                                kw["tf32"]),
@@ -207,7 +206,7 @@ def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
         kw["accelerator_config"] = {"non_blocking": True, **json_object_flag(kw, "accelerator_config")}
 
 
-def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None) -> dict | None:
+def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None, world: int) -> dict | None:
     """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
     deepspeed_config = None
     if strategy.engine == "deepspeed":
@@ -243,7 +242,7 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
             kw["powersgd_warmup_steps"] = strategy.powersgd["warmup_steps"]
         if kw["powersgd_rank"] <= 0 or kw["powersgd_warmup_steps"] < 0:
             raise HfscaleError("--powersgd_rank must be positive and --powersgd_warmup_steps non-negative")
-        if launcher_world_size() < 2:
+        if world < 2:
             raise HfscaleError("ddp_powersgd compresses the gradient all-reduce between ranks; launch 2 or more processes")
     elif (given := next((f for f in ("powersgd_rank", "powersgd_warmup_steps") if kw[f] is not None), None)):
         raise HfscaleError(f"--{given} is for ddp_powersgd; {strategy.name!r} compresses nothing")
