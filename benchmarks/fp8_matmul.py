@@ -62,7 +62,7 @@ def time_layer(k: int, n: int, tokens: int, fp8: bool, emulate: bool, device: st
     return (time.perf_counter() - t0) / iters
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=DEFAULT_MODELS, help="comma list of presets (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=16384, help="rows per layer: micro-batch x sequence")
@@ -71,7 +71,11 @@ def main(argv=None) -> int:
     p.add_argument("--emulate", action="store_true", help="torchao's emulated float8 (no Hopper GPU: the code path)")
     p.add_argument("--budget_s", type=float, default=float("inf"), help="stop starting layers after this long")
     p.add_argument("--out", help="write the rows here as JSON (rewritten after each model)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     t0, rows = time.monotonic(), []
     print(f"{'model':>14} {'in':>6} {'out':>6} {'x':>2} {'bf16 ms':>8} {'fp8 ms':>8} {'speedup':>7}", flush=True)
     for name in a.models.split(","):

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One call of the `device` tool on a GPU machine without a package registry (benchmarks/README.md):
-#   bash benchmarks/gpu_session.sh suite  [gpu_suite.py arguments]    # e.g. --out $OUT/suite --runs_dir /tmp/runs
+#   bash benchmarks/gpu_session.sh suite  [gpu_suite.py arguments]    # e.g. --plan llama --out /tmp/res --pack $OUT/results.tgz
 #   bash benchmarks/gpu_session.sh pytest [pytest arguments]          # the test suite on the GPU host
 # The wheels carried in .whl/ are installed into $SITE once per fresh machine (60-80 s; a warm machine keeps them);
 # without a .whl/ folder (a machine with the packages installed) nothing is installed. $PYTHON picks the interpreter.

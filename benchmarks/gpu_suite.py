@@ -39,9 +39,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -562,9 +564,151 @@ def grid_shapes(text: str) -> list[tuple[int, ...]]:
     return shapes
 
 
+# ---- named plans: a whole lease of the `device` tool in one command ----------------------------------------------------
+# A lease is one call of under 10 minutes (benchmarks/README.md). A plan is its sections, each a command of this
+# suite (or of another benchmark) with a deadline from the plan's start; everything measured so far is packed into one
+# file after each section, so a call stopped from outside still brings back all it measured.
+ITEM_S = 120  # the longest one item runs past its section's deadline (a 1.3B compiled run, its start-up included)
+# progress as it comes; no Hub (the device machines reach nothing); tokenizers' threads quiet beside the runs' workers
+PLAN_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # its folder under --out (and its runs' folder)
+    deadline_s: int  # from the plan's start
+    args: tuple[str, ...]  # this suite's arguments (or `script`'s)
+    script: str = "gpu_suite.py"  # fp8_matmul.py: its --out is a file
+    env: tuple[tuple[str, str], ...] = ()
+
+    def command(self, out: Path, runs: Path, budget_s: float) -> list[str]:
+        """This suite (its results under out/NAME, its runs' folders under runs/NAME) or another benchmark
+        (fp8_matmul.py: its rows as out/NAME/fp8_matmul.json), under `budget_s`."""
+        script = Path(__file__).with_name(self.script)
+        if self.script == "gpu_suite.py":
+            where = ["--out", str(out / self.name), "--runs_dir", str(runs / self.name)]
+        else:
+            where = ["--out", str(out / self.name / f"{script.stem}.json")]
+        return [sys.executable, str(script), *self.args, *where, "--budget_s", f"{max(budget_s, 0):.0f}"]
+
+
+def _ddp(*args: str) -> tuple[str, ...]:
+    return ("--only", "runs", "--strategy", "ddp", "--optim", "adamw", "--no-pairs", *args)
+
+
+_SHAPES_8 = ("--grid_shapes", "8x1024x16x50257x1024x8,8x1024x16x50257x1024x16")
+PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
+    "llama": ("llama-3.2-1b compiled (MFU, beside the hand-written loss-only step, the allocator's peak beside the "
+              "estimate), float8 per layer, the Llama rows of the CUDA activation grid (ran on an H200, 2026-11-28; "
+              "the MFU goal is an H100's)", (
+        Section("llama1b", 200, ("--model", "llama-3.2-1b", "--seq_len", "2048", "--only", "reference,runs",
+                                 "--strategy", "ddp", "--optim", "adamw", "--no-pairs", "--references", "loss-only",
+                                 "--ddp_variants", "compiled", "--steps", "20")),
+        Section("llama1b-more", 330, ("--model", "llama-3.2-1b", "--seq_len", "2048", *_ddp("--ddp_variants", "mbs2x",
+                                                                                             "--steps", "20"))),
+        Section("fp8", 400, (), script="fp8_matmul.py"),
+        Section("grid", 540, ("--only", "grid", "--grid_filter", "^llama/")))),
+    "mfu": ("gpt2-1.3b compiled at MBS 24 with the padded vocabulary, then with inductor's matmul autotuning at MBS 24 "
+            "and 16 (for an H100)", (
+        Section("mbs24", 150, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "12",
+                               *_ddp("--ddp_variants", "mbs2x+vocab128", "--steps", "20"))),
+        Section("autotune24", 300, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "12",
+                                    *_ddp("--ddp_variants", "mbs2x+vocab128+autotune", "--steps", "20"))),
+        Section("autotune16", 450, ("--model", "gpt2-1.3b", *_ddp("--ddp_variants", "mbs2x+vocab128+autotune",
+                                                                  "--steps", "20"))))),
+    "loss-only": ("350M compiled against the hand-written step with the loss-only forward, 1.3B's MFU with both levers, "
+                  "the loss-only step's compiled grid rows (ran 2026-11-27)", (
+        Section("a350", 300, ("--only", "reference,runs", "--strategy", "ddp", "--optim", "adamw", "--references",
+                              "compiled,loss-only", "--no-pairs", "--ddp_variants", "compiled,profile", "--steps",
+                              "40")),
+        Section("b13", 410, ("--model", "gpt2-1.3b", *_ddp("--ddp_variants", "mbs2x+vocab128", "--steps", "20"))),
+        Section("gridc", 545, ("--only", "grid", "--grid_filter", "^gpt2/sdpa/[a-z0-9_]+/0 compiled$")))),
+    "loss-only-grid": ("the loss-only step's compiled grid rows at the whole runs' shapes (8 layers, MBS 8 and 16; "
+                       "ran 2026-11-27)", (
+        Section("gridl_autocast", 150, ("--only", "grid", *_SHAPES_8, "--grid_filter",
+                                        "^gpt2/sdpa/autocast_bf16/0 compiled$")),
+        Section("gridl_bf16", 250, ("--only", "grid", *_SHAPES_8, "--grid_filter", "^gpt2/sdpa/bf16/0 compiled$")),
+        Section("gridl_fp32", 350, ("--only", "grid", *_SHAPES_8, "--grid_filter", "^gpt2/sdpa/fp32/0 compiled$")))),
+    "strategies": ("fsdp with AdamW and torchao's 8-bit AdamW profiled, the ZeRO stages over 30 steps, the host syncs "
+                   "of an eager ddp step (ran 2026-11-27)", (
+        Section("eightbit", 180, ("--only", "runs", "--strategy", "fsdp", "--optim", "adamw,adamw_8bit",
+                                  "--ddp_variants", "none", "--profile", "--steps", "20")),
+        Section("zero", 400, ("--only", "runs", "--strategy", "zero1,zero2,zero3", "--optim", "adamw",
+                              "--zero_variants", "none", "--ddp_variants", "none", "--steps", "30")),
+        Section("syncs", 470, _ddp("--ddp_variants", "host-syncs", "--steps", "20")))),
+    "offload": ("the offload strategies with hfscale's host-thread share and with one thread (ran 2026-11-26)", (
+        Section("offload", 60, ("--model", "gpt2-124m", "--only", "runs", "--strategy", "fsdp_offload", "--optim",
+                                "adamw", "--ddp_variants", "none", "--steps", "12")),
+        Section("offload1", 110, ("--model", "gpt2-124m", "--only", "runs", "--strategy", "fsdp_offload", "--optim",
+                                  "adamw", "--ddp_variants", "none", "--steps", "12"), env=(("OMP_NUM_THREADS", "1"),)),
+        Section("zoffload", 170, ("--model", "gpt2-124m", "--only", "runs", "--strategy", "zero2_offload", "--optim",
+                                  "adamw", "--ddp_variants", "none", "--steps", "12")))),
+    "zero-buckets": ("zero1, then zero2 and zero3 each with the shipped buckets beside the `auto` ones and a 5e7 "
+                     "reduce bucket (ran 2026-11-26)", (
+        Section("zero1base", 40, ("--only", "runs", "--strategy", "zero1", "--optim", "adamw", "--ddp_variants", "none",
+                                  "--steps", "20")),
+        Section("zero2buckets", 140, ("--only", "runs", "--strategy", "zero2", "--optim", "adamw", "--ddp_variants",
+                                      "none", "--steps", "20")),
+        Section("zero3buckets", 260, ("--only", "runs", "--strategy", "zero3", "--optim", "adamw", "--ddp_variants",
+                                      "none", "--steps", "20")))),
+}
+
+
+def section_budget(deadline_s: float, elapsed_s: float, lease_s: float | None) -> float:
+    """Seconds a section may start items for: up to its deadline from the plan's start; with `lease_s` (the call's
+    limit) no deadline falls within ITEM_S of it, since an item started before its deadline may run a whole item past."""
+    if lease_s is not None:
+        deadline_s = min(deadline_s, lease_s - ITEM_S)
+    return deadline_s - elapsed_s
+
+
+def pack(out: Path, runs: Path, into: Path | None) -> None:
+    """Every run's results.json beside the sections' reports (out/runs/SECTION-RUN.json), then all of out/ in one
+    archive, replaced atomically: the one file a device call brings back."""
+    import tarfile
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    for results in runs.glob("*/*/results.json"):
+        shutil.copyfile(results, out / "runs" / f"{results.parent.parent.name}-{results.parent.name}.json")
+    if into is not None:
+        into.parent.mkdir(parents=True, exist_ok=True)
+        tmp = into.with_name(into.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        os.replace(tmp, into)
+
+
+def run_plan(name: str, out: Path, into: Path | None, lease_s: float | None, runs: Path) -> int:
+    """Each section of the plan in turn, as its own process under its deadline, packed after each."""
+    _, sections = PLANS[name]
+    start = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+                          "--format=csv"], capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+    (out / "machine.txt").write_text(smi.stdout if smi else "no nvidia-smi\n")
+    for section in sections:
+        budget = section_budget(section.deadline_s, time.monotonic() - start, lease_s)
+        command = section.command(out, runs, budget)
+        print(f"== {section.name} ({budget:.0f} s): {' '.join(command[1:])}", flush=True)
+        (out / section.name).mkdir(parents=True, exist_ok=True)
+        with open(out / f"{section.name}.log", "w") as log:
+            try:
+                subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **PLAN_ENV,
+                                                                                   **dict(section.env)},
+                               timeout=max(budget, 0) + ITEM_S)
+            except subprocess.TimeoutExpired:  # the section's files so far are packed; the next section goes on
+                print(f"{section.name}: stopped {ITEM_S} s past its deadline", file=log)
+        progress = re.compile(r"^\[|failed|Error|stopped|^\||^ +\S+ +\d+ +\d+")  # what the old lease scripts showed
+        print("".join(l for l in (out / f"{section.name}.log").read_text().splitlines(True) if progress.search(l)),
+              end="", flush=True)
+        pack(out, runs, into)
+        print(f"== packed at {time.monotonic() - start:.0f} s", flush=True)
+    return 0
+
+
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, its names checked before anything runs (one line and exit 2, not a traceback minutes in).
-    tests/test_gpu_suite.py parses every section of the lease scripts (benchmarks/gpu_call_*.sh) with it."""
+    tests/test_gpu_suite.py parses every section of every plan (PLANS) with it."""
     from hfscale.errors import HfscaleError
     from hfscale.flags import comma_list
     from hfscale.models import resolve_shape
@@ -578,6 +722,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", default="all")
     parser.add_argument("--optim", default="all")
     parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--plan", choices=sorted(PLANS), help="a whole lease: the plan's sections, each this suite (or "
+                        "another benchmark) under its deadline, packed after each (PLANS; the other options are the "
+                        "sections' own)")
+    parser.add_argument("--pack", type=Path, help="with --plan: everything under --out in this one .tgz after each "
+                        "section (on the device machine: $OUT/results.tgz)")
+    parser.add_argument("--lease_s", type=float, help="with --plan: the call's limit (timeout_s), which no section's "
+                        "deadline may come within an item of (a short call on a warm machine)")
     parser.add_argument("--budget_s", type=float, default=530.0)
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_suite"), help="gpu_suite.json/.md and the grid rows")
     parser.add_argument("--runs_dir", type=Path, help="the runs' own directories (default OUT/runs; on the device "
@@ -623,6 +774,9 @@ def main() -> None:
     from hfscale.files import atomic_write_text
 
     opts = options()
+    if opts.plan:
+        run_plan(opts.plan, opts.out, opts.pack, opts.lease_s, opts.runs_dir or Path("/tmp") / f"runs-{opts.plan}")
+        return
     import torch
 
     device = "cpu" if opts.dry_run or not torch.cuda.is_available() else "cuda:0"

@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -251,43 +252,60 @@ def test_chosen_grid_shapes_are_measured_eager_and_compiled(monkeypatch, tmp_pat
     assert measured == [(mode, s, False) for s in shapes] + [(mode, s, True) for s in shapes]
 
 
-def lease_sections(script) -> list[tuple[str, list[str]]]:
-    """The `suite NAME ARGS` sections of a lease script, each deadline `$(left N)` read as N."""
-    text = script.read_text().replace("\\\n", " ")
-    sections = [re.sub(r"^(\w+=\S+ )*", "", line) for line in text.splitlines()]  # an environment put first
-    return [(words[1], words[2:]) for line in sections if line.startswith("suite ")
-            for words in [shlex.split(re.sub(r"\$\(left (\d+)\)", r"\1", line), comments=True)]]
-
-
-@pytest.mark.parametrize("script", ["gpu_call_15min.sh", "gpu_call_strategies.sh", "gpu_call_offload.sh",
-                                    "gpu_call_zero_buckets.sh", "gpu_call_loss_only_grid.sh",
-                                    "gpu_call_mfu.sh", "gpu_call_llama.sh"])
-def test_every_section_of_a_lease_script_is_a_command_the_suite_accepts(script):
-    """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py must fail here, not there.
-    Each section parses with the suite's own checks, has its own name (its runs' folder) and a later deadline than
-    the one before, the last within the call's 590 s."""
-    suite, path = _suite(), REPO / "benchmarks" / script
-    assert 'source "$(dirname "$0")/gpu_lease.sh"' in path.read_text()
-    sections = lease_sections(path)
-    assert len(sections) >= 3 and len({name for name, _ in sections}) == len(sections)
-    deadlines, default = [], suite.options([]).budget_s  # the suite's own budget: the lease's clock ignored
-    for name, args in sections:
-        opts = suite.options(args)
-        assert opts.budget_s != default, f"{name}: no deadline"
-        deadlines.append(opts.budget_s)
+@pytest.mark.parametrize("plan", sorted(_suite().PLANS))
+def test_every_section_of_a_plan_is_a_command_its_script_accepts(plan):
+    """A lease is 15 minutes of a GPU once in a while: an option renamed in gpu_suite.py (or fp8_matmul.py) must fail
+    here, not there. Each section parses with its script's own parser, has its own name (its folder) and a later
+    deadline than the one before, the last before 560 s of the call's 590."""
+    suite = _suite()
+    _, sections = suite.PLANS[plan]
+    assert sections and len({s.name for s in sections}) == len(sections)
+    deadlines = [s.deadline_s for s in sections]
     assert deadlines == sorted(set(deadlines)) and deadlines[-1] < 560
+    for section in sections:
+        command = section.command(Path("/out"), Path("/runs"), 100)
+        script, args = command[1], command[2:]
+        assert Path(script).is_file() and args[-2:] == ["--budget_s", "100"]
+        if section.script == "gpu_suite.py":
+            assert suite.options(args).out == Path("/out") / section.name
+        else:
+            load_benchmark(Path(script).stem).build_parser().parse_args(args)
 
 
-def test_a_short_call_brings_every_deadline_inside_its_limit(tmp_path):
-    """A short second call on a warm machine (LEASE_S, its timeout_s) must end its sections before the tool stops it:
-    an item starts only before its section's deadline and may run a whole item past it, so no deadline may fall
-    within ITEM_S of the limit; without LEASE_S each section keeps its own."""
-    script = (f'RESULTS_DIR={tmp_path}/res OUT={tmp_path}; source benchmarks/gpu_lease.sh >/dev/null 2>&1; '
-              'echo "$(left 340) $(LEASE_S=300 left 340) $(LEASE_S=300 left 100) $ITEM_S"')
-    out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    whole, short, early, item = map(int, out)
-    assert 339 <= whole <= 340 and item >= 100
-    assert 299 - item <= short <= 300 - item and 99 <= early <= 100
+def test_a_short_call_brings_every_deadline_inside_its_limit():
+    """A short second call on a warm machine (--lease_s, its timeout_s) must end its sections before the tool stops
+    it: an item starts only before its section's deadline and may run a whole item past it, so no deadline may fall
+    within ITEM_S of the limit; without --lease_s each section keeps its own."""
+    suite = _suite()
+    assert suite.section_budget(340, 0, None) == 340
+    assert suite.section_budget(340, 0, 300) == 300 - suite.ITEM_S
+    assert suite.section_budget(100, 40, 300) == 60 and suite.ITEM_S >= 100
+
+
+def test_a_plan_runs_its_sections_in_turn_and_packs_after_each(tmp_path, monkeypatch):
+    """run_plan: each section its own process (its environment added), its log beside its folder, every run's
+    results.json copied out and everything packed into the one archive after each section - here with sections that
+    only write what a suite writes."""
+    import tarfile
+
+    suite = _suite()
+    runs = tmp_path / "runs"
+    writes = ("import json, os, sys, pathlib; out, runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]); "
+              "out.mkdir(parents=True, exist_ok=True); (out / 'gpu_suite.json').write_text('{}'); "
+              "(runs / 'ddp').mkdir(parents=True, exist_ok=True); "
+              "(runs / 'ddp' / 'results.json').write_text(json.dumps({'threads': os.environ.get('OMP_NUM_THREADS')}));"
+              " print('[ 0 s] run ddp')")
+    plan = (suite.Section("first", 100, ()), suite.Section("second", 200, (), env=(("OMP_NUM_THREADS", "1"),)))
+    monkeypatch.setitem(suite.PLANS, "fake", ("two sections", plan))
+    monkeypatch.setattr(suite.Section, "command", lambda self, out, runs_root, budget: [
+        sys.executable, "-c", writes, str(out / self.name), str(runs_root / self.name)])
+    suite.run_plan("fake", tmp_path / "res", tmp_path / "results.tgz", None, runs)
+    with tarfile.open(tmp_path / "results.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"res/machine.txt", "res/first.log", "res/second.log", "res/first/gpu_suite.json",
+            "res/runs/first-ddp.json", "res/runs/second-ddp.json"} <= names
+    assert json.loads((tmp_path / "res" / "runs" / "second-ddp.json").read_text()) == {"threads": "1"}
+    assert "[ 0 s] run ddp" in (tmp_path / "res" / "first.log").read_text()
 
 
 def test_an_in_process_item_gives_the_device_back_before_the_runs_after_it(monkeypatch):
