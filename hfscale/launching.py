@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import HfscaleError
 from .files import is_run_file, load_json
 from .flags import at_most_gpus, flag_value, train_flag
-from .formulas.metrics import param_count
+from .formulas.metrics import global_batch_size, param_count
 from .models import MODEL_OVERRIDES, model_shape
 from .parallel.configs import check_accelerate_config, launcher_deepspeed_json
 from .parallel.distributed import check_local_processes, visible_device_memory
@@ -210,8 +210,9 @@ def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str])
                    config=ConfigRecord(world_size=run.num_processes,
                                        per_device_train_batch_size=run.per_device_train_batch_size,
                                        gradient_accumulation_steps=run.gradient_accumulation_steps,
-                                       global_batch_size=run.num_processes * run.per_device_train_batch_size
-                                       * run.gradient_accumulation_steps,
+                                       global_batch_size=global_batch_size(run.per_device_train_batch_size,
+                                                                           run.gradient_accumulation_steps,
+                                                                           run.num_processes),
                                        activation_checkpointing=run.activation_checkpointing))
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
 from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
-from .formulas.metrics import GB, ModelShape, StepFigures, step_figures, tokens_per_step
+from .formulas.metrics import GB, ModelShape, StepFigures, global_batch_size, step_figures, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
 from .parallel.tensor_parallel import tp_refusal
@@ -134,7 +134,8 @@ class RunPlan:
     @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step: MBS x GAS x DP."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+        return global_batch_size(self.per_device_train_batch_size, self.gradient_accumulation_steps,
+                                 self.data_parallel_size)
 
     @property
     def tokens_per_step(self) -> int:

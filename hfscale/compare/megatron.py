@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import check_writable_dir
 from ..flags import at_most_gpus, positive
-from ..formulas.metrics import bigscience_tflops_per_gpu, size_label, throughput
+from ..formulas.metrics import bigscience_tflops_per_gpu, global_batch_size, size_label, throughput
 from ..formulas.parallel3d import padded_vocab
 from ..run.results import ConfigRecord, ModelRecord, PerfRecord, Results, write_results
 from .megatron_log import ANSI_ESCAPE, histories, parse_log, parse_name
@@ -133,7 +133,7 @@ def logged_batch(path: Path, header: dict, name: dict, launches: list[dict], dp:
     (after a ramp-up, the final one), else the header's, else MBS x GAS x DP from the file name."""
     mbs, gas = _pick("mbs", header, name, None, path, warnings), name.get("gas")
     final = next((e["gbs"] for launch in reversed(launches) for e in reversed(launch["iterations"]) if e["gbs"]), None)
-    gbs = final or header.get("gbs") or (mbs * gas * dp if mbs and gas else None)
+    gbs = final or header.get("gbs") or (global_batch_size(mbs, gas, dp) if mbs and gas else None)
     if gbs and mbs and gas is None:
         gas = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
     return mbs, gas, gbs

@@ -99,11 +99,17 @@ def bigscience_tflops_per_gpu(
     return params * factor * 2 * seq * global_batch / (s_per_iter * gpus * 1e12)
 
 
+def global_batch_size(per_device_train_batch_size: int, gradient_accumulation_steps: int,
+                      data_parallel_size: int) -> int:
+    """Samples per optimizer step: MBS x GAS x DP. DP, not the GPU count: the ranks of a tensor-parallel group (and
+    the stages of a pipeline) share one batch."""
+    return per_device_train_batch_size * gradient_accumulation_steps * data_parallel_size
+
+
 def tokens_per_step(per_device_train_batch_size: int, gradient_accumulation_steps: int, data_parallel_size: int,
                     seq_len: int) -> int:
-    """Tokens per optimizer step: GBS (= MBS x GAS x DP samples) x seq, every block packed full. DP, not the GPU count:
-    the ranks of a tensor-parallel group share one batch."""
-    return per_device_train_batch_size * gradient_accumulation_steps * data_parallel_size * seq_len
+    """Tokens per optimizer step: GBS x seq, every block packed full."""
+    return global_batch_size(per_device_train_batch_size, gradient_accumulation_steps, data_parallel_size) * seq_len
 
 
 def tflops_per_gpu(flops_per_step: float, s_per_iter: float, gpus: int) -> float:
@@ -175,7 +181,7 @@ def step_figures(
 ) -> StepFigures:
     """Every figure of one step. `data_parallel_size` ranks see different samples (GBS = MBS x GAS x DP); the FLOPs
     and the days are shared over all `gpus` (DP x TP x PP)."""
-    global_batch = per_device_train_batch_size * gradient_accumulation_steps * data_parallel_size
+    global_batch = global_batch_size(per_device_train_batch_size, gradient_accumulation_steps, data_parallel_size)
     rates = throughput(s_per_iter=s_per_iter, global_batch_size=global_batch, seq_len=seq_len, gpus=gpus,
                        token_budget=token_budget)
     model_flops, hardware_flops = training_flops_per_sequence(shape, seq_len, activation_checkpointing, full_recompute)

@@ -19,7 +19,7 @@ from math import ceil, prod
 
 from .comm import RING, Links, collective_s
 from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, RankMemory
-from .metrics import ModelShape, forward_flops_per_sequence
+from .metrics import ModelShape, forward_flops_per_sequence, global_batch_size
 from .tensors import parameter_tensors
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: no recomputation)
@@ -142,7 +142,7 @@ class GridRun:
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.micro_batches * self.grid.dp
+        return global_batch_size(self.micro_batch, self.micro_batches, self.grid.dp)
 
     @property
     def dtype(self) -> str:

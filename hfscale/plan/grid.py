@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import HfscaleError
 from ..formulas.memory import RankMemory
-from ..formulas.metrics import ModelShape, tokens_per_step
+from ..formulas.metrics import ModelShape, global_batch_size, tokens_per_step
 from ..formulas.parallel3d import RECOMPUTE, Grid, GridRun, busiest_stage, grid_refusal
 
 # family -> the optimizer states sharded over DP: Megatron-LM keeps them whole on every DP rank; Megatron-DeepSpeed
@@ -64,7 +64,7 @@ class GridPlan:
 
     @property
     def global_batch_size(self) -> int:
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.dp
+        return global_batch_size(self.per_device_train_batch_size, self.gradient_accumulation_steps, self.dp)
 
     @property
     def tokens_per_step(self) -> int:
