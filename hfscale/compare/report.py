@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir
 from ..flags import first_given
-from ..formulas.metrics import SECONDS_PER_DAY, days_to_train, size_label, tflops_label
+from ..formulas.metrics import days_to_train, size_label, tflops_label
 from ..plan.options import check_whole_nodes
 from ..plan.links import LINK_FLAGS, add_link_flags, links_from
 from ..plan.project import tokens_per_s_at
@@ -198,7 +198,7 @@ def add_projected_days(rows: list[Row], gpus: int, gpus_per_node: int, links) ->
                          "for comparison only")
         for p in (*r.loss_history, *r.eval_history):
             if p.get("tokens") is not None:
-                p["projected_days"] = p["tokens"] / point.tokens_per_s / SECONDS_PER_DAY
+                p["projected_days"] = days_to_train(p["tokens"], point.tokens_per_s, gpus)[0]
     return notes
 
 

@@ -15,7 +15,7 @@ from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
 from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
-from ..formulas.metrics import SECONDS_PER_DAY, param_count, training_flops_per_sequence
+from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..models.family import UNTIED_HEAD
 from ..runplan import RunPlan, accumulation_steps
@@ -138,7 +138,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
             pattern = pattern_of(plan, base.powersgd_rank)
             times = [step_of(plan, base, c, link, pattern) for c, link in zip(computes, links)]
             tokens = plan.tokens_per_step
-            days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+            days = [days_to_train(token_budget, tokens / st.total_s, n)[0] for st in times]
             if error and n > base.plan.world_size:  # measured days = projected x (projected / measured speed)
                 days += [days[1] * min(error[0], 1.0), days[2] * max(error[1], 1.0)]
             tps = tokens / times[0].total_s
@@ -168,7 +168,7 @@ def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_p
     times = [grid_step_time(plan.run, flops_per_s=r, links=link, gpus_per_node=gpus_per_node)
              for r, link in zip(rates, links)]
     tokens = plan.tokens_per_step
-    days = [token_budget / (tokens / st.total_s) / SECONDS_PER_DAY for st in times]
+    days = [days_to_train(token_budget, tokens / st.total_s, plan.world_size)[0] for st in times]
     low, high = GRID_MODEL_ERROR  # the check against Megatron's published throughput (docs/project.md)
     days += [days[1] * min(low, 1.0), days[2] * max(high, 1.0)]
     verdict = fit(plan, base.device_memory_bytes)
