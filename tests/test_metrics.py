@@ -357,3 +357,12 @@ def test_the_build_window_opens_with_the_freed_heap_handed_back():
     assert held - freed < 20e6, (held, freed)  # 80 MB freed, still resident
     assert freed - released > 50e6, (freed, released)
     del pins
+
+
+def test_tf32_is_stored_as_fp32_in_one_place():
+    """A run's precision names how its matmuls compute; its tensors are fp32 under TF32 and the engines must hold
+    that dtype (the start-up proof reads torch's name of it)."""
+    from hfscale.formulas.precision import PRECISIONS, storage_dtype, torch_dtype_name
+
+    assert [storage_dtype(p) for p in PRECISIONS] == ["fp32", "fp32", "bf16", "fp16"]
+    assert [torch_dtype_name(p) for p in PRECISIONS] == ["float32", "float32", "bfloat16", "float16"]

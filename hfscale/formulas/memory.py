@@ -13,6 +13,7 @@ from math import ceil
 
 from .activations import activation_mode, activations
 from .metrics import GB, ModelShape
+from .precision import storage_dtype
 from .tensors import Tensor, block_numel, parameter_tensors, tp_local_tensors
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -272,7 +273,7 @@ def rank_memory(plan) -> RankMemory:
     """Bytes per rank of one training step of `plan` (a hfscale.runplan.RunPlan: everything here is read from it), for
     the rank that holds the most. On the CUDA route the caching allocator's fragmentation and the runtime allowance
     (CUDA context, cuBLAS/NCCL workspaces) are added to the device total; a CPU run has neither."""
-    layout, precision = plan.memory_layout, "fp32" if plan.precision == "tf32" else plan.precision
+    layout, precision = plan.memory_layout, storage_dtype(plan.precision)
     mem = model_state_bytes(plan.shape, layout, plan.optimizer_memory_rule, precision, plan.shard_ranks,
                             plan.gradient_accumulation_steps, plan.tp)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"

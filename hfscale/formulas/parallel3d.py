@@ -20,6 +20,7 @@ from math import ceil, prod
 from .comm import RING, Links, collective_s
 from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, RankMemory
 from .metrics import ModelShape, forward_flops_per_sequence, global_batch_size
+from .precision import storage_dtype
 from .tensors import parameter_tensors
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: no recomputation)
@@ -147,7 +148,7 @@ class GridRun:
     @property
     def dtype(self) -> str:
         """What weights and activations are stored in (TF32 computes in fp32 tensors)."""
-        return "fp32" if self.precision == "tf32" else self.precision
+        return storage_dtype(self.precision)
 
     def in_flight(self, stage: int) -> int:
         """Micro-batches stage `stage` holds activations for in 1F1B: P - stage in the steady state, at most M."""

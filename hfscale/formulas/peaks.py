@@ -8,6 +8,7 @@ import re
 import time
 
 from .memory import DTYPE_BYTES
+from .precision import storage_dtype
 
 # Datasheet dense peaks (no sparsity) per dtype, TFLOPs, by device key (see DEVICE_PATTERNS for the names).
 PEAK_TFLOPS = {
@@ -93,13 +94,12 @@ def table_peak(device_name: str, dtype: str) -> float | None:
 
 
 MATMUL_OPERANDS = 3  # a @ b = c: each size x size
-STORED_AS = {"tf32": "fp32"}  # TF32 is a matmul mode on fp32 tensors, not a dtype of its own
 
 
 def matmul_memory_refusal(size: int, dtype: str, memory_bytes: float, where: str) -> str | None:
     """Why `hfscale peak --size` cannot hold its matrices in `memory_bytes` (`where`: "a GPU's", "the host's
     available"), or None. Before: torch's allocator error as a traceback, or the OOM killer."""
-    need = MATMUL_OPERANDS * size * size * DTYPE_BYTES[STORED_AS.get(dtype, dtype)]
+    need = MATMUL_OPERANDS * size * size * DTYPE_BYTES[storage_dtype(dtype)]
     if need <= memory_bytes:
         return None
     return (f"--size {size} needs {need / 1e9:,.1f} GB for its three {dtype} matrices, more than {where} "

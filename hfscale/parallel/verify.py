@@ -5,6 +5,7 @@ StrategyMismatch (a one-line error) when the run is not what the user asked for.
 """
 
 from ..errors import HfscaleError
+from ..formulas.precision import torch_dtype_name
 from .storage import base_optimizer, local_part, stored_tensors
 from .strategies import Strategy
 
@@ -217,10 +218,11 @@ def check_compiled(facts: dict, strategy: Strategy, torch_compile: bool) -> None
             f"{'compiled' if facts['compiled'] else 'not compiled'}", strategy)
 
 
-def check_precision(facts: dict, strategy: Strategy, bf16: bool, fp16: bool) -> None:
-    """--bf16/--fp16 must reach the engine: DeepSpeed trains a copy of the weights in that dtype (fp32 masters live in
-    its optimizer); FSDP2 has no autocast and computes in its mixed-precision policy's param_dtype."""
-    want = "bfloat16" if bf16 else "float16" if fp16 else "float32"
+def check_precision(facts: dict, strategy: Strategy, precision: str) -> None:
+    """The plan's precision (--bf16/--fp16) must reach the engine: DeepSpeed trains a copy of the weights in that dtype
+    (fp32 masters live in its optimizer); FSDP2 has no autocast and computes in its mixed-precision policy's
+    param_dtype."""
+    want = torch_dtype_name(precision)
     if strategy.engine == "ddp":  # the module keeps fp32 master weights; --bf16/--fp16 is autocast around it
         dtypes = facts["parameters"]["dtypes"]
         require(dtypes == ["float32"], f"DDP trains {dtypes} weights, not fp32 masters (under autocast)", strategy)

@@ -17,6 +17,7 @@ from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
+from ..formulas.precision import storage_dtype
 from ..models.family import UNTIED_HEAD
 from ..runplan import RunPlan, accumulation_steps
 from .baseline import Baseline
@@ -54,7 +55,7 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
     """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates, with the
     pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change what moves."""
     strategy, P, shape = plan.strategy, param_count(plan.shape), plan.shape
-    t = DTYPE_BYTES["fp32" if plan.precision == "tf32" else plan.precision]
+    t = DTYPE_BYTES[storage_dtype(plan.precision)]
     backward_order = [tp.numel for tp in reversed(parameter_tensors(shape))]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
         psgd = None
