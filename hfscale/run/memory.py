@@ -2,6 +2,7 @@
 resident set always), per step (StepMemory) and while the model is built and sharded (ConstructionMemory). The
 estimate they are checked against is formulas/memory.py's."""
 
+import os
 import resource
 import sys
 
@@ -163,6 +164,8 @@ class StepMemory:
         return {"step_peak_gb": max(p for _, _, p in steps) / GB, "step_delta_gb": max(p - b for _, b, p in steps) / GB,
                 "step_delta_gb_median": sorted(p - b for _, b, p in steps)[len(steps) // 2] / GB,
                 "step_memory_source": "cuda allocator" if self.on_cuda else "VmHWM (process RSS)",
+                # the resident set follows the tensors only where glibc hands freed ones back at once
+                "follows_tensors": self.on_cuda or "MALLOC_MMAP_THRESHOLD_" in os.environ,
                 # a run of `skip_first` steps or fewer has only steps that create the gradients and optimizer states
                 # inside them: their delta is not the steady step's (memory_line says so rather than compare)
                 "steps_measured": len(steps), "first_steps_only": len(self.steps) <= skip_first}

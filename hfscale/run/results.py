@@ -256,7 +256,8 @@ class Results(_Section):
             measured_states=max((sum(v or 0 for v in r.values()) for r in ranks), default=None),
             estimated_step=est.get("step_peak", est.get("activation_peak")) if est else None,
             measured_step=max((r["step_delta_gb"] * GB for r in steps), default=None),
-            first_step_only=bool(steps) and all(r.get("first_steps_only") for r in steps))
+            first_step_only=bool(steps) and all(r.get("first_steps_only") for r in steps),
+            follows_tensors=all(r.get("follows_tensors", True) for r in steps))
 
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, **super().to_dict()}
@@ -288,6 +289,7 @@ class StatesAndStep:
     estimated_step: float | None
     measured_step: float | None
     first_step_only: bool  # the run's only step created the gradients and optimizer states: its step is not one
+    follows_tensors: bool = True  # False: a CPU process's resident set with glibc's heap reuse in it
 
     @property
     def estimated(self) -> float | None:

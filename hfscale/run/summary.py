@@ -109,6 +109,8 @@ def memory_line(results) -> str:
 
     measured_step = ("n/a (the run's only step created the gradients and optimizer states: run 2 or more to compare)"
                      if m.first_step_only else f"{gb(m.measured_step)} GB")
+    if not m.follows_tensors and not m.first_step_only:  # glibc's reused heap: a step can show more or less than it holds
+        measured_step += " (process RSS with glibc's heap reuse; MALLOC_MMAP_THRESHOLD_=65536 makes it follow the tensors)"
     return (f"  memory per rank, estimated / measured: model states {gb(m.estimated_states)} / {gb(m.measured_states)} "
             f"GB · step peak above the states {gb(m.estimated_step)} / {measured_step}")
 
