@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
 from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
+from .formulas.precision import Dtypes, engine_dtypes
 from .formulas.metrics import GB, ModelShape, StepFigures, global_batch_size, step_figures, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
@@ -160,6 +161,11 @@ class RunPlan:
     @property
     def on_cuda(self) -> bool:
         return self.device_type == "cuda"
+
+    @property
+    def dtypes(self) -> Dtypes:
+        """What this run holds, computes in and reduces (formulas/precision.engine_dtypes)."""
+        return engine_dtypes(self.precision, self.strategy.engine, self.memory_layout.communication_dtype)
 
     @property
     def memory_layout(self) -> Layout:

@@ -227,9 +227,10 @@ def test_a_bf16_checkpoint_loads_as_fp32_masters(tmp_path):
     build_model(PRESETS["tiny"], seed=0).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     model, _ = load_pretrained(str(tmp_path / "bf16"))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    check_precision({"parameters": {"dtypes": ["float32"]}}, get_strategy("ddp"), "bf16")
+    ddp = route_plan("ddp", False).but(precision="bf16").dtypes
+    check_precision({"parameters": {"dtypes": ["float32"]}}, get_strategy("ddp"), ddp)
     with pytest.raises(StrategyMismatch, match="DDP trains \\['bfloat16'\\] weights"):
-        check_precision({"parameters": {"dtypes": ["bfloat16"]}}, get_strategy("ddp"), "bf16")
+        check_precision({"parameters": {"dtypes": ["bfloat16"]}}, get_strategy("ddp"), ddp)
 
 
 def test_the_clock_waits_for_the_gpu_before_a_checkpoint_save(monkeypatch, tmp_path):

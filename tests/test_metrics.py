@@ -391,3 +391,31 @@ def test_a_cpu_step_measured_through_glibcs_reused_heap_says_so(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     results.memory.step_per_rank = [meter.summary()]
     assert "heap reuse" not in memory_line(results)  # the CUDA allocator counts tensors
+
+
+def test_each_engine_holds_computes_and_reduces_in_the_dtypes_the_plan_says():
+    """One typed value per run (RunPlan.dtypes): DDP's fp32 masters under autocast reduce fp32 gradients; DeepSpeed and
+    FSDP2 hold and reduce the compute dtype, DeepSpeed in its JSON's communication_data_type where it names one; the
+    projection's bytes moved follow it."""
+    from hfscale.formulas.precision import Dtypes
+    from hfscale.models import PRESETS
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.plan.projection import pattern_of
+    from hfscale.runplan import RunPlan
+
+    def plan(strategy, precision="bf16", deepspeed=None):
+        return RunPlan(get_strategy(strategy), get_optimizer("adamw"), PRESETS["tiny"], 64, world_size=4,
+                       precision=precision, deepspeed_config=deepspeed)
+
+    assert plan("ddp").dtypes == Dtypes("fp32", "bf16", "fp32") == plan("tp").dtypes
+    assert plan("fsdp").dtypes == Dtypes("bf16", "bf16", "bf16") == plan("zero2").dtypes
+    assert plan("zero3", "tf32").dtypes == Dtypes("fp32", "fp32", "fp32")
+    fp32_reduce = {**get_strategy("zero2").deepspeed_settings(), "communication_data_type": "fp32"}
+    assert plan("zero2", deepspeed=fp32_reduce).dtypes == Dtypes("bf16", "bf16", "fp32")
+    def sent(p):
+        return pattern_of(p).bytes_per_step(grad_accum=1, ranks=4)
+
+    assert sent(plan("zero2", deepspeed=fp32_reduce)) > sent(plan("zero2"))  # its gradients reduced in 4 bytes, not 2
+    assert sent(plan("ddp")) == sent(plan("ddp", "fp32"))  # autocast: fp32 gradients whatever the compute dtype
+    assert sent(plan("fsdp")) == pytest.approx(sent(plan("fsdp", "fp32")) / 2, rel=0.01)  # but the clip's fp32 norms

@@ -5,7 +5,7 @@ StrategyMismatch (a one-line error) when the run is not what the user asked for.
 """
 
 from ..errors import HfscaleError
-from ..formulas.precision import torch_dtype_name
+from ..formulas.precision import Dtypes, torch_dtype_name
 from .storage import base_optimizer, local_part, stored_tensors
 from .strategies import Strategy
 
@@ -218,19 +218,19 @@ def check_compiled(facts: dict, strategy: Strategy, torch_compile: bool) -> None
             f"{'compiled' if facts['compiled'] else 'not compiled'}", strategy)
 
 
-def check_precision(facts: dict, strategy: Strategy, precision: str) -> None:
-    """The plan's precision (--bf16/--fp16) must reach the engine: DeepSpeed trains a copy of the weights in that dtype
-    (fp32 masters live in its optimizer); FSDP2 has no autocast and computes in its mixed-precision policy's
-    param_dtype."""
-    want = torch_dtype_name(precision)
-    if strategy.engine == "ddp":  # the module keeps fp32 master weights; --bf16/--fp16 is autocast around it
-        dtypes = facts["parameters"]["dtypes"]
-        require(dtypes == ["float32"], f"DDP trains {dtypes} weights, not fp32 masters (under autocast)", strategy)
+def check_precision(facts: dict, strategy: Strategy, dtypes: Dtypes) -> None:
+    """The plan's dtypes (RunPlan.dtypes: --bf16/--fp16 on the strategy's engine) must be the engine's: DDP keeps fp32
+    master weights under autocast, DeepSpeed trains a copy in the compute dtype (fp32 masters in its optimizer), FSDP2
+    has no autocast and computes in its mixed-precision policy's param_dtype."""
+    want = torch_dtype_name(dtypes.parameters)
+    if strategy.engine == "ddp":
+        got = facts["parameters"]["dtypes"]
+        require(got == [want], f"DDP trains {got} weights, not {dtypes.parameters} masters (under autocast)", strategy)
     elif strategy.engine == "deepspeed":
-        dtypes = facts["parameters"]["dtypes"]
-        require(dtypes == [want], f"DeepSpeed trains {dtypes} weights, not {want}", strategy)
+        got = facts["parameters"]["dtypes"]
+        require(got == [want], f"DeepSpeed trains {got} weights, not {want}", strategy)
     elif strategy.engine == "fsdp":
-        got = facts.get("fsdp_param_dtype")
+        got, want = facts.get("fsdp_param_dtype"), torch_dtype_name(dtypes.compute)
         require(got == want, f"FSDP computes in {got}, not {want}", strategy)
 
 

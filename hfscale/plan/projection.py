@@ -17,7 +17,6 @@ from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
-from ..formulas.precision import storage_dtype
 from ..models.family import UNTIED_HEAD
 from ..runplan import RunPlan, accumulation_steps
 from .baseline import Baseline
@@ -55,17 +54,17 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
     """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates, with the
     pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change what moves."""
     strategy, P, shape = plan.strategy, param_count(plan.shape), plan.shape
-    t = DTYPE_BYTES[storage_dtype(plan.precision)]
+    t, g = DTYPE_BYTES[plan.dtypes.parameters], DTYPE_BYTES[plan.dtypes.gradients]
     backward_order = [tp.numel for tp in reversed(parameter_tensors(shape))]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
         psgd = None
         if strategy.comm_hook == "powersgd":
             rank = powersgd_rank or strategy.powersgd["rank"]
-            psgd = 4 * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
-        return comm_pattern("ddp", None, param_bytes=4 * P, grad_bytes=4 * P, ranks=plan.world_size,
+            psgd = g * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
+        return comm_pattern("ddp", None, param_bytes=t * P, grad_bytes=g * P, ranks=plan.world_size,
                             powersgd_bytes=psgd,
-                            reduce_buckets=bucket_pieces([4 * n for n in backward_order], DDP_BUCKET_BYTES))
-    common = dict(param_bytes=t * P, grad_bytes=t * P, ranks=plan.world_size,
+                            reduce_buckets=bucket_pieces([g * n for n in backward_order], DDP_BUCKET_BYTES))
+    common = dict(param_bytes=t * P, grad_bytes=g * P, ranks=plan.world_size,
                   offload_optimizer=strategy.offloads_state("optimizer_states"),
                   offload_params=strategy.offloads_state("parameters"))
     if strategy.engine == "fsdp":
@@ -78,8 +77,6 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                             root_param_bytes=t * root, root_leftover_bytes=t * leftover, units=shape.n_layer,
                             norm_tensors=len(backward_order) if plan.clips_gradients else 0)
     layout = plan.memory_layout
-    if layout.communication_dtype:  # the JSON's communication_data_type: what DeepSpeed reduces gradients in
-        common["grad_bytes"] = DTYPE_BYTES[layout.communication_dtype] * P
     # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
     buckets = bucket_pieces(backward_order, layout.reduce_bucket, flush_before_overflow=True) \
         if strategy.zero_stage > 1 and layout.reduce_bucket else 1

@@ -100,7 +100,7 @@ class StrategyCallback(TrainerCallback):
         verify.check_world(self.facts, strategy)
         verify.check_wrapper(self.facts, strategy, world)
         verify.check_compiled(self.facts, strategy, bool(args.torch_compile))
-        verify.check_precision(self.facts, strategy, self.plan.precision)  # the flags, or the launcher's, read back
+        verify.check_precision(self.facts, strategy, self.plan.dtypes)  # the flags, or the launcher's, read back
         params = self.facts["parameters"]
         verify.check_sharded("parameters", params["elements_local"], self.engine_params, self.plan.shard_ranks,
                              strategy)
