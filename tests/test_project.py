@@ -570,3 +570,61 @@ def test_tune_and_project_judge_the_same_plan_alike():
         plan = base.plan.but(shape=PRESETS["bloom-1b7"], per_device_train_batch_size=c.run.per_device_train_batch_size,
                              activation_checkpointing=False, device_type="cpu")  # tune's trials run here (no GPU)
         assert fit(plan, 40e9).fits is (c.status == "planned"), c.run.name
+
+
+def _one_and_two_nodes(tmp_path, strategy="ddp"):
+    """A committed round's 1-process run, and its 2-process run relabelled as 2 nodes of 1 (the same recipe)."""
+    rounds = json.loads((REPO / "benchmarks/results/projection_2026-11-26" / f"{strategy}-np2-round0.json").read_text())
+    one, two = rounds["one"], rounds["real"]
+    two["environment"].update(nodes=2, processes_per_node=1)
+    for name, data in (("one", one), ("two", two)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    return tmp_path / "one.json", tmp_path / "two.json", two
+
+
+def test_the_inter_node_link_from_a_one_node_and_a_two_node_run(tmp_path, hfscale_cli):
+    """`hfscale bandwidth --from_runs`: the inter-node bandwidth at which the model takes the 2-node run's measured step
+    from the 1-node run's compute. A 2-node run timed as if its link moved 3 GB/s gives back 3 GB/s (its intervals'
+    spread the band), and `hfscale project --inter_bw FILE` then projects the 1-node run to that 2-node step."""
+    from dataclasses import replace as change
+
+    from hfscale.formulas.comm import Links
+    from hfscale.plan.baseline import baseline_from_results
+    from hfscale.plan.projection import micro_compute_s, pattern_of, step_of
+
+    one_path, two_path, two = _one_and_two_nodes(tmp_path)
+    one, many = baseline_from_results(one_path), baseline_from_results(two_path)
+    links = Links(150e9, 3e9)
+    compute = micro_compute_s(one.plan, one, one.s_per_iter[0], links)
+    s = step_of(many.plan, one, compute, links, pattern_of(many.plan)).total_s
+    slow = step_of(many.plan, one, compute, change(links, inter_bw=2e9), pattern_of(many.plan)).total_s
+    two["perf"]["s_per_iter"] = s
+    for i, entry in enumerate(two["perf_history"]):
+        entry["s_per_iter"] = s if i % 2 else slow  # the slowest interval: a 2 GB/s link
+    two_path.write_text(json.dumps(two))
+    out = tmp_path / "inter.json"
+    proc = hfscale_cli(["bandwidth", "--from_runs", one_path, two_path, "--out", out])
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(out.read_text())
+    assert found["inter_bw_gb_s"] == pytest.approx(3.0, rel=0.01)
+    assert found["inter_bw_low_gb_s"] == pytest.approx(2.0, rel=0.01)
+    assert found["inter_bw_high_gb_s"] == pytest.approx(3.0, rel=0.01)
+    assert "--inter_bw 2:3" in proc.stdout
+    report = _project_json(one_path, "--strategy", "ddp", "--gpus", 2, "--gpus_per_node", 1, "--inter_bw", out)
+    assert report["points"][0]["s_per_iter"] == pytest.approx(s, rel=0.02)
+
+
+def test_the_inter_node_link_needs_one_recipe_on_one_node_and_on_more(tmp_path, hfscale_cli):
+    one_path, two_path, two = _one_and_two_nodes(tmp_path)
+    other = json.loads(json.dumps(two))
+    other["config"]["per_device_train_batch_size"] = 3
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    for second, expected in ((tmp_path / "other.json", "not the same recipe: per_device_train_batch_size 4 against 3"),
+                             (one_path, "the second run must be on 2 or more nodes")):
+        proc = hfscale_cli(["bandwidth", "--from_runs", one_path, second, "--out", tmp_path / "x.json"])
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+        assert not (tmp_path / "x.json").exists()
+    (tmp_path / "bad.json").write_text('{"inter_bw_gb_s": 3}')
+    proc = hfscale_cli(["project", one_path, "--gpus", "2", "--inter_bw", tmp_path / "bad.json"])
+    assert proc.returncode == 2 and "not an inter-node bandwidth from two runs" in proc.stderr

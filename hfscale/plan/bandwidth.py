@@ -16,8 +16,8 @@ to wake (on 2 shared CPU cores about 1-2 ms; on NCCL little) - at the smallest s
 compute (`meet_s`): the projection charges each piece by the compute before it (formulas/comm.Links.meet_s).
 """
 
+import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -28,11 +28,12 @@ from pathlib import Path
 import psutil
 
 from ..errors import ArgumentParser, HfscaleError, exit_on_user_error
-from ..files import atomic_write_text, check_writable_file, load_json
+from ..files import atomic_write_text, check_writable_file
 from ..flags import at_most_gpus, positive, refuse_renamed
 from ..formulas.comm import RING
+from .inter_node import describe, inter_node_from_runs, write_inter_node
+from .links import DEFAULT_INTER_GB_S, DEFAULT_INTRA_GB_S, KINDS, links_from
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -165,17 +166,6 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def read_bandwidth_file(path) -> dict:
-    """A file written by `hfscale bandwidth --out`: {"busbw_largest": {kind: bytes/s}, "nodes": ...}."""
-    data = load_json(Path(path), "bandwidth file")
-    bw = data.get("busbw_largest")
-    if not isinstance(bw, dict) or not all(isinstance(bw.get(k), (int, float)) and not isinstance(bw[k], bool)
-                                           and 0 < bw[k] < math.inf for k in KINDS):
-        raise HfscaleError(f"{path}: not a bandwidth file (written by `hfscale bandwidth --out`): no positive, finite "
-                           f"busbw_largest for {', '.join(KINDS)}")
-    return data
-
-
 def message_memory_refusal(max_bytes: int, nproc: int, on_gpu: bool, memory_bytes: int) -> str | None:
     """Why the largest message cannot be held, or None: each rank holds it whole and a shard of it beside
     (_time_collective), on its own GPU (`memory_bytes`: one device's), or on a CPU machine every rank on the one
@@ -186,6 +176,19 @@ def message_memory_refusal(max_bytes: int, nproc: int, on_gpu: bool, memory_byte
     where = "a GPU's" if on_gpu else f"the host's available (over {nproc} processes)"
     return (f"--max_bytes {max_bytes} needs {held / 1e9:,.1f} GB, more than {where} {memory_bytes / 1e9:,.1f} GB: "
             "give a smaller --max_bytes")
+
+
+def from_runs(opts) -> int:
+    """`--from_runs ONE_NODE MULTI_NODE`: the inter-node link two runs of one recipe imply, printed (and written)."""
+    if opts.out is not None:
+        check_writable_file(opts.out, "--out")
+    links = argparse.Namespace(intra_bw=opts.intra_bw, inter_bw=f"{DEFAULT_INTER_GB_S:g}", intra_latency_us=5.0,
+                               inter_latency_us=20.0, bandwidth_file=opts.bandwidth_file)
+    link = inter_node_from_runs(*opts.from_runs, links_from(links)[0])
+    print(describe(link))
+    if opts.out is not None and link.at_bound is None:
+        write_inter_node(Path(opts.out), link, [str(p) for p in opts.from_runs])
+    return 0
 
 
 @exit_on_user_error
@@ -203,7 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                              "1/64 of it) than back to back, as training meets it: the step time of the run you "
                              "project from; 0: back to back only, like nccl-tests")
     parser.add_argument("--worker", action="store_true", help="run as one rank of an already launched group")
+    parser.add_argument("--from_runs", nargs=2, type=Path, metavar=("ONE_NODE", "MULTI_NODE"),
+                        help="measure nothing: the inter-node bus bandwidth that two results.json of the same recipe "
+                             "(one node, 2+ nodes) imply, for `hfscale project --inter_bw` (with --out: a file it reads)")
+    parser.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}",
+                        help="with --from_runs: the intra-node bus bandwidth per GPU, GB/s (default "
+                             f"{DEFAULT_INTRA_GB_S:g}, assumed)")
+    parser.add_argument("--bandwidth_file", type=Path, help="with --from_runs: this node's links as measured by "
+                        "`hfscale bandwidth --out` (instead of --intra_bw)")
     opts = parser.parse_args(argv)
+    if opts.from_runs:
+        return from_runs(opts)
     if not 0 <= opts.compute_ms < float("inf"):
         raise HfscaleError(f"--compute_ms must be >= 0, got {opts.compute_ms}")
     positive(opts, "num_processes", "min_bytes", "max_bytes", "iters")

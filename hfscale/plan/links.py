@@ -1,18 +1,23 @@
 """The links of the communication model (`hfscale project`, `hfscale report --days_at_gpus`, tune's 3D projection):
 bus bandwidths and latencies given as flags (a LOW:HIGH range gives the band) or measured by `hfscale bandwidth`."""
 
+import math
 from pathlib import Path
 
 from ..errors import HfscaleError
+from ..files import load_json
 from ..formulas.comm import Links
 from ..formulas.metrics import GB
-from .bandwidth import read_bandwidth_file
 
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what `hfscale bandwidth` measures
 DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given
 
 
 def _bandwidths(text: str, flag: str) -> tuple[float, float, float]:
-    """'150' or '100:200' (GB/s) -> (typical, high, low) bytes/s; typical is the middle of a range."""
+    """'150' or '100:200' (GB/s) -> (typical, high, low) bytes/s; typical is the middle of a range. --inter_bw also
+    takes the file `hfscale bandwidth --from_runs --out` writes: its figure and its band."""
+    if flag == "inter_bw" and str(text).endswith(".json"):
+        return read_inter_node_file(Path(text))
     try:
         parts = [float(x) for x in str(text).split(":")]
     except ValueError:
@@ -29,7 +34,8 @@ def add_link_flags(p) -> None:
     p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
                    f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
     p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth per GPU, GB/s or "
-                   f"LOW:HIGH (default {DEFAULT_INTER_GB_S:g}, assumed)")
+                   f"LOW:HIGH, or a FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, "
+                   "assumed)")
     p.add_argument("--intra_latency_us", type=float, default=5.0)
     p.add_argument("--inter_latency_us", type=float, default=20.0)
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
@@ -101,3 +107,29 @@ def meeting_line(links: Links) -> str:
     return ("each piece inside a node also pays the ranks' meeting after the compute before it (the step's, spread "
             "evenly), as measured: " + ", ".join(f"{kind} {links.meet_s(kind, longest) * 1e6:.0f} us after "
                                                   f"{longest * 1e3:.3g} ms" for kind, _ in links.intra_meets))
+
+
+def read_bandwidth_file(path) -> dict:
+    """A file written by `hfscale bandwidth --out`: {"busbw_largest": {kind: bytes/s}, "nodes": ...}."""
+    data = load_json(Path(path), "bandwidth file")
+    bw = data.get("busbw_largest")
+    if not isinstance(bw, dict) or not all(isinstance(bw.get(k), (int, float)) and not isinstance(bw[k], bool)
+                                           and 0 < bw[k] < math.inf for k in KINDS):
+        raise HfscaleError(f"{path}: not a bandwidth file (written by `hfscale bandwidth --out`): no positive, finite "
+                           f"busbw_largest for {', '.join(KINDS)}")
+    return data
+
+
+def read_inter_node_file(path: Path) -> tuple[float, float, float]:
+    """(typical, high, low) bytes/s from a file `hfscale bandwidth --from_runs --out` wrote."""
+    data = load_json(path, "inter-node bandwidth file")
+    try:
+        values = [float(data[k]) * GB for k in ("inter_bw_gb_s", "inter_bw_high_gb_s", "inter_bw_low_gb_s")]
+    except (KeyError, TypeError, ValueError):
+        values = []
+    if len(values) != 3 or not all(0 < v < math.inf for v in values) or data.get("at_bound"):
+        raise HfscaleError(f"{path}: not an inter-node bandwidth from two runs (write it with `hfscale bandwidth "
+                           "--from_runs ONE_NODE MULTI_NODE --out FILE`; a run whose link hid under its compute "
+                           "calibrates nothing)")
+    return values[0], values[1], values[2]
+
