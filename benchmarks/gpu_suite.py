@@ -42,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -665,8 +666,6 @@ def section_budget(deadline_s: float, elapsed_s: float, lease_s: float | None) -
 def pack(out: Path, runs: Path, into: Path | None) -> None:
     """Every run's results.json beside the sections' reports (out/runs/SECTION-RUN.json), then all of out/ in one
     archive, replaced atomically: the one file a device call brings back."""
-    import tarfile
-
     (out / "runs").mkdir(parents=True, exist_ok=True)
     for results in runs.glob("*/*/results.json"):
         shutil.copyfile(results, out / "runs" / f"{results.parent.parent.name}-{results.parent.name}.json")

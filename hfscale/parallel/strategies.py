@@ -7,7 +7,7 @@ axis is its own registry (optimizers.py).
 
 import copy
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ..errors import HfscaleError, one_of
@@ -99,9 +99,10 @@ class Strategy:
         # a copy all the way down: transformers fills the "auto" values in place
         return copy.deepcopy({**_DEEPSPEED_COMMON, **optimizer, "zero_optimization": zero, **_DEEPSPEED_TAIL})
 
-    @property
+    @cached_property
     def shipped_deepspeed_config(self) -> dict | None:
-        """What a run of the strategy hands DeepSpeed when no --deepspeed JSON is given (None: not DeepSpeed)."""
+        """Its DeepSpeed settings, made once and read by the planners (None: not DeepSpeed); a run takes its own copy
+        (deepspeed_settings), which transformers fills in."""
         return self.deepspeed_settings() if self.engine == "deepspeed" else None
 
     def deepspeed_config_with(self, zero_optimization: dict) -> dict:

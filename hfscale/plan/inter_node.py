@@ -3,6 +3,7 @@ measured on one node and on several gives the bus bandwidth per GPU between node
 takes the multi-node run's measured step time, from the one-node run's compute. `hfscale project --inter_bw FILE` then
 uses it for every strategy, with the band the multi-node run's own spread gives."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,15 +45,17 @@ def recipe_difference(one: Baseline, many: Baseline) -> str | None:
     return None
 
 
-def solve_inter_bw(one: Baseline, many: Baseline, intra: Links, s_per_iter: float) -> tuple[float, str | None]:
-    """The inter-node bus bandwidth at which the model, from the one-node run's compute, takes `s_per_iter` on the
-    multi-node run's layout (bisection in log space: the step time falls as the link gets faster)."""
+def multi_node_step(one: Baseline, many: Baseline, intra: Links) -> Callable[[float], float]:
+    """The model's step time of the multi-node run's layout at an inter-node bandwidth, from the one-node run's
+    compute (solved once: it does not depend on the link between nodes)."""
     compute = micro_compute_s(one.plan, one, one.s_per_iter[0], intra)
     pattern = pattern_of(many.plan, many.powersgd_rank)
+    return lambda bw: step_of(many.plan, one, compute, replace(intra, inter_bw=bw), pattern).total_s
 
-    def step(bw: float) -> float:
-        return step_of(many.plan, one, compute, replace(intra, inter_bw=bw), pattern).total_s
 
+def solve_inter_bw(step: Callable[[float], float], s_per_iter: float) -> tuple[float, str | None]:
+    """The inter-node bus bandwidth at which `step` takes `s_per_iter` (bisection in log space: the step time falls
+    as the link gets faster), and whether it is pinned at the searched range's end."""
     if step(_HIGHEST) >= s_per_iter:
         return _HIGHEST, "fast"  # the run is as fast as its compute: the link hides under it, any faster one fits
     if step(_LOWEST) <= s_per_iter:
@@ -69,9 +72,10 @@ def inter_node_from_runs(one_path: Path, many_path: Path, intra: Links) -> Inter
     reason = recipe_difference(one, many)
     if reason:
         raise HfscaleError(f"{one_path} and {many_path}: {reason}")
-    typical, bound = solve_inter_bw(one, many, intra, many.s_per_iter[0])
-    slowest_run, _ = solve_inter_bw(one, many, intra, many.s_per_iter[2])  # the slowest interval: the lowest link
-    fastest_run, _ = solve_inter_bw(one, many, intra, many.s_per_iter[1])
+    step = multi_node_step(one, many, intra)
+    typical, bound = solve_inter_bw(step, many.s_per_iter[0])
+    slowest_run, _ = solve_inter_bw(step, many.s_per_iter[2])  # the slowest interval: the lowest link
+    fastest_run, _ = solve_inter_bw(step, many.s_per_iter[1])
     return InterNode(typical, min(slowest_run, typical), max(fastest_run, typical), bound)
 
 
