@@ -254,12 +254,17 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
     write_results(run_dir, results)
 
 
-def trial_plan(run: RunSpec, fixed: list[str]) -> RunPlan:
-    """The plan each rank of a sweep's or tune's run makes as it starts (train.check_args over its flags, on its
-    processes, all on this node): the same checks, refusals and memory model as the run's own."""
-    from .train import check_args  # the training stack's argument checks: transformers, imported by its first trial
+def launched_plan(train_args: list[str], processes: int) -> RunPlan:
+    """The plan each rank of a run about to be launched on `processes` processes of this node makes as it starts
+    (train.check_args over its flags): the same checks, refusals and memory model as the run's own."""
+    from .train import check_args  # the training stack's argument checks: transformers, imported by its first run
 
-    return check_args(run.train_args(fixed), launched=(run.num_processes, run.num_processes))[3].plan
+    return check_args(train_args, launched=(processes, processes))[3].plan
+
+
+def trial_plan(run: RunSpec, fixed: list[str]) -> RunPlan:
+    """A sweep's or tune's run, as its ranks will plan it."""
+    return launched_plan(run.train_args(fixed), run.num_processes)
 
 
 def decided_without_launch(run: RunSpec, out: Path, fixed: list[str], retry_failed: bool = False) -> dict | None:

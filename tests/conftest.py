@@ -317,6 +317,13 @@ def llama_parity() -> dict:
     return shared_run("llama-parity", make)
 
 
+def llama_pair_run(strategy: str, optim: str) -> dict:
+    """A 3-step tiny-llama run of one strategy x optimizer pair (tests/test_llama.py's LLAMA_PAIRS; ddp_powersgd x
+    adafactor is also that pair's run in the strategy x optimizer matrix)."""
+    extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
+    return shared_train(f"llama-{strategy}-{optim}", strategy, "--model", "tiny-llama", "--optim", optim, *extra, steps=3)
+
+
 def llama_tp_run() -> dict:
     """tp on tiny-llama, 2 processes: one TP group at MBS 8 (the 8 samples the parity runs' ddp sees), saving at
     steps TP_SAVE_STEP and PARITY_STEPS (whole HF weights: export and resume read them)."""

@@ -162,10 +162,9 @@ LLAMA_PAIRS = [("zero1", "adamw_8bit"), ("zero3_offload", "adamw"), ("ddp_powers
 
 @pytest.mark.parametrize("strategy,optim", LLAMA_PAIRS)
 def test_llama_trains_under_more_strategies_and_optimizers(strategy, optim):
-    from conftest import shared_train
+    from conftest import llama_pair_run
 
-    extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
-    res = shared_train(f"llama-{strategy}-{optim}", strategy, "--model", "tiny-llama", "--optim", optim, *extra, steps=3)
+    res = llama_pair_run(strategy, optim)
     assert (res["strategy"], res["optim"], res["model"]["family"]) == (strategy, optim, "llama")
     check = res["strategy_check"]
     assert check["world_size_torch"] == 2 and len(set(map(tuple, check["first_batch_per_rank"]))) == 2

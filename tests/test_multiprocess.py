@@ -11,8 +11,8 @@ import pytest
 
 from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
                       accelerate_launch, assert_figures_count_the_loaders, bf16_result, fsdp_tp_job, host_memory_run,
-                      hsdp_8bit_job, hsdp_job, partition_run, parity_runs, run, shared_train, swept_run, tp_run,
-                      tune_trial)
+                      hsdp_8bit_job, hsdp_job, llama_pair_run, partition_run, parity_runs, run, shared_train, swept_run,
+                      tp_run, tune_trial)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -289,7 +289,8 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("zero2_offload", "adamw"): "bf16:zero2_offload", ("zero3_offload", "adamw"): "bf16:zero3_offload",
                   ("ddp", "adamw_8bit"): "8bit:ddp", ("zero2", "adamw_8bit"): "8bit:zero2", ("fsdp", "adamw_8bit"): "8bit:fsdp",
                   ("ddp", "adafactor"): "sweep:ddp-adafactor-np2-mbs4-gas1",  # test_sweep.py's (3 steps, MBS 4)
-                  ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1"}  # a trial of test_tune.py's (5 steps)
+                  ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1",  # a trial of test_tune.py's (5 steps)
+                  ("ddp_powersgd", "adafactor"): "llama:ddp_powersgd-adafactor"}  # test_llama.py's, on tiny-llama
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
 _RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
 _RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items() if (s, o) not in _RUN_ELSEWHERE})
@@ -309,7 +310,8 @@ def pair_result(strategy: str, optim: str) -> dict:
     kind, _, key = where.partition(":")
     if key:  # a run another test makes, by the conftest function that makes it
         return {"parity": parity_run, "bf16": bf16_result, "8bit": eight_bit_run, "sweep": swept_run, "tune": tune_trial,
-                "partitions": partition_run, "host": host_memory_run}[kind](key)
+                "partitions": partition_run, "host": host_memory_run,
+                "llama": lambda pair: llama_pair_run(*pair.split("-"))}[kind](key)
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     if (strategy, optim) in BLOOM_PAIRS:
         extra += ["--model", "tiny-bloom", "--bf16"]
@@ -341,9 +343,10 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
 BLOOM_PAIRS = [("ddp_powersgd", "adamw_8bit"), ("fsdp_offload", "adamw_8bit")]
 BLOOM_RUNS = [("zero3", "adafactor")]
 # ... and Llama (grouped-query attention split by TP, an untied head): torchao's 8-bit AdamW on the 2-D meshes (the
-# matrix's runs of fsdp_tp and fsdp_hybrid with it) and bitsandbytes' under ZeRO-2 (tests/test_llama.py runs the other
-# engines on it)
-LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit"), ("zero2", "adamw_8bit")]
+# matrix's runs of fsdp_tp and fsdp_hybrid with it), bitsandbytes' under ZeRO-2, and PowerSGD with Adafactor (the run
+# tests/test_llama.py makes; it runs the other engines on Llama too)
+LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit"), ("zero2", "adamw_8bit"),
+               ("ddp_powersgd", "adafactor")]
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS}}
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir
 from ..flags import comma_list, flag_value, positive, refuse_renamed, split_train_args
-from ..launching import check_training_flags, finished_status, run_training, strategy_launch
+from ..launching import check_training_flags, finished_status, launched_plan, run_training, strategy_launch
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import get_optimizer
-from ..parallel.strategies import all_strategies, incompatibility, layout_refusal
+from ..parallel.strategies import all_strategies
 from ..run.results import Results, read_results
 
 REFERENCE = "ddp"
@@ -219,10 +219,14 @@ def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
                            f"of {tensor_parallel[0]}'s TP group share one batch (its global batch is ddp's / TP); "
                            f"compare it at --per_device_train_batch_size x TP, as tests/test_tensor_parallel.py does")
     strategies = [s for s in strategies if s not in tensor_parallel]
-    optim = flag_value(fixed, "--optim") or "adamw"
-    # checked before anything is launched: the pair, and the strategy on these processes of this one node
-    refused = {s: f"strategy {s!r} cannot use optimizer {optim!r}: {why}" if (why := incompatibility(s, optim))
-               else layout_refusal(all_strategies()[s], opts.num_processes, opts.num_processes) for s in strategies}
+    for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
+        if flag_value(fixed, flag) is not None or flag in fixed:
+            raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
+    check_training_flags(fixed, appended=True)
+    check_local_processes(opts.num_processes)  # every run starts on this node
+    # checked before anything is launched: each strategy's run as its ranks will plan it on these processes of this
+    # one node (the pair with --optim, the layout, a flag for another strategy)
+    refused = {s: _refusal(run_args(s, opts.max_steps, fixed), opts.num_processes) for s in strategies}
     explicit = next((s for s, why in refused.items() if why and opts.strategy != "all"), None)
     if explicit:
         raise HfscaleError(refused[explicit])
@@ -230,9 +234,11 @@ def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
     if not [s for s in strategies if s != REFERENCE]:  # a parity run of ddp alone judges nothing
         raise HfscaleError(f"--strategy {opts.strategy}: nothing to compare with {REFERENCE}; name another strategy "
                            "(default zero1,zero2,zero3,fsdp)")
-    for flag in ("--strategy", "--max_steps", "--output_dir", "--logging_steps"):
-        if flag_value(fixed, flag) is not None or flag in fixed:
-            raise HfscaleError(f"{flag} is set by hfscale parity; remove it from the Trainer flags")
-    check_training_flags(fixed, appended=True)
-    check_local_processes(opts.num_processes)  # every run starts on this node
     return strategies
+
+
+def _refusal(train_args: list[str], processes: int) -> str | None:
+    try:
+        return launched_plan(train_args, processes).refusal()
+    except HfscaleError as err:
+        return str(err)
