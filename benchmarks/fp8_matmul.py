@@ -20,6 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from hfscale.files import atomic_write_text  # noqa: E402
 from hfscale.models.resolve import resolve_shape  # noqa: E402
 
 DEFAULT_MODELS = "gpt2-350m,llama-3.2-1b,gpt2-1.3b,llama-3.2-3b,llama-3.1-8b"
@@ -99,11 +100,8 @@ def main(argv=None) -> int:
             fp8 = sum(r["fp8_s"] * r["count"] for r in done)
             print(f"{name:>14} block's linears: {bf16 / fp8:.2f}x", flush=True)
         if a.out:
-            tmp = a.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name() if a.device == "cuda" else a.device,
-                           "torch": torch.__version__, "rows": rows}, f, indent=1)
-            os.replace(tmp, a.out)
+            atomic_write_text(a.out, json.dumps({"device": torch.cuda.get_device_name() if a.device == "cuda"
+                                                 else a.device, "torch": torch.__version__, "rows": rows}, indent=1))
     return 0
 
 

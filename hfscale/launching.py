@@ -254,32 +254,28 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
     write_results(run_dir, results)
 
 
-def launched_plan(train_args: list[str], processes: int) -> RunPlan:
-    """The plan each rank of a run about to be launched on `processes` processes of this node makes as it starts
-    (train.check_args over its flags): the same checks, refusals and memory model as the run's own."""
+def start_up_refusal(train_args: list[str], processes: int) -> tuple[RunPlan | None, str | None]:
+    """(the plan each rank of a run about to be launched on `processes` processes of this node makes as it starts,
+    why that start-up would refuse the run or None): train.check_args over its flags, then the plan's refusal() - the
+    same checks as the run's own. The plan is None where the flags themselves are refused."""
     from .train import check_args  # the training stack's argument checks: transformers, imported by its first run
 
-    return check_args(train_args, launched=(processes, processes))[3].plan
-
-
-def trial_plan(run: RunSpec, fixed: list[str]) -> RunPlan:
-    """A sweep's or tune's run, as its ranks will plan it."""
-    return launched_plan(run.train_args(fixed), run.num_processes)
+    try:
+        plan = check_args(train_args, launched=(processes, processes))[3].plan
+    except HfscaleError as err:
+        return None, str(err)
+    return plan, plan.refusal()
 
 
 def decided_without_launch(run: RunSpec, out: Path, fixed: list[str], retry_failed: bool = False) -> dict | None:
     """The row of a sweep's (or `hfscale tune`'s) run that is decided without launching it - skipped when out/<run
-    name> already has a final status; refused when its own start-up would refuse it (trial_plan: the strategy table,
+    name> already has a final status; refused when its own start-up would refuse it (start_up_refusal: the strategy table,
     a layout its processes on this one node cannot make, heads TP does not divide, host RAM on a CPU), or when on a
     GPU its plan does not fit the device's memory - else None: it launches."""
     done = finished_status(out / run.name)
     if done and not (retry_failed and done != "ok"):
         return {"run": run.name, "status": done, "skipped": True}
-    try:
-        plan = trial_plan(run, fixed)
-    except HfscaleError as err:
-        return {"run": run.name, "status": "refused", "error": str(err)}
-    reason = plan.refusal()
+    plan, reason = start_up_refusal(run.train_args(fixed), run.num_processes)
     if not reason and plan.on_cuda:
         verdict = fit(plan, visible_device_memory())
         reason = None if verdict.fits is not False else f"estimate: {verdict.reason}"

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir
 from ..flags import comma_list, flag_value, positive, refuse_renamed, split_train_args
-from ..launching import check_training_flags, finished_status, launched_plan, run_training, strategy_launch
+from ..launching import check_training_flags, finished_status, run_training, start_up_refusal, strategy_launch
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import all_strategies
@@ -226,7 +226,7 @@ def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
     check_local_processes(opts.num_processes)  # every run starts on this node
     # checked before anything is launched: each strategy's run as its ranks will plan it on these processes of this
     # one node (the pair with --optim, the layout, a flag for another strategy)
-    refused = {s: _refusal(run_args(s, opts.max_steps, fixed), opts.num_processes) for s in strategies}
+    refused = {s: start_up_refusal(run_args(s, opts.max_steps, fixed), opts.num_processes)[1] for s in strategies}
     explicit = next((s for s, why in refused.items() if why and opts.strategy != "all"), None)
     if explicit:
         raise HfscaleError(refused[explicit])
@@ -235,10 +235,3 @@ def strategies_to_compare(opts, fixed: list[str]) -> list[str]:
         raise HfscaleError(f"--strategy {opts.strategy}: nothing to compare with {REFERENCE}; name another strategy "
                            "(default zero1,zero2,zero3,fsdp)")
     return strategies
-
-
-def _refusal(train_args: list[str], processes: int) -> str | None:
-    try:
-        return launched_plan(train_args, processes).refusal()
-    except HfscaleError as err:
-        return str(err)

@@ -3,6 +3,7 @@ measured on one node and on several gives the bus bandwidth per GPU between node
 takes the multi-node run's measured step time, from the one-node run's compute. `hfscale project --inter_bw FILE` then
 uses it for every strategy, with the band the multi-node run's own spread gives."""
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,8 +82,6 @@ def inter_node_from_runs(one_path: Path, many_path: Path, intra: Links) -> Inter
 
 def write_inter_node(path: Path, link: InterNode, runs: list[str]) -> None:
     """The file `hfscale project --inter_bw FILE` reads (links.read_inter_node_file)."""
-    import json
-
     atomic_write_text(path, json.dumps({"inter_bw_gb_s": link.bw / GB, "inter_bw_low_gb_s": link.low / GB,
                                         "inter_bw_high_gb_s": link.high / GB, "at_bound": link.at_bound,
                                         "from_runs": runs}, indent=1) + "\n")
