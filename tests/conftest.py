@@ -138,18 +138,56 @@ def train(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: i
           hfscale_launch: bool = False) -> dict:
     """One real training run; returns its results.json (asserting it succeeded). With hfscale_launch, through
     `hfscale launch` started outside the repository (the shipped configs must be found from anywhere)."""
-    args = [*TINY, "--max_steps", str(steps), "--output_dir", str(out), *extra]
-    if strategy:
-        args = ["--strategy", strategy, *args]
-    if hfscale_launch:
-        proc = run([sys.executable, "-m", "hfscale", "launch", "--num_processes", str(nproc), *args], cwd=out.parent)
-    else:
-        proc = run(accelerate_launch(args, nproc, config_file))
+    cmd, cwd = train_command(out, strategy, *extra, nproc=nproc, steps=steps, config_file=config_file,
+                             hfscale_launch=hfscale_launch)
+    proc = run(cmd, cwd=cwd)
     assert proc.returncode == 0, f"run failed ({strategy}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "ok"
     results["_stdout"], results["_stderr"] = proc.stdout, proc.stderr
     return results
+
+
+def train_command(out: Path, strategy: str | None, *extra: str, nproc: int = 2, steps: int = 4, config_file=None,
+                  hfscale_launch: bool = False) -> tuple[list[str], Path]:
+    """(command, working directory) of `train`'s run."""
+    args = [*TINY, "--max_steps", str(steps), "--output_dir", str(out), *extra]
+    if strategy:
+        args = ["--strategy", strategy, *args]
+    if hfscale_launch:
+        return [sys.executable, "-m", "hfscale", "launch", "--num_processes", str(nproc), *args], out.parent
+    return accelerate_launch(args, nproc, config_file), REPO
+
+
+def run_and_kill(cmd: list[str], cwd: Path, kill_at_step: int, stop: bool = False) -> str:
+    """Start a training run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses, as a node
+    failure would (stop: send every process SIGUSR1 instead, as SLURM warns a job step, and let the run end). Returns
+    what it printed."""
+    import signal
+
+    import psutil
+
+    from hfscale.run.outcome import kill_tree
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    logged, deadline, seen = 0, time.time() + 300, []
+    for line in proc.stdout:
+        seen.append(line)
+        logged += "{'loss'" in line  # a progress bar can share the line
+        if logged >= kill_at_step or time.time() > deadline:
+            break
+    if stop:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for process in tree:
+            process.send_signal(signal.SIGUSR1)
+        seen += proc.stdout.readlines()
+        assert proc.wait(timeout=120) == 0, "".join(seen[-40:])
+    else:
+        kill_tree(proc.pid, grace_s=0)
+        proc.wait(timeout=60)
+    assert logged >= kill_at_step, f"the run ended before step {kill_at_step}:\n{''.join(seen[-30:])}"
+    return "".join(seen)
 
 
 def assert_figures_count_the_loaders(res: dict) -> None:
@@ -324,12 +362,22 @@ def llama_pair_run(strategy: str, optim: str) -> dict:
     return shared_train(f"llama-{strategy}-{optim}", strategy, "--model", "tiny-llama", "--optim", optim, *extra, steps=3)
 
 
-def llama_tp_run() -> dict:
+def llama_tp_command(out: Path) -> tuple[list[str], Path]:
     """tp on tiny-llama, 2 processes: one TP group at MBS 8 (the 8 samples the parity runs' ddp sees), saving at
-    steps TP_SAVE_STEP and PARITY_STEPS (whole HF weights: export and resume read them)."""
-    return shared_run("llama-tp", lambda folder: train(
-        folder, "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8", "--save_strategy", "steps",
-        "--save_steps", str(TP_SAVE_STEP), "--fingerprint_weights", steps=PARITY_STEPS))  # TINY's flags, these win
+    steps TP_SAVE_STEP and PARITY_STEPS (whole HF weights: export and resume read them). TINY's flags, these win."""
+    return train_command(out, "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8", "--save_strategy",
+                         "steps", "--save_steps", str(TP_SAVE_STEP), "--fingerprint_weights", steps=PARITY_STEPS)
+
+
+def llama_tp_run() -> dict:
+    """The uninterrupted run of llama_tp_command."""
+    def make(folder):
+        cmd, cwd = llama_tp_command(folder)
+        proc = run(cmd, cwd=cwd)
+        assert proc.returncode == 0, f"run failed (tp, tiny-llama):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        return {**json.loads((folder / "results.json").read_text()), "_stdout": proc.stdout, "_stderr": proc.stderr}
+
+    return shared_run("llama-tp", make)
 
 
 # DeepSpeed JIT-compiles its CPU Adam (the offload strategies' optimizer) the first time a process on this machine needs
@@ -604,7 +652,10 @@ def partition_run(strategy: str) -> dict:
 # rank holds beyond its shard while rank 0's weights arrive. (At 1024 hidden, 0.61 GB, the four runs took 1.3x the
 # time - every byte of a copy is paged in, initialised and stepped - for the same fractions of a copy within 0.02;
 # only DeepSpeed's fixed ~0.07 GB beyond its zero3 states is a larger fraction of the smaller copy: 0.20 against 0.13.)
-HOST_SHAPE = ["--n_layer", "12", "--hidden_size", "768", "--n_head", "12", "--per_device_train_batch_size", "1",
+# A ~93M-parameter Llama: grouped-query attention (4 key/value heads), an untied head and rotary buffers, which no
+# state dict holds and the sharded builds must still give every rank (run/construction.share_rank0_buffers)
+HOST_SHAPE = ["--model", "tiny-llama", "--n_layer", "12", "--hidden_size", "768", "--n_head", "12",
+              "--num_key_value_heads", "4", "--ffn_hidden_size", "2560", "--per_device_train_batch_size", "1",
               "--seq_len", "32"]
 # run -> (strategy, optimizer, environment): zero3's zero3_init_flag as `accelerate launch` exports it. ddp steps with
 # adafactor, whose states are a few MB where AdamW's are two more copies to page in (ddp x adamw is the parity run's).

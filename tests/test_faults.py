@@ -15,16 +15,11 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, env, run
-from hfscale.run.outcome import kill_tree
+from conftest import BF16_SAVE_STEPS, PARITY_STEPS, bf16_command, bf16_result, run, run_and_kill
 
 pytestmark = pytest.mark.multiprocess
 
@@ -47,31 +42,6 @@ def launch(strategy, out, *extra, timeout=420):
     return proc
 
 
-def run_and_kill(strategy, out, kill_at_step: int, stop: bool = False) -> str:
-    """Start the run and SIGKILL its whole process tree once rank 0 has logged `kill_at_step` losses (stop: send it
-    SIGUSR1 instead and let the run end). Returns what it printed."""
-    cmd, cwd = bf16_command(strategy, out)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    logged, deadline, seen = 0, time.time() + 300, []
-    for line in proc.stdout:
-        seen.append(line)
-        logged += "{'loss'" in line  # a progress bar can share the line
-        if logged >= kill_at_step or time.time() > deadline:
-            break
-    if stop:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        for process in tree:
-            process.send_signal(signal.SIGUSR1)
-        seen += proc.stdout.readlines()
-        assert proc.wait(timeout=120) == 0, "".join(seen[-40:])
-    else:
-        kill_tree(proc.pid, grace_s=0)  # SIGKILL the launcher and every rank, as a node failure would
-        proc.wait(timeout=60)
-    assert logged >= kill_at_step, f"the run ended before step {kill_at_step}:\n{''.join(seen[-30:])}"
-    return "".join(seen)
-
-
 def losses(results) -> dict[int, float]:
     return {p["step"]: p["loss"] for p in results["loss_history"]}
 
@@ -85,12 +55,12 @@ def test_killed_run_resumes_exactly(tmp_path, strategy):
     reference = bf16_result(strategy)
 
     if strategy in KILLED:
-        run_and_kill(strategy, faulty_dir, kill_at)
+        run_and_kill(*bf16_command(strategy, faulty_dir), kill_at)
         killed = json.loads((faulty_dir / "results.json").read_text())
         assert killed["status"] == "running"  # the results file is intact (atomic writes), not half a JSON document
     elif strategy in STOPPED:  # SIGUSR1 once step `signalled` is logged: saved and stopped at the next logging step
         signalled = min(kill_at, STEPS - 3)
-        printed = run_and_kill(strategy, faulty_dir, signalled, stop=True)
+        printed = run_and_kill(*bf16_command(strategy, faulty_dir), signalled, stop=True)
         stopped = json.loads((faulty_dir / "results.json").read_text())
         assert stopped["status"] == "stopped", printed[-3000:]
         kill_at = stopped["stopped"]["step"]

@@ -1,7 +1,7 @@
 """Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model; ddp (and
-zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~87M-parameter GPT-2 shape with 2
-processes: the resident-set high-water marks over building the model, and from then until training begins (after the
-engine has sharded it)."""
+zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~93M-parameter Llama shape with 2
+processes (grouped-query attention, an untied head, rotary buffers): the resident-set high-water marks over building
+the model, and from then until training begins (after the engine has sharded it)."""
 
 import pytest
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def runs():
-    """The ~87M-parameter shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
+    """The ~93M-parameter Llama shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
     optimizer: ddp and the two zero3 runs step with adafactor and adamw_8bit, and the zero3 runs are also those pairs'
     runs in the strategy x optimizer matrix."""
     return {name: host_memory_run(name) for name in HOST_RUNS}

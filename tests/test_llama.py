@@ -139,17 +139,21 @@ def test_estimate_and_project_plan_a_llama(tmp_path):
     assert {p["gpus"] for p in points} == {2, 4, 8} and all(p["tokens_per_s"] > 0 for p in points)
 
 
-def test_a_llama_run_resumes_exactly_from_its_checkpoint(tmp_path):
-    """The tp run resumed from its step-10 checkpoint (whole weights and AdamW states, each rank taking its slices of
-    the split q/k/v, the untied head and the vocabulary-parallel embedding again) continues with exactly the losses
-    of the uninterrupted run."""
-    from conftest import TP_SAVE_STEP, train
+def test_a_killed_llama_run_resumes_exactly(tmp_path):
+    """The tp run SIGKILLed (launcher and ranks) after step TP_SAVE_STEP + 1 and resumed with `latest` from its
+    step-TP_SAVE_STEP checkpoint (whole weights and AdamW states, each rank taking its slices of the split q/k/v, the
+    untied head and the vocabulary-parallel embedding again) continues with exactly the uninterrupted run's losses."""
+    from conftest import TP_SAVE_STEP, llama_tp_command, run_and_kill
 
-    full = llama_tp_run()
-    checkpoint = f"{full['output_dir']}/checkpoint-{TP_SAVE_STEP}"
-    resumed = train(tmp_path / "resumed", "tp", "--model", "tiny-llama", "--per_device_train_batch_size", "8",
-                    "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
-    assert resumed["resumed_from"] == checkpoint
+    full, faulty = llama_tp_run(), tmp_path / "faulty"
+    run_and_kill(*llama_tp_command(faulty), TP_SAVE_STEP + 1)
+    killed = json.loads((faulty / "results.json").read_text())
+    assert killed["status"] == "running" and not (faulty / f"checkpoint-{PARITY_STEPS}").exists()
+    cmd, cwd = llama_tp_command(faulty)
+    proc = run([*cmd, "--resume_from_checkpoint", "latest"], cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    resumed = json.loads((faulty / "results.json").read_text())
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == str(faulty / f"checkpoint-{TP_SAVE_STEP}")
     assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in full["loss_history"]]
 
 
