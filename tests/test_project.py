@@ -275,6 +275,56 @@ def test_ring_collective_time():
     assert st.comm_s == pytest.approx(7 / 8 * 1e9 / 100e9 + 4 * 7 * 1e-5) and st.exposed_s == st.comm_s
 
 
+NCCL = comm.Links(intra_bw=150e9, inter_bw=25e9, collectives="nccl")
+
+
+def test_nccl_crosses_the_network_only_between_nodes_and_takes_its_fastest_algorithm():
+    """NCCL's cost model (src/graph/tuning.cc): per algorithm and protocol, a base latency, one latency per hop by its
+    kind, and the bus bandwidth times the protocol's factor."""
+    # one node, 400 MB: ring / Simple at the bus bandwidth, 14 NVLink steps of 3.4 us after the base 8.4 us
+    assert comm.nccl_collective("all_reduce", 4e8, 8, 1, NCCL) == pytest.approx(
+        (2 * 7 / 8 * 4e8 / 150e9 + (8.4 + 14 * 3.4) * 1e-6, "ring", "Simple"))
+    # 64 nodes x 8: an all-gather's ring crosses the network 63 times; its other 448 steps are NVLink hops (each at
+    # least the network post's 1 us). 8 bytes go by LL, at a quarter of the bandwidth: ~0.6 ms, where a ring paying
+    # the inter-node latency at every one of its 511 steps takes 10 ms
+    t, algorithm, protocol = comm.nccl_collective("all_gather", 8, 512, 64, NCCL)
+    assert (algorithm, protocol) == ("ring", "LL")
+    assert t == pytest.approx((6.6 + 448 * 1.0 + 63 * 2.7) * 1e-6 + 8 * 511 / 512 / (25e9 / 4))
+    assert t < 0.1 * comm.collective_s("all_gather", 8, 512, 8, comm.Links(150e9, 25e9))
+    # a small all-reduce over many nodes climbs a tree (2 log2(nodes) network hops), a large one on a node rings
+    assert comm.nccl_collective("all_reduce", 1e5, 512, 64, NCCL)[1:] == ("tree", "LL")
+    assert comm.nccl_collective("all_reduce", 1e9, 8, 1, NCCL)[1:] == ("ring", "Simple")
+    # the time only grows with the message, and never beats the bus bandwidth
+    sizes = [2.0 ** k for k in range(3, 33)]
+    for ranks, nodes in ((8, 1), (16, 2), (512, 64)):
+        times = [comm.nccl_collective("all_reduce", size, ranks, nodes, NCCL)[0] for size in sizes]
+        assert times == sorted(times)
+        bus = 150e9 if nodes == 1 else 25e9
+        assert all(t >= 2 * (ranks - 1) / ranks * size / bus for t, size in zip(times, sizes))
+    # LL128 runs on NVLink only; PCIe hops cost more
+    pci = replace(NCCL, intra_hop="pci")
+    assert {comm.nccl_collective("all_reduce", size, 16, 2, pci)[2] for size in sizes} <= {"LL", "Simple"}
+    assert comm.nccl_collective("all_gather", 1e4, 8, 1, pci)[0] > comm.nccl_collective("all_gather", 1e4, 8, 1, NCCL)[0]
+    # collective_s: a world group spans its nodes, a group of one GPU per node (HSDP's replicas) that many nodes
+    assert comm.collective_s("all_gather", 1e6, 512, 8, NCCL) == comm.nccl_collective("all_gather", 1e6, 512, 64, NCCL)[0]
+    assert comm.collective_s("all_reduce", 1e6, 4, 8, NCCL, across_nodes=True) == \
+        comm.nccl_collective("all_reduce", 1e6, 4, 4, NCCL)[0]
+    # what `hfscale bandwidth` measured inside a node times it under either model
+    fitted = replace(NCCL, intra_fits=(("all_reduce", 1e9, 1e-4),))
+    assert comm.collective_s("all_reduce", 1e6, 8, 8, fitted) == pytest.approx(2 * 7 / 8 * 1e6 / 1e9 + 14 * 1e-4)
+
+
+def test_fsdp_from_16_to_64_nodes_loses_what_nccl_loses_not_a_latency_per_ring_step():
+    """The class the issue names: a 7B model under FSDP measured on 16 nodes x 8 (MBS 2, seq 2048, 1.4 s a step, a
+    50 GB/s link per GPU) projected to 64 nodes. Published runs of this kind lose under 8% per GPU; timing every step
+    of a 512-rank ring at the inter-node latency lost 24%."""
+    base = Baseline(_plan(1, "fsdp", 128).but(per_device_train_batch_size=2), [1.4] * 3, "test")
+    fsdp = [get_strategy("fsdp")]
+    nccl = project(base, fsdp, [128, 512], 8, (replace(NCCL, inter_bw=50e9),) * 3, 1e11, None)
+    ring = project(base, fsdp, [128, 512], 8, (comm.Links(150e9, 50e9),) * 3, 1e11, None)
+    assert nccl[1].efficiency > 0.95 and ring[1].efficiency < 0.8, (nccl[1], ring[1])
+
+
 def test_deepspeed_cuts_gpt2_350m_gradients_into_the_195_messages_counted():
     """zero2/zero3 at transformers' `auto` reduce_bucket_size (hidden² = 1,048,576 elements, what the shipped JSONs
     held before 2026-11-26) sent 195 gradient messages per reduction in a real gpt2-350m step (`--count_collectives`,
@@ -458,6 +508,7 @@ def test_project_command_writes_table_plot_and_json(tmp_path):
     (["--tflops_per_gpu", "100", "--gpus", "12", "--gpus_per_node", "8"], "--gpus 12 is not a multiple of --gpus_per_node 8"),
     (["--tflops_per_gpu", "100", "--inter_bw", "-3"], "--inter_bw must be positive GB/s"),
     (["--tflops_per_gpu", "100", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+    (["--tflops_per_gpu", "100", "--inter_latency_us", "30"], "--inter_latency_us sets the ring model's latency per step"),
     ([], "nothing to project from"),
     # a results file brings its own model and run: these flags would be silently ignored beside one
     (["results.json", "--model", "gpt2-1.3b"], "--model describes the run of a projection from --tokens_per_s_per_gpu"),

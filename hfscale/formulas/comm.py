@@ -1,9 +1,17 @@
 """Bytes each strategy moves per optimizer step, how long the collectives take over intra- and inter-node links,
 and what is left exposed after overlap with compute: the model behind `hfscale project`. Pure, no torch.
 
-Collectives are timed as rings, the way nccl-tests reports bus bandwidth: over n ranks an all-reduce of S bytes
-moves 2(n-1)/n·S per rank in 2(n-1) latency-bound steps, an all-gather or a reduce-scatter (n-1)/n·S in n-1 steps.
-A ring that crosses nodes runs at the inter-node bus bandwidth per GPU (its slowest link).
+Bandwidths are bus bandwidths, the way nccl-tests reports them: over n ranks an all-reduce of S bytes moves
+2(n-1)/n·S per rank, an all-gather or a reduce-scatter (n-1)/n·S. Two models time a collective (Links.collectives):
+- "nccl": NCCL's own cost model, the one it picks an algorithm and a protocol with for every call (src/graph/tuning.cc,
+  NCCL 2.19-2.21): ring or tree (all-reduce only), LL, LL128 or Simple, each with its bandwidth factor and its latency
+  per hop kind - an NVLink (or PCIe) hop inside a node, a network hop between nodes. A ring over N nodes of p GPUs
+  crosses the network N-1 times (all-gather, reduce-scatter) or 2N times (all-reduce); its other hops cost NVLink
+  latency. The tree's latency grows with log2 of the nodes. The fastest pair is taken, as NCCL takes it.
+- "ring": every one of a ring's 2(n-1) or n-1 steps pays one latency, the inter-node one when the ring crosses nodes:
+  what gloo does, and what `hfscale bandwidth` fits (Links.intra_fits) measure. A measured fit always times the
+  collectives inside a node, under either model.
+A collective that crosses nodes runs at the inter-node bus bandwidth per GPU (its slowest link).
 
 Synchronous data parallelism also waits: every optimizer step ends in a collective that no rank can leave before
 the slowest arrives, so a step over n ranks takes the *maximum* of n noisy step times, not their mean. With per-step
@@ -19,9 +27,33 @@ RING = {"all_reduce": (lambda n: 2 * (n - 1) / n, lambda n: 2 * (n - 1)),
         "reduce_scatter": (lambda n: (n - 1) / n, lambda n: n - 1)}
 
 
+COLLECTIVE_MODELS = ("nccl", "ring")
+HOPS = ("nvlink", "pci")  # what links the GPUs of a node: LL128 runs on NVLink only (NCCL enables it there alone)
+
+# NCCL's cost model (src/graph/tuning.cc, NCCL 2.19-2.21): latencies in us per (algorithm, protocol): the base of a
+# call, and one hop's per hop kind.
+NCCL_BASE_US = {("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 0.0,
+                ("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4}
+NCCL_HOP_US = {"nvlink": {("tree", "LL"): 0.6, ("tree", "LL128"): 1.25, ("tree", "Simple"): 28.0,
+                          ("ring", "LL"): 0.6, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4},
+               "pci": {("tree", "LL"): 1.0, ("tree", "LL128"): 1.9, ("tree", "Simple"): 28.0,
+                       ("ring", "LL"): 1.0, ("ring", "LL128"): 2.5, ("ring", "Simple"): 5.7},
+               "net": {("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 28.0,
+                       ("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 14.0}}
+NCCL_NET_OVERHEAD_US = 1.0  # each step of a multi-node ring posts to the network (x3 for Simple); an x86 host's
+# The tree's measured shortfall at mid sizes, per protocol, by log2(bytes / 64) from 0 (64 B) to 22 (256 MB)
+NCCL_TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)}
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+
 @dataclass(frozen=True)
 class Links:
-    """Bus bandwidth (bytes/s per GPU, as nccl-tests prints busbw) and per-step latency (s) inside and across nodes."""
+    """Bus bandwidth (bytes/s per GPU, as nccl-tests prints busbw) inside and across nodes, and how a collective over
+    them is timed (`collectives`, COLLECTIVE_MODELS). The per-step latencies (s) are the ring model's; NCCL's model
+    takes its hop latencies from NCCL's table, by the kind of hop (`intra_hop` inside a node, the network across)."""
 
     intra_bw: float
     inter_bw: float
@@ -34,6 +66,8 @@ class Links:
     # ((kind, ((compute_s, seconds), ...)), `hfscale bandwidth --compute_ms`): the ranks' skew and the wake-up of
     # idle communication threads, measured per gap
     intra_meets: tuple = ()
+    collectives: str = "ring"
+    intra_hop: str = "nvlink"
 
     def intra(self, kind: str) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of one collective kind inside a node."""
@@ -60,18 +94,69 @@ class Links:
         for name in ("intra_latency_s", "inter_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.collectives not in COLLECTIVE_MODELS or self.intra_hop not in HOPS:
+            raise ValueError(f"collectives must be one of {COLLECTIVE_MODELS} and intra_hop one of {HOPS}, got "
+                             f"{self.collectives!r}, {self.intra_hop!r}")
+
+    def point_to_point(self, across_nodes: bool) -> tuple[float, float]:
+        """(bandwidth, latency) of one send to a rank in this node or another (pipeline stages)."""
+        if self.collectives == "nccl" and (across_nodes or not self.intra_fits):
+            hop = "net" if across_nodes else self.intra_hop
+            return (self.inter_bw if across_nodes else self.intra_bw), NCCL_HOP_US[hop][("ring", "Simple")] * 1e-6
+        return (self.inter_bw, self.inter_latency_s) if across_nodes else self.intra("all_gather")
 
 
 def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, links: Links,
-                 across_nodes: bool | None = None) -> float:
-    """Seconds for one ring collective of a `size_bytes` message over `ranks` GPUs (0 for one rank). The ring crosses
-    nodes when it has more ranks than a node has GPUs, unless `across_nodes` says (a group of one GPU per node does)."""
+                 across_nodes: bool | None = None, nodes: int | None = None) -> float:
+    """Seconds for one collective of a `size_bytes` message over `ranks` GPUs (0 for one rank), by the links' model.
+    The group crosses nodes when it has more ranks than a node has GPUs, unless `across_nodes` says (a group of one GPU
+    per node does); `nodes`: how many it spans (default: a node's worth of GPUs each, or one GPU each when
+    `across_nodes` is given)."""
     if ranks <= 1 or size_bytes <= 0:
         return 0.0
-    volume, steps = RING[kind]
+    given = across_nodes is not None
     across_nodes = ranks > gpus_per_node if across_nodes is None else across_nodes
+    if links.collectives == "nccl" and (across_nodes or not links.intra_fits):
+        spanned = 1 if not across_nodes else nodes or (ranks if given else math.ceil(ranks / gpus_per_node))
+        return nccl_collective(kind, size_bytes, ranks, max(1, min(spanned, ranks)), links)[0]
+    volume, steps = RING[kind]
     bw, latency = (links.inter_bw, links.inter_latency_s) if across_nodes else links.intra(kind)
     return volume(ranks) * size_bytes / bw + steps(ranks) * latency
+
+
+def nccl_collective(kind: str, size_bytes: float, ranks: int, nodes: int, links: Links) -> tuple[float, str, str]:
+    """(seconds, algorithm, protocol) of the fastest algorithm x protocol NCCL's cost model offers for one collective
+    of `size_bytes` over `ranks` GPUs on `nodes` nodes: latency + size / algorithm bandwidth, where the algorithm
+    bandwidth is the bus bandwidth times the protocol's factor and the algorithm's ratio (ring: n/steps; tree: 1/2)."""
+    per_node = ranks / nodes
+    bus = links.intra_bw if nodes == 1 else min(links.intra_bw, links.inter_bw)
+    log_nodes = int(math.log2(nodes))
+    best = None
+    for algorithm in (("ring", "tree") if kind == "all_reduce" else ("ring",)):
+        for protocol in PROTOCOLS:
+            if protocol == "LL128" and links.intra_hop != "nvlink":
+                continue
+            key = (algorithm, protocol)
+            intra_us, net_us = NCCL_HOP_US[links.intra_hop][key], NCCL_HOP_US["net"][key]
+            if algorithm == "ring":
+                steps = RING[kind][1](ranks)
+                crossings = min(steps, (2 * nodes if nodes > 1 else 0) if kind == "all_reduce" else nodes - 1)
+                if nodes > 1:  # every step of a multi-node ring also posts to the network
+                    intra_us = max(intra_us, NCCL_NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
+                latency_us = NCCL_BASE_US[key] + (steps - crossings) * intra_us + crossings * net_us
+                factor = {"LL": 1 / 4 if nodes > 1 or kind == "all_reduce" else 1 / 3,
+                          "LL128": 0.7 if per_node < 2 else 0.92, "Simple": 1.0}[protocol]
+                bw = bus * factor * ranks / steps
+            else:
+                latency_us = NCCL_BASE_US[key] + 2 * ((per_node - 1) * intra_us + log_nodes * net_us)
+                factor = {"LL": 1 / 3.8, "LL128": 7 / 9 if nodes == 1 else 120 / 128, "Simple": 1.0}[protocol]
+                size_class = int(math.log2(max(size_bytes / 64, 1)))
+                correction = NCCL_TREE_CORRECTION[protocol][size_class] if size_class < 23 else 1.0
+                bw = bus * 0.92 * factor * 0.5 * correction
+            seconds = latency_us * 1e-6 + size_bytes / bw
+            if best is None or seconds < best[0]:
+                best = (seconds, algorithm, protocol)
+    return best
 
 
 # Which ranks a collective runs over: all of them, the GPUs of one node, or one GPU per node (HSDP's replicas).

@@ -240,22 +240,23 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
     p2p = 0.0
     if grid.pp > 1:  # one send forward, one back per micro-batch; split over TP (the scatter-gather optimisation)
         across = grid.tp * grid.dp >= gpus_per_node  # the next stage's ranks are T x D ranks away
-        bw, latency = (links.inter_bw, links.inter_latency_s) if across else links.intra("all_gather")
+        bw, latency = links.point_to_point(across)
         p2p = 2 * (message / grid.tp / bw + latency)
     slot = compute + tp + p2p
     m = run.micro_batches
     n = max(stage_parameters(shape, grid, k) for k in {0, grid.pp - 1})
     span = grid.tp * grid.dp > gpus_per_node  # a DP group's ranks lie T apart within the stage's T x D ranks
+    spanned = ceil(grid.tp * grid.dp / gpus_per_node) if span else 1  # the nodes they lie on
     g = grad_bytes(run.precision) * n
     sent = m * (layers * TP_ALL_REDUCES[run.recompute] * RING["all_reduce"][0](grid.tp) * message
                                 + (2 * message / grid.tp if grid.pp > 1 else 0))
     sent += (RING["reduce_scatter"][0](grid.dp) * (g + act * n) if grid.zero1
              else RING["all_reduce"][0](grid.dp) * g)
     if grid.zero1:
-        dp = (collective_s("reduce_scatter", g, grid.dp, gpus_per_node, links, span)
-              + collective_s("all_gather", act * n, grid.dp, gpus_per_node, links, span))
+        dp = (collective_s("reduce_scatter", g, grid.dp, gpus_per_node, links, span, spanned)
+              + collective_s("all_gather", act * n, grid.dp, gpus_per_node, links, span, spanned))
     else:
-        dp = collective_s("all_reduce", g, grid.dp, gpus_per_node, links, span)
+        dp = collective_s("all_reduce", g, grid.dp, gpus_per_node, links, span, spanned)
     if grid.pp > 1:  # the first and last stages' copies of the tied embedding sum their gradients
         embedding = padded_vocab(shape.vocab, grid.tp) * shape.hidden // grid.tp
         dp += collective_s("all_reduce", grad_bytes(run.precision) * embedding, 2, gpus_per_node, links,

@@ -182,8 +182,9 @@ def from_runs(opts) -> int:
     """`--from_runs ONE_NODE MULTI_NODE`: the inter-node link two runs of one recipe imply, printed (and written)."""
     if opts.out is not None:
         check_writable_file(opts.out, "--out")
-    links = argparse.Namespace(intra_bw=opts.intra_bw, inter_bw=f"{DEFAULT_INTER_GB_S:g}", intra_latency_us=5.0,
-                               inter_latency_us=20.0, bandwidth_file=opts.bandwidth_file)
+    links = argparse.Namespace(intra_bw=opts.intra_bw, inter_bw=f"{DEFAULT_INTER_GB_S:g}", collectives=None,
+                               intra_hop="nvlink", intra_latency_us=None, inter_latency_us=None,
+                               bandwidth_file=opts.bandwidth_file)
     link = inter_node_from_runs(*opts.from_runs, links_from(links)[0])
     print(describe(link))
     if opts.out is not None and link.at_bound is None:

@@ -73,6 +73,8 @@ def inter_node_from_runs(one_path: Path, many_path: Path, intra: Links) -> Inter
     reason = recipe_difference(one, many)
     if reason:
         raise HfscaleError(f"{one_path} and {many_path}: {reason}")
+    if one.plan.device_type != "cuda":  # runs over gloo: no NCCL algorithm, every ring step pays its latency
+        intra = replace(intra, collectives="ring")
     step = multi_node_step(one, many, intra)
     typical, bound = solve_inter_bw(step, many.s_per_iter[0])
     slowest_run, _ = solve_inter_bw(step, many.s_per_iter[2])  # the slowest interval: the lowest link

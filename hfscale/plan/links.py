@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import HfscaleError
 from ..files import load_json
-from ..formulas.comm import Links
+from ..formulas.comm import COLLECTIVE_MODELS, HOPS, Links
 from ..formulas.metrics import GB
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what `hfscale bandwidth` measures
@@ -36,23 +36,40 @@ def add_link_flags(p) -> None:
     p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth per GPU, GB/s or "
                    f"LOW:HIGH, or a FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, "
                    "assumed)")
-    p.add_argument("--intra_latency_us", type=float, default=5.0)
-    p.add_argument("--inter_latency_us", type=float, default=20.0)
+    p.add_argument("--collectives", choices=COLLECTIVE_MODELS, help="how a collective is timed: nccl (NCCL's own "
+                   "cost model: ring or tree, LL/LL128/Simple, NVLink and network hop latencies; the default) or ring "
+                   "(every ring step pays --intra/--inter_latency_us: gloo's way, the default for a --bandwidth_file "
+                   "measured over gloo)")
+    p.add_argument("--intra_hop", choices=HOPS, default="nvlink", help="what links the GPUs of a node, for NCCL's "
+                   "hop latencies (default nvlink)")
+    p.add_argument("--intra_latency_us", type=float, help=f"the ring model's latency per step inside a node (default "
+                   f"{RING_LATENCY_US[0]:g})")
+    p.add_argument("--inter_latency_us", type=float, help=f"the ring model's latency per step across nodes (default "
+                   f"{RING_LATENCY_US[1]:g})")
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
-LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--intra_latency_us", "--inter_latency_us",
-              "--bandwidth_file")
+LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--collectives", "--intra_hop", "--intra_latency_us",
+              "--inter_latency_us", "--bandwidth_file")
+RING_LATENCY_US = (5.0, 20.0)  # the ring model's assumed latency per step inside and across nodes
 
 
 def links_from(opts) -> tuple[Links, Links, Links]:
     intra, inter = _bandwidths(opts.intra_bw, "intra_bw"), _bandwidths(opts.inter_bw, "inter_bw")
-    for name in ("intra_latency_us", "inter_latency_us"):
-        if not 0 <= getattr(opts, name) < float("inf"):
-            raise HfscaleError(f"--{name} must be >= 0, got {getattr(opts, name)}")
-    intra_lat, fits, meets = opts.intra_latency_us * 1e-6, (), ()
+    measured = read_bandwidth_file(opts.bandwidth_file) if opts.bandwidth_file else {}
+    # gloo runs no NCCL algorithm: a file measured over it is timed the way it was fitted, step by step
+    model = opts.collectives or ("ring" if measured.get("backend") == "gloo" else "nccl")
+    given = [name for name in ("intra_latency_us", "inter_latency_us") if getattr(opts, name) is not None]
+    if model == "nccl" and given:
+        raise HfscaleError(f"--{given[0]} sets the ring model's latency per step; NCCL's model (--collectives nccl) "
+                           "takes its hop latencies from NCCL's own table: pass --collectives ring to set them")
+    latencies = [RING_LATENCY_US[i] if getattr(opts, name) is None else getattr(opts, name)
+                 for i, name in enumerate(("intra_latency_us", "inter_latency_us"))]
+    for name, value in zip(("intra_latency_us", "inter_latency_us"), latencies):
+        if not 0 <= value < float("inf"):
+            raise HfscaleError(f"--{name} must be >= 0, got {value}")
+    intra_lat, fits, meets = latencies[0] * 1e-6, (), ()
     if opts.bandwidth_file:
-        measured = read_bandwidth_file(opts.bandwidth_file)
         if "fit" in measured:  # the latency-bandwidth line fitted over every size, per collective kind
             bw = measured["busbw_largest"]["all_reduce"]
             try:
@@ -75,7 +92,8 @@ def links_from(opts) -> tuple[Links, Links, Links]:
                 raise HfscaleError(f"{opts.bandwidth_file}: malformed rows (no all_reduce row with its time_s, or no "
                                    "ranks > 1); write it again with `hfscale bandwidth --out`")
         intra = (bw, bw, bw)
-    return tuple(Links(intra[i], inter[i], intra_lat, opts.inter_latency_us * 1e-6, fits, meets) for i in range(3))
+    return tuple(Links(intra[i], inter[i], intra_lat, latencies[1] * 1e-6, fits, meets, model, opts.intra_hop)
+                 for i in range(3))
 
 
 def meeting_curves(measured: dict, path) -> tuple:
@@ -97,6 +115,15 @@ def meeting_curves(measured: dict, path) -> tuple:
         raise HfscaleError(f"{path}: malformed meet_s (per collective, [gap_s > 0, seconds >= 0] points); write it "
                            "again with `hfscale bandwidth --compute_ms X --out`")
     return curves
+
+
+def collectives_line(links: Links) -> str:
+    if links.collectives == "ring":
+        return (f"collectives timed as rings: {links.intra_latency_s * 1e6:g}/{links.inter_latency_s * 1e6:g} us per "
+                "step inside/across nodes")
+    return (f"collectives timed by NCCL's cost model (ring or tree, LL/LL128/Simple, the fastest; {links.intra_hop} "
+            "hops inside a node, network hops across, at NCCL's latencies)"
+            + ("; inside a node as measured" if links.intra_fits else ""))
 
 
 def meeting_line(links: Links) -> str:

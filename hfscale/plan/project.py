@@ -28,7 +28,7 @@ from ..models import MODEL_OVERRIDES
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
-from .links import add_link_flags, links_from, meeting_line
+from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, strategies_and_families)
 from .projection import Point, best, knee, model_error, project, project_grids
@@ -214,8 +214,8 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             f"{plan.per_device_train_batch_size}, GAS {plan.gradient_accumulation_steps}, seq {plan.seq_len}, "
             f"{plan.precision}, {base.s_per_iter[0]:.4g} s/it (spread {base.s_per_iter[1]:.4g}–{base.s_per_iter[2]:.4g})",
             f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
-            f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); latency "
-            f"{links[0].intra_latency_s * 1e6:g}/{links[0].inter_latency_s * 1e6:g} us per ring step",
+            f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); "
+            + collectives_line(links[0]),
             meeting_line(links[0]),
             (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
              "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else

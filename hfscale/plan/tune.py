@@ -194,7 +194,7 @@ def projected_layouts(winner: Candidate, families: list[str], opts) -> list[Cand
 
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     base = baseline_from_results(opts.out / "trials" / winner.run.name / RESULTS_FILE, device_bytes)
-    links = (Links(DEFAULT_INTRA_GB_S * GB, DEFAULT_INTER_GB_S * GB),) * 3  # project's defaults; one node: intra
+    links = (Links(DEFAULT_INTRA_GB_S * GB, DEFAULT_INTER_GB_S * GB, collectives="nccl"),) * 3  # project's defaults
     recompute = "full" if base.plan.activation_checkpointing else "none"
     points = project_grids(base, families, [opts.num_processes], opts.num_processes, links, opts.token_budget,
                            base.plan.global_batch_size, GridOptions(recompute=recompute))
