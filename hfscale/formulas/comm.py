@@ -283,6 +283,38 @@ def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
     return total
 
 
+def powersgd_work(tensor_shapes: list[tuple[int, ...]], rank: int, element_bytes: int) -> tuple[float, float, float]:
+    """(matmul FLOPs, matmul bytes, elementwise bytes) torch's powerSGD_hook spends per step after warm-up, over the
+    gradients of these shapes (the same (shape[0], rest) matrices and 2x rule as powersgd_elements). Per bucket it adds
+    the error feedback to the whole gradient (2 reads, a write) and keeps a copy (a read, a write); per compressed
+    n x m matrix M it computes P = MQ and Q = M^T P (each reads M: 2nmr FLOPs), orthogonalises P (~2nr^2) and writes
+    M = PQ^T back (2nmr); the uncompressed tensors are packed, divided and unpacked (3 reads, 3 writes); and it keeps
+    the new error, copy - result (2 reads, a write). Elementwise work is 8 passes over every element."""
+    flops = matmul_elements = every = uncompressed = 0.0
+    for dims in tensor_shapes:
+        n = dims[0]
+        m = 1
+        for d in dims[1:]:
+            m *= d
+        r = min(n, m, rank)
+        every += n * m
+        if r * (n + m) * POWERSGD_MIN_COMPRESSION_RATE < n * m:
+            flops += 6 * n * m * r + 2 * n * r * r
+            matmul_elements += 3 * n * m  # two reads of M and its write
+        else:
+            uncompressed += n * m
+    return flops, matmul_elements * element_bytes, (8 * every + 6 * uncompressed) * element_bytes
+
+
+def powersgd_compute_s(tensor_shapes: list[tuple[int, ...]], rank: int, element_bytes: int, flops_per_s: float,
+                       bytes_per_s: float) -> float:
+    """Seconds per step of powerSGD_hook's own compute on one GPU (powersgd_work), on the compute stream beside the
+    backward: the elementwise passes at the memory bandwidth, the products at whichever of FLOPs and bytes binds
+    (with rank r a product reads n·m elements for 2·n·m·r FLOPs: bandwidth-bound on every GPU at small r)."""
+    flops, matmul_bytes, elementwise_bytes = powersgd_work(tensor_shapes, rank, element_bytes)
+    return elementwise_bytes / bytes_per_s + max(flops / flops_per_s, matmul_bytes / bytes_per_s)
+
+
 def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, grad_bytes: float,
                  ranks: int, offload_optimizer: bool = False, offload_params: bool = False,
                  powersgd_bytes: float | None = None, token_count_gather: bool = True,

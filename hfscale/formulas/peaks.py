@@ -27,6 +27,11 @@ PEAK_TFLOPS = {
     "mi250x": {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7},
     "mi250": {"bf16": 362.1, "fp16": 362.1, "fp32": 90.5},
 }
+# Datasheet memory bandwidth (HBM/GDDR), GB/s, by the same keys: what bandwidth-bound work runs at (PowerSGD's
+# compression: formulas/comm.powersgd_compute_s). A100: the 80GB SXM's (the 40GB has 1555).
+MEMORY_BW_GB_S = {"b200": 8000.0, "h200": 4800.0, "h100": 3350.0, "h100 nvl": 3900.0, "h100 pcie": 2000.0,
+                  "a100": 2039.0, "a10g": 600.0, "l40s": 864.0, "l4": 300.0, "v100-16gb": 900.0, "v100": 900.0,
+                  "mi300x": 5300.0, "mi250x": 3277.0, "mi250": 3277.0}
 # torch.cuda.get_device_name -> key: whole words, most specific first, so "RTX A1000" is no A100 and an H100 NVL
 # or PCIe card does not get the SXM peak. Names are lower-cased with "nvidia"/"amd"/"instinct" removed first.
 DEVICE_PATTERNS = [
@@ -76,7 +81,11 @@ def device_peak(name: str, dtype: str) -> float | None:
 
 
 def device_key(device_name: str) -> str | None:
-    """The PEAK_TFLOPS key of a device name as torch reports it; None when it is not a device hfscale knows."""
+    """The PEAK_TFLOPS key of a device name as torch reports it, or as DEVICES names it; None when it is not a device
+    hfscale knows."""
+    for known, (_, key) in DEVICES.items():
+        if known.lower() == device_name.lower():
+            return key
     name = " ".join(re.sub(r"\b(nvidia|amd|instinct|tesla)\b", " ", device_name.lower()).split())
     for pattern, key in DEVICE_PATTERNS:
         if re.search(pattern, name):

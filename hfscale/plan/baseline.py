@@ -9,7 +9,7 @@ from ..errors import HfscaleError
 from ..formulas.comm import Links
 from ..formulas.metrics import GB, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
-from ..formulas.peaks import memory_of_device_name
+from ..formulas.peaks import device_key, memory_of_device_name
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import get_strategy
 from ..run.results import read_results
@@ -29,6 +29,7 @@ class Baseline:
     overlap: bool = True  # communication hides under compute (GPUs); not on a CPU, where gloo shares the cores
     step_sd_s: float = 0.0  # per-step noise of the step time (the straggler term), from the run's logging intervals
     device_memory_bytes: float | None = None  # memory per GPU the points are judged on (None: not judged)
+    device: str | None = None  # the GPU's key in the peak tables (formulas/peaks), None on a CPU or one unknown
 
 
 def step_noise_s(history: list[dict]) -> float:
@@ -77,7 +78,8 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
         device_bytes = memory_of_device_name(env.device_name or "")
         device_bytes = device_bytes * GB if device_bytes else None
     return Baseline(plan, [s, min(spread + [s]), max(spread + [s])], str(path), cfg.powersgd_rank,
-                    overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes)
+                    overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes,
+                    device=None if on_cpu else device_key(env.device_name or ""))
 
 
 def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
@@ -160,4 +162,5 @@ def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
         micro_s = hardware * plan.per_device_train_batch_size / (opts.tflops_per_gpu * 1e12)
         source = f"--tflops_per_gpu {opts.tflops_per_gpu:g} (hardware FLOPs)"
     s = micro_s * plan.gradient_accumulation_steps  # compute only: a one-GPU baseline, no communication
-    return Baseline(plan, [s, s, s], source, device_memory_bytes=device_bytes)
+    return Baseline(plan, [s, s, s], source, device_memory_bytes=device_bytes,
+                    device=device_key(opts.device) if opts.device else None)

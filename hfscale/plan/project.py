@@ -23,15 +23,16 @@ from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
 from ..flags import comma_list, first_given, positive, refuse_renamed
 from ..formulas.metrics import GB
-from ..formulas.peaks import DEVICES, device_peak
+from ..formulas.peaks import DEVICES, MEMORY_BW_GB_S, device_peak
 from ..models import MODEL_OVERRIDES
+from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, strategies_and_families)
-from .projection import Point, best, knee, model_error, project, project_grids
+from .projection import Point, best, knee, model_error, powersgd_step_s, project, project_grids
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -223,7 +224,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory, error_line(strategies)] + ([
+            memory, error_line(strategies)] + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
                 "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
@@ -232,6 +233,16 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
                 "published throughput "
                 f"({GRID_MODEL_ERROR[0]:.2f}–{GRID_MODEL_ERROR[1]:.2f}, docs/project.md)"]
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
+
+
+def powersgd_line(base: Baseline) -> str:
+    plan = base.plan.but(strategy=get_strategy("ddp_powersgd"), world_size=2)
+    seconds = powersgd_step_s(plan, base.device, base.powersgd_rank)
+    if not seconds:
+        return ("PowerSGD's own compression (error feedback, the P and Q products, the decompression) is not "
+                "modelled: no GPU with a known memory bandwidth (a CPU run's measured step holds it; pass --device)")
+    return (f"PowerSGD's own compression: {seconds * 1e3:.3g} ms per step on the {base.device} (8 passes over the "
+            f"fp32 gradients and the P, Q products at {MEMORY_BW_GB_S[base.device]:g} GB/s, on the compute stream)")
 
 
 # What a flag-based projection is told about the run; a results file brings all of it (its model, shape, batch,

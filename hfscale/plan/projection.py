@@ -6,13 +6,14 @@ Megatron's 3D layouts run at the FLOPs per GPU the measured run achieved (formul
 RunPlan the memory estimate judges on the device. docs/project.md."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import HfscaleError
 from ..flags import comma_list
-from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_elements, step_time
+from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute_s, powersgd_elements, step_time
+from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
@@ -89,22 +90,45 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                         regathered_param_bytes=None if regathered is None else t * regathered)
 
 
+def powersgd_step_s(plan: RunPlan, device: str | None, powersgd_rank: int | None) -> float:
+    """Seconds per step of PowerSGD's own compression on the baseline's GPU (formulas/comm.powersgd_compute_s, at
+    its datasheet memory bandwidth and fp32 peak: the hook works on the fp32 gradients); 0 for another strategy, and
+    for a CPU run or an unknown GPU, whose measured step already holds it or whose bandwidth is not known."""
+    if plan.strategy.comm_hook != "powersgd" or device not in MEMORY_BW_GB_S or not PEAK_TFLOPS[device].get("fp32"):
+        return 0.0
+    return _powersgd_s(plan.shape, powersgd_rank or plan.strategy.powersgd["rank"],
+                       DTYPE_BYTES[plan.dtypes.gradients], device)
+
+
+@lru_cache(maxsize=64)
+def _powersgd_s(shape, rank: int, element_bytes: int, device: str) -> float:
+    return powersgd_compute_s([tp.shape for tp in parameter_tensors(shape)], rank, element_bytes,
+                              PEAK_TFLOPS[device]["fp32"] * 1e12, MEMORY_BW_GB_S[device] * 1e9)
+
+
 def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern):
-    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors)."""
-    return step_time(pattern, micro_compute_s=micro_compute,
-                     grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
-                     gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
-                     step_sd_s=base.step_sd_s)
+    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors). Under PowerSGD the
+    compression's compute runs once per step, on the compute stream (powersgd_step_s)."""
+    st = step_time(pattern, micro_compute_s=micro_compute,
+                   grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
+                   gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
+                   step_sd_s=base.step_sd_s)
+    extra = powersgd_step_s(plan, base.device, base.powersgd_rank) if plan.world_size > 1 else 0.0
+    return replace(st, compute_s=st.compute_s + extra, total_s=st.total_s + extra) if extra else st
 
 
 def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links) -> float:
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
-    configuration itself (solved by fixed-point iteration: the exposed part depends on the compute that hides it)."""
-    compute = s_per_iter / plan.gradient_accumulation_steps
+    configuration itself, and less PowerSGD's compression where it ran (solved by fixed-point iteration: the exposed
+    part depends on the compute that hides it)."""
+    gas = plan.gradient_accumulation_steps
+    compute = s_per_iter / gas
     pattern = pattern_of(plan, base.powersgd_rank)  # what moves does not depend on the compute that hides it
+    ran_it = base.plan.strategy.comm_hook == "powersgd" and plan.world_size > 1  # the measured step holds it
+    own = powersgd_step_s(base.plan, base.device, base.powersgd_rank) if ran_it else 0.0
     for _ in range(50):
         st = step_of(plan, base, compute, links, pattern)
-        compute = max(s_per_iter - st.exposed_s - st.straggler_s, 1e-3 * s_per_iter) / plan.gradient_accumulation_steps
+        compute = max(s_per_iter - st.exposed_s - st.straggler_s - own, 1e-3 * s_per_iter) / gas
     return compute
 
 
@@ -125,8 +149,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     """links = (typical, optimistic, pessimistic) bandwidths; s_per_iter = (typical, fastest, slowest)."""
     points = []
     for strategy in strategies:
-        measured = base.plan.but(strategy=strategy)
-        computes = [micro_compute_s(measured, base, s, link) for s, link in zip(base.s_per_iter, links)]
+        computes = [micro_compute_s(base.plan, base, s, link) for s, link in zip(base.s_per_iter, links)]
         error = model_error(strategy.name)
         reference_tps = None
         for n in gpus:
