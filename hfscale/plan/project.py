@@ -32,7 +32,8 @@ from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, strategies_and_families)
-from .projection import Point, best, knee, model_error, powersgd_step_s, project, project_grids
+from .projection import (Point, best, knee, model_error, powersgd_step_s, project, project_grids,
+                         published_error)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -205,6 +206,17 @@ def error_line(strategies: list[str]) -> str:
             + "; the band beyond the measured count is widened by it")
 
 
+def published_line(strategies: list[str]) -> str:
+    """What the model's check against published cluster-scale runs found, for each strategy projected."""
+    parts = []
+    for name in strategies:
+        found = published_error(name)
+        parts.append(f"{name} mean |error| {found['mean_abs_error']:.1%} (worst {found['max_abs_error']:.1%}, "
+                     f"{found['rows']} rows)" if found else f"{name} not yet checked")
+    return ("against published runs at 32-3072 GPUs, each projected from its set's baseline row "
+            "(benchmarks/published_record.py; docs/project.md): " + ", ".join(parts))
+
+
 def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
     plan = base.plan
     memory = (f"every point judged by the memory estimate on {base.device_memory_bytes / GB:g} GB per GPU "
@@ -224,7 +236,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory, error_line(strategies)] + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
+            memory, error_line(strategies), published_line(strategies)] + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
                 "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "

@@ -250,6 +250,18 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
 
 
 CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
+PUBLISHED_FILE = Path(__file__).with_name("published_record_checks.json")  # benchmarks/published_record.py --out
+PUBLISHED_FAMILIES = {"zero3": "ZeRO-3", "zero3_offload": "ZeRO-3", **{f: "3D" for f in FAMILIES}}
+
+
+def published_error(strategy: str, path: Path | None = None) -> dict | None:
+    """The published record's summary for this strategy's family ({"mean_abs_error", "max_abs_error", "rows"}), or
+    None when no public measurement of it at cluster scale is checked (or the file is missing or malformed)."""
+    family = PUBLISHED_FAMILIES.get(strategy)
+    try:
+        return json.loads((path or PUBLISHED_FILE).read_text())["summary"][family] if family else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def model_error(strategy: str, checks_file: Path | None = None) -> tuple[float, float] | None:

@@ -1,0 +1,149 @@
+"""hfscale's projection against the published record: throughput measured at cluster scale (32 to 3,072 GPUs).
+
+Each set of `benchmarks/published_record.json` is one recipe measured at several sizes, with its configuration and
+its source. Its baseline row calibrates the compute (the FLOPs per GPU it achieved once the modelled communication is
+taken out), and every row of the set is then projected from it with the model `hfscale project` uses - the 3D layouts
+by formulas/parallel3d, ZeRO and the other data-parallel strategies by formulas/comm through plan/projection - over the
+system's links timed by NCCL's cost model. Prints the error per row (projected / published - 1), the mean |error| per
+strategy family and over every row; the baseline rows are left out of the means (they match by construction).
+
+    python benchmarks/published_record.py
+    python benchmarks/published_record.py --out hfscale/plan/published_record_checks.json   # what project prints
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DATA = REPO / "benchmarks" / "published_record.json"
+
+
+def links_of(system: dict):
+    from hfscale.formulas.comm import Links
+
+    return Links(system["intra_busbw_gb_s"] * 1e9, system["inter_busbw_gb_s"] * 1e9, collectives="nccl")
+
+
+def shape_of(dataset: dict, row: dict):
+    from hfscale.formulas.metrics import ModelShape
+
+    model = dataset["model"]
+    return ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], model["vocab"], model["seq"])
+
+
+def _bisect(tflops_at, target: float) -> float:
+    """The FLOPs per second per GPU at which tflops_at(rate) gives the target (it rises with the rate)."""
+    low, high = 1e12, 1e16
+    for _ in range(200):
+        mid = (low * high) ** 0.5
+        low, high = (mid, high) if tflops_at(mid) < target else (low, mid)
+    return (low * high) ** 0.5
+
+
+def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
+    """TFLOPs per GPU of every row's 3D layout, at the rate that gives the baseline row its published figure."""
+    from hfscale.formulas import parallel3d as p3d
+
+    seq, mbs, recompute = dataset["model"]["seq"], dataset["micro_batch_assumed"], dataset["recompute"]
+
+    def tflops(row: dict, rate: float) -> float:
+        grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"]))
+        run = p3d.GridRun(shape_of(dataset, row), grid, seq, mbs, row["global_batch"] // (mbs * grid.dp),
+                          dataset["precision"], recompute)
+        step = p3d.grid_step_time(run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node)
+        flops = p3d.hardware_flops_per_sequence(run.shape, seq, recompute) * run.global_batch
+        return flops / step.total_s / row["gpus"] / 1e12
+
+    base = dataset["rows"][dataset["baseline"]]
+    rate = _bisect(lambda r: tflops(base, r), base["tflops_per_gpu"])
+    return [tflops(row, rate) for row in dataset["rows"]]
+
+
+def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str) -> list[float]:
+    """TFLOPs per GPU of every row under the set's strategy (hfscale's projection: the baseline row's compute with its
+    own exposed communication taken out, at the same FLOPs rate for every row's micro-batch)."""
+    from hfscale.formulas.parallel3d import hardware_flops_per_sequence
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.plan.baseline import Baseline
+    from hfscale.plan.projection import micro_compute_s, pattern_of, step_of
+    from hfscale.runplan import RunPlan
+
+    seq = dataset["model"]["seq"]
+
+    def plan_of(row: dict) -> RunPlan:
+        micro = row["global_batch"] // (row["micro_batch"] * row["gpus"])
+        return RunPlan(get_strategy(dataset["strategy"]), get_optimizer("adamw"), shape_of(dataset, row), seq,
+                       per_device_train_batch_size=row["micro_batch"], gradient_accumulation_steps=micro,
+                       world_size=row["gpus"], processes_per_node=gpus_per_node, precision=dataset["precision"],
+                       activation_checkpointing=dataset["recompute"] != "none")
+
+    def flops_per_sample(row: dict) -> float:  # the source's convention (published_record.json: flops_convention)
+        return hardware_flops_per_sequence(shape_of(dataset, row), seq, dataset["recompute"])
+
+    base_row = dataset["rows"][dataset["baseline"]]
+    base_plan = plan_of(base_row)
+    s = flops_per_sample(base_row) * base_row["global_batch"] / (base_row["tflops_per_gpu"] * 1e12 * base_row["gpus"])
+    base = Baseline(base_plan, [s] * 3, dataset["name"], device=device)
+    rate = flops_per_sample(base_row) * base_row["micro_batch"] / micro_compute_s(base_plan, base, s, links)
+    out = []
+    for row in dataset["rows"]:
+        plan = plan_of(row)
+        step = step_of(plan, base, flops_per_sample(row) * row["micro_batch"] / rate, links, pattern_of(plan))
+        out.append(flops_per_sample(row) * row["global_batch"] / step.total_s / row["gpus"] / 1e12)
+    return out
+
+
+def evaluate(data: dict) -> list[dict]:
+    """One entry per published row: its set, family, GPUs, published and projected TFLOPs per GPU, and the error."""
+    from hfscale.formulas.peaks import device_key
+
+    rows = []
+    for dataset in data["sets"]:
+        system = data["systems"][dataset["system"]]
+        links, per_node = links_of(system), system["gpus_per_node"]
+        projected = (project_3d(dataset, links, per_node) if dataset["family"] == "3D" else
+                     project_data_parallel(dataset, links, per_node, device_key(system["device"])))
+        for i, (row, tflops) in enumerate(zip(dataset["rows"], projected)):
+            rows.append({"set": dataset["name"], "family": dataset["family"], "gpus": row["gpus"],
+                         "params_b": row["params_b"], "published_tflops": row["tflops_per_gpu"],
+                         "projected_tflops": round(tflops, 2), "error": round(tflops / row["tflops_per_gpu"] - 1, 4),
+                         "baseline": i == dataset["baseline"]})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """{family or "all": {"mean_abs_error", "max_abs_error", "rows"}} over the projected (non-baseline) rows."""
+    out = {}
+    for family in sorted({r["family"] for r in rows}) + ["all"]:
+        errors = [abs(r["error"]) for r in rows if not r["baseline"] and family in (r["family"], "all")]
+        out[family] = {"mean_abs_error": round(sum(errors) / len(errors), 4), "max_abs_error": round(max(errors), 4),
+                       "rows": len(errors)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, help="write the rows and the summary here (JSON)")
+    opts = parser.parse_args()
+    from hfscale.files import atomic_write_text, load_json
+
+    rows = evaluate(load_json(opts.data, "published record"))
+    print(f"{'set':34} {'GPUs':>5} {'params':>7} {'published':>9} {'projected':>9} {'error':>7}")
+    for r in rows:
+        mark = "  (baseline)" if r["baseline"] else ""
+        print(f"{r['set']:34} {r['gpus']:5d} {r['params_b']:6g}B {r['published_tflops']:9.1f} "
+              f"{r['projected_tflops']:9.1f} {r['error']:+7.1%}{mark}")
+    totals = summary(rows)
+    for family, s in totals.items():
+        print(f"{family:>8}: mean |error| {s['mean_abs_error']:.1%}, worst {s['max_abs_error']:.1%} over {s['rows']} rows")
+    if opts.out:
+        atomic_write_text(opts.out, json.dumps({"rows": rows, "summary": totals}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
