@@ -347,7 +347,9 @@ BLOOM_RUNS = [("zero3", "adafactor")]
 # tests/test_llama.py makes; it runs the other engines on Llama too)
 LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit"), ("zero2", "adamw_8bit"),
                ("ddp_powersgd", "adafactor")]
-FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS}}
+# the host-memory runs (conftest.HOST_RUNS) build a Llama too
+FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
+          **{(s, o): "llama" for name, (s, o, _) in HOST_RUNS.items() if _RUN_ELSEWHERE.get((s, o)) == f"host:{name}"}}
 
 
 @pytest.mark.parametrize("strategy,optim,family", [(*p, FAMILY.get(p, "gpt2")) for p in PAIRS
