@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .errors import HfscaleError
 from .formulas.memory import Layout, RankMemory, construction_host_bytes, rank_memory
-from .formulas.precision import Dtypes, engine_dtypes
+from .formulas.precision import Dtypes, engine_dtypes, float8_refusal
 from .formulas.metrics import GB, ModelShape, StepFigures, global_batch_size, step_figures, tokens_per_step
 from .parallel.optimizers import Optimizer
 from .parallel.strategies import Strategy, hsdp_refusal, incompatibility, layout_refusal, memory_layout
@@ -78,6 +78,7 @@ class RunPlan:
     device_type: str = "cuda"  # the route: CUDA keeps tensors a CPU does not (formulas/memory.py)
     max_grad_norm: float = 1.0  # gradient clipping (the Trainer's default; 0: off) - FSDP2 all-reduces the norms
     fused_linear_cross_entropy: bool = False  # the head and its loss a chunk of tokens at a time (run/forward.py)
+    float8: str | None = None  # --fp8: the blocks' linear layers in float8 by this torchao recipe (run/float8.py)
     kv_cache: bool = False  # the forward keeps transformers' KV cache: never in hfscale's runs since run/forward.py
     logits_output: bool = False  # the forward returns the logits beside the loss: never in hfscale's runs since then
 
@@ -185,11 +186,13 @@ class RunPlan:
 
     def refusal(self) -> str | None:
         """Why this plan cannot run (the strategy x optimizer table, the layout: PowerSGD on one process, HSDP without
-        whole nodes), or None."""
+        whole nodes; TP's heads; float8's engines, models and precision), or None."""
         return (incompatibility(self.strategy.name, self.optimizer.name)
                 or layout_refusal(self.strategy, self.world_size, self.processes_per_node)
                 or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None)
-                or (FUSED_LOSS_UNDER_TP if self.fused_linear_cross_entropy and self.strategy.tensor_parallel else None))
+                or (FUSED_LOSS_UNDER_TP if self.fused_linear_cross_entropy and self.strategy.tensor_parallel else None)
+                or (float8_refusal(self.float8, self.precision, self.strategy.engine, self.strategy.tensor_parallel,
+                                   self.shape.spec.conv1d, self.shape.family) if self.float8 else None))
 
     def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
         """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""

@@ -66,7 +66,7 @@ def run_name(model_args, plan) -> str:
     fused = "-flce" if plan.fused_linear_cross_entropy else ""
     return (f"{plan.strategy.name}-{plan.optimizer.name}-{model_args.name}-dp{plan.data_parallel_size}{tp}-"
             f"mbs{plan.per_device_train_batch_size}-gas{plan.gradient_accumulation_steps}-seq{plan.seq_len}{ckpt}-"
-            f"{plan.precision}{fused}")
+            f"{'fp8' if plan.float8 else plan.precision}{fused}")
 
 
 @contextmanager

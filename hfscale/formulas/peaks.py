@@ -10,20 +10,21 @@ import time
 from .memory import DTYPE_BYTES
 from .precision import storage_dtype
 
-# Datasheet dense peaks (no sparsity) per dtype, TFLOPs, by device key (see DEVICE_PATTERNS for the names).
+# Datasheet dense peaks (no sparsity) per dtype, TFLOPs, by device key (see DEVICE_PATTERNS for the names). fp8: the
+# float8 tensor cores' (Ada, Hopper, Blackwell, MI300), against which an --fp8 run's MFU is also reported.
 PEAK_TFLOPS = {
-    "b200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 80.0},  # HGX B200, 1000 W
-    "h200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
-    "h100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},  # SXM (H800 SXM: same compute)
-    "h100 nvl": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
-    "h100 pcie": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "b200": {"fp8": 4500.0, "bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 80.0},  # HGX B200, 1000 W
+    "h200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
+    "h100": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},  # SXM (H800: the same)
+    "h100 nvl": {"fp8": 1670.5, "bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "h100 pcie": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
     "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM and PCIe; A800 the same
     "a10g": {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2},
-    "l40s": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
-    "l4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "l40s": {"fp8": 733.0, "bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "l4": {"fp8": 242.5, "bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "v100-16gb": {"fp16": 120.0, "fp32": 15.0},  # the BigScience notes: 16GB ~120, 32GB ~125
     "v100": {"fp16": 125.0, "fp32": 15.7},
-    "mi300x": {"bf16": 1307.0, "fp16": 1307.0, "tf32": 653.7, "fp32": 163.4},
+    "mi300x": {"fp8": 2614.9, "bf16": 1307.0, "fp16": 1307.0, "tf32": 653.7, "fp32": 163.4},
     "mi250x": {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7},
     "mi250": {"bf16": 362.1, "fp16": 362.1, "fp32": 90.5},
 }

@@ -35,3 +35,50 @@ def engine_dtypes(precision: str, engine: str, communication_dtype: str | None =
     if engine == "ddp":
         return Dtypes("fp32", compute, "fp32")
     return Dtypes(compute, compute, communication_dtype or compute)
+
+
+# ---- float8 training (--fp8): torchao's Float8Linear through accelerate's AORecipeKwargs --------------------------
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's names (Float8LinearConfig.from_recipe_name)
+FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (sm_89) and Hopper (sm_90) on
+FLOAT8_DIM_MULTIPLE = 16  # torch._scaled_mm takes float8 matrices whose dimensions are multiples of 16
+
+
+def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bool, conv1d: bool,
+                   family: str) -> str | None:
+    """Why a run cannot train with float8 matmuls (--fp8, `recipe`), or None. Outside the converted matmuls it
+    computes in bf16 (accelerate's fp8 mode is bf16 autocast), so fp16 is refused; so are the engines accelerate
+    serves no maintained float8 route for, and GPT-2's Conv1D projections, which torchao's conversion does not take."""
+    if recipe not in FLOAT8_RECIPES:
+        return f"--fp8_recipe {recipe!r}; choose one of: {', '.join(FLOAT8_RECIPES)}"
+    if precision == "fp16":
+        return "--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16"
+    if tensor_parallel:
+        return ("--fp8 with tp or fsdp_tp needs torchao's float8 tensor-parallel plan (Float8ColwiseParallel ...), "
+                "which hfscale does not apply yet; use ddp")
+    if engine == "deepspeed":
+        return ("--fp8 under DeepSpeed: accelerate runs FP8 with DeepSpeed only through Transformer Engine or MS-AMP "
+                "(neither installed; MS-AMP is no longer maintained), not torchao's float8; use ddp")
+    if engine == "fsdp":
+        return ("--fp8 under FSDP2: accelerate refuses torchao's float8 with cpu_ram_efficient_loading, which hfscale's "
+                "fsdp strategies build with (rank 0 builds the model, the others take their shards); use ddp")
+    if conv1d:
+        return (f"--fp8 converts nn.Linear layers; {family}'s projections are transformers' Conv1D, which torchao's "
+                "float8 conversion does not take: use a Llama or BLOOM model")
+    return None
+
+
+def float8_device_refusal(on_cuda: bool, capability: tuple[int, int] | None, device_name: str,
+                          emulate: bool) -> str | None:
+    """Why this device cannot run float8 matmuls, or None: a GPU before Ada/Hopper has no float8 tensor cores, and a
+    CPU none at all - unless `emulate` (torchao's emulation: the float8 casts and scales in high precision, no speedup;
+    the code path, for tests)."""
+    if emulate:
+        return None
+    if not on_cuda:
+        return ("--fp8 needs a GPU with float8 tensor cores (Ada or Hopper, compute capability 8.9+); this run is on "
+                "the CPU (--fp8_emulate runs the code path without them, for tests)")
+    if capability is None or tuple(capability) < FLOAT8_MIN_CAPABILITY:
+        shown = ".".join(map(str, capability)) if capability else "unknown"
+        return (f"--fp8 needs float8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); {device_name} "
+                f"has {shown}")
+    return None

@@ -31,6 +31,13 @@ def on_accelerator(use_cpu: bool = False) -> bool:
     return has_accelerator() and not use_cpu
 
 
+def device_capability() -> tuple[tuple[int, int], str]:
+    """(compute capability, name) of this node's first visible GPU: what float8 matmuls need (Ada/Hopper on)."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+
+
 def visible_device_memory() -> int:
     """Bytes of memory of this node's first visible GPU (the GPU route's device, which a trial's plan must fit)."""
     import torch

@@ -67,7 +67,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                        world_size=world, processes_per_node=max(1, world // nodes), precision=cfg.precision or "fp32",
                        activation_checkpointing=bool(cfg.activation_checkpointing),
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
-                       fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy),
+                       fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy), float8=cfg.float8,
                        device_type=env.device_type or "cuda",  # a ZeRO run's buckets, as it ran (else the shipped)
                        deepspeed_config=strategy.deepspeed_config_with(cfg.zero_optimization)
                        if strategy.engine == "deepspeed" and isinstance(cfg.zero_optimization, dict) else None)

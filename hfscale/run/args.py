@@ -185,12 +185,17 @@ class HfscaleTrainingArguments(TrainingArguments):
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint directory (a run's folder: its newest complete checkpoint), or `latest`: the newest complete, intact checkpoint in --output_dir (a fresh start when there is none). It must be of the same strategy, optimizer, world size, model and place in the data (batch shape, seq_len, data seed, text, tokenizer; --ignore_data_skip starts the data over)."})
     gc_freq: int = field(default=DEFAULT_GC_FREQ, metadata={"help": "Python's garbage collector: automatic collection off, a young-generation collection at the end of every Nth optimizer step on every rank (no rank stalls its partners at a random moment; torchtitan's gc_freq) and a full one after each evaluation; 0: Python's automatic collection. Start-up runs without collections either way (hfscale/run/garbage.py)."})
     fingerprint_weights: bool = field(default=False, metadata={"help": "Record a per-tensor (sum, L2) fingerprint of the final full weights (gathers them; for parity checks)."})
+    fp8: bool = field(default=False, metadata={"help": "Train the decoder blocks' linear layers with float8 matmuls (torchao's float8 through accelerate; GPUs with float8 tensor cores: Ada, Hopper and later). Everything else computes in bf16 (--fp8 implies --bf16); the head and the embeddings stay in high precision. ddp only for now, Llama and BLOOM models (docs/strategies.md)."})
+    fp8_recipe: str = field(default="tensorwise", metadata={"help": "torchao's float8 recipe: tensorwise (dynamic scales per tensor, the fastest), rowwise, rowwise_with_gw_hp."})
+    fp8_emulate: bool = field(default=False, metadata={"help": "With --fp8: emulate the float8 casts in high precision (torchao's emulate) - no float8 tensor cores needed, no speedup; runs the --fp8 code path on a CPU, for tests."})
 
     def __post_init__(self):
         try:
             super().__post_init__()
         except ValueError as err:  # TrainingArguments' own checks are about what the user passed
             raise HfscaleError(" ".join(str(err).split())) from None
+        if self.fp8:  # accelerate's fp8 mode: bf16 autocast, and the recipe handler converts the model at prepare
+            self.mixed_precision = "fp8"
         mismatches = getattr(getattr(self, "hf_deepspeed_config", None), "mismatches", None)
         if mismatches:  # transformers collects these now and raises them only once training starts, on every rank
             raise HfscaleError(f"{self.deepspeed}: values that contradict the Trainer flags: "

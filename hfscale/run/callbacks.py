@@ -17,6 +17,7 @@ from ..formulas.tensors import tp_local_tensors
 from ..parallel import storage, verify
 from ..parallel.hooks import PowerSGDConfig, apply_powersgd, powersgd_facts, restore_powersgd
 from . import garbage
+from .float8 import inspect_float8
 
 MAX_SKIPPED_STEPS = 50  # fp16 loss scaling from 2^16 halves per overflow: a healthy run steps long before this
 
@@ -108,6 +109,10 @@ class StrategyCallback(TrainerCallback):
             verify.require(params["elements_local"] == self.engine_params, f"this rank holds "
                            f"{params['elements_local']:,} parameters, the TP plan {self.engine_params:,}", strategy)
         verify.check_placement("parameters", params["devices"], strategy, self.plan.on_cuda)
+        if self.plan.float8:  # the blocks' linear layers train in float8, the rest as planned
+            model = verify.uncompiled(trainer.model_wrapped)
+            model = getattr(model, "module", model)  # DDP's wrapped module: the names the plan converted
+            self.facts["float8"] = inspect_float8(model, self.plan.shape.spec, self.plan.float8, args.fp8_emulate)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:

@@ -12,7 +12,8 @@ import psutil
 
 from ..errors import HfscaleError, one_of
 from ..formulas.metrics import GB, ModelShape
-from ..parallel.distributed import on_accelerator
+from ..formulas.precision import float8_device_refusal
+from ..parallel.distributed import device_capability, on_accelerator
 from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
                                    read_launcher_deepspeed_json, resolve_strategy)
 from ..parallel.optimizers import get_optimizer
@@ -101,6 +102,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_compile_backend(kw.get("torch_compile_backend"))
     _compile_named(kw, explicit)
     _check_route(kw, gpu, attention)
+    recipe = _float8(kw, gpu)
     checkpointing = resolve_checkpointing(kw)
     _route_defaults(kw, strategy, explicit, gpu)
     if "eval_steps" in explicit and "eval_strategy" not in explicit:  # the Trainer's default "no" would ignore them
@@ -114,8 +116,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                    activation_checkpointing=checkpointing,
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
                    device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
-                   fused_linear_cross_entropy=fused_linear_cross_entropy)
-    if strategy.tensor_parallel:  # a node of 2+ processes (one node for tp, 2+ for fsdp_tp), TP dividing the heads
+                   fused_linear_cross_entropy=fused_linear_cross_entropy, float8=recipe)
+    if strategy.tensor_parallel or recipe:  # TP: a node of 2+ processes, TP dividing the heads; float8's engines
         reason = plan.refusal()
         if reason:
             raise HfscaleError(reason)
@@ -134,6 +136,24 @@ def _check_route(kw: dict, gpu: bool, attention: str | None) -> None:
         raise HfscaleError("--use_liger_kernel needs the liger-kernel package, which is not installed here "
                            "(pip install liger-kernel)")
     check_flash_attention(attention)
+
+
+def _float8(kw: dict, gpu: bool) -> str | None:
+    """--fp8's recipe (None without it), refused where this device has no float8 matmuls; --fp8 computes the rest in
+    bf16, so it sets --bf16 (and refuses --fp16, as the plan does)."""
+    if not kw.get("fp8"):
+        stray = next((f"--{name}" for name in ("fp8_emulate",) if kw.get(name)), None)
+        if stray:
+            raise HfscaleError(f"{stray} is read only with --fp8")
+        return None
+    if kw["fp16"]:
+        raise HfscaleError("--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16")
+    capability, name = device_capability() if gpu else (None, "cpu")
+    reason = float8_device_refusal(gpu, capability, name, bool(kw.get("fp8_emulate")))
+    if reason:
+        raise HfscaleError(reason)
+    kw["bf16"] = True
+    return kw.get("fp8_recipe") or "tensorwise"
 
 
 def _route_defaults(kw: dict, strategy: Strategy, explicit: set[str], gpu: bool) -> None:

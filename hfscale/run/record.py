@@ -66,7 +66,9 @@ def peak_tflops(args, env: EnvironmentRecord, precision: str) -> PerfRecord:
         peak, source = None, f"unknown device {env.device_name!r}: pass --peak_tflops or --measure_peak"
     else:
         peak, source = measured, "measured matmul peak on this device"
-    return PerfRecord(peak_tflops=peak, peak_source=source, measured_peak_tflops=measured)
+    # an --fp8 run's headline MFU stays against the bf16 peak (the BigScience convention); the float8 one beside it
+    fp8 = table_peak(env.device_name, "fp8") if on_cuda and getattr(args, "fp8", False) else None
+    return PerfRecord(peak_tflops=peak, peak_source=source, measured_peak_tflops=measured, peak_tflops_fp8=fp8)
 
 
 def memory_estimate(plan, model) -> dict:
@@ -94,7 +96,7 @@ def base_results(model_args, data_args, args, state, model, env: EnvironmentReco
                             gradient_accumulation_steps=plan.gradient_accumulation_steps,
                             global_batch_size=plan.global_batch_size, seq_len=plan.seq_len,
                             activation_checkpointing=plan.activation_checkpointing,
-                            precision=plan.precision, torch_compile=plan.torch_compile,
+                            precision=plan.precision, float8=plan.float8, torch_compile=plan.torch_compile,
                             fused_linear_cross_entropy=plan.fused_linear_cross_entropy,
                             zero_optimization=plan.zero_optimization, max_steps=args.max_steps,
                             seed=args.seed, learning_rate=args.learning_rate, recipe=state.recipe,

@@ -122,7 +122,8 @@ class ConfigRecord(_Section):
     global_batch_size: int | None = None  # samples: MBS x GAS x DP
     seq_len: int | None = None
     activation_checkpointing: bool | None = None
-    precision: str | None = None
+    precision: str | None = None  # what the run computes in (bf16 outside the float8 matmuls of an --fp8 run)
+    float8: str | None = None  # --fp8: the torchao recipe of the blocks' float8 matmuls (run/float8.py)
     max_steps: int | None = None
     seed: int | None = None
     learning_rate: float | None = None
@@ -176,6 +177,7 @@ class PerfRecord(_Section):
     peak_tflops: float | None = None
     peak_source: str | None = None
     measured_peak_tflops: float | None = None
+    peak_tflops_fp8: float | None = None  # an --fp8 run's GPU: its float8 peak, beside the bf16 one MFU is against
     gc: dict | None = None  # Python's garbage collector: run/callbacks.py's GarbageCollectionCallback
     extra: dict = field(default_factory=dict)
     POSITIVE = ("s_per_iter", "tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "tflops_per_gpu_bigscience",

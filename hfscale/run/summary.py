@@ -25,7 +25,8 @@ def format_summary(results) -> str:
         f"({model.params_model / 1e6:.2f}M params) · {cfg.world_size} x {env.device_name}",
         f"  DP {cfg.dp or cfg.world_size}" + (f" · TP {cfg.tp}" if (cfg.tp or 1) > 1 else "")
         + f" · MBS {cfg.per_device_train_batch_size} · GAS {cfg.gradient_accumulation_steps} · GBS "
-        f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.activation_checkpointing} · {cfg.precision} · "
+        f"{cfg.global_batch_size} · seq {cfg.seq_len} · checkpointing {cfg.activation_checkpointing} · "
+        f"{f'fp8 {cfg.float8} (bf16 outside its matmuls)' if cfg.float8 else cfg.precision} · "
         + ("compiled (--torch_compile false for eager)" if cfg.torch_compile else "eager")
         + (" · fused linear cross-entropy" if cfg.fused_linear_cross_entropy else ""),
         f"  speed {f('s_per_iter', '{:.4f}')} s/it over {perf.measured_steps or 0} steps"
@@ -35,7 +36,9 @@ def format_summary(results) -> str:
         f"tokens/s {f('tokens_per_s', '{:,.0f}')} ({f('tokens_per_s_per_gpu', '{:,.0f}')} per {unit})",
         f"  TFLOPs/{unit}: exact {t('tflops_per_gpu_model')} · hardware {t('tflops_per_gpu_hardware')} · "
         f"BigScience {t('tflops_per_gpu_bigscience')} · MFU {f('mfu', '{:.1%}')} · HFU {f('hfu', '{:.1%}')} "
-        f"(peak {t('peak_tflops')} TFLOPs, {perf.peak_source or 'n/a'})",
+        f"(peak {t('peak_tflops')} TFLOPs, {perf.peak_source or 'n/a'})"
+        + (f" · MFU of the fp8 peak ({perf.peak_tflops_fp8:g} TFLOPs) {perf.tflops_per_gpu_model / perf.peak_tflops_fp8:.1%}"
+           if perf.peak_tflops_fp8 and perf.tflops_per_gpu_model else ""),
         f"  memory: peak RSS {mem.peak_rss_gb or 0:.2f} GB"
         + (f" · device allocated {mem.peak_allocated_gb:.2f} GB, reserved {mem.peak_reserved_gb:.2f} GB"
            if mem.peak_allocated_gb is not None else ""),

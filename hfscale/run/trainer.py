@@ -26,6 +26,7 @@ from ..parallel.storage import base_optimizer
 from ..parallel.distributed import barrier, eager_optimizer_step
 from ..parallel.hooks import force_fsdp_state, save_powersgd, use_tensor_parallel_state
 from .checkpoints import write_marker
+from .float8 import recipe_handler
 from .measure import perf_scalars
 
 logger = logging.getLogger("hfscale")
@@ -208,6 +209,13 @@ class HfscaleTrainer(Trainer):
             return super()._load_optimizer_and_scheduler(checkpoint)
         if tensor_parallel.load_optimizer(base_optimizer(self.optimizer), checkpoint):
             self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=True))
+
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        args = super()._build_accelerator_args(**kwargs)
+        if self.plan.float8:  # accelerate converts the model as it prepares it (run/float8.py)
+            args["kwargs_handlers"] = [*args.get("kwargs_handlers", []),
+                                       recipe_handler(self.plan.float8, self.plan.shape.spec, self.args.fp8_emulate)]
+        return args
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()

@@ -1,0 +1,50 @@
+"""--fp8: torchao's float8 training through accelerate (its AORecipeKwargs), on the linear layers of the decoder blocks.
+
+What is converted: every nn.Linear inside a decoder block whose two dimensions torch's float8 matmul takes (multiples
+of 16); the embeddings, the LM head and the norms stay in high precision, as torchtitan keeps them (the head's logits
+feed the loss, and its vocabulary-wide matmul is where float8's rounding costs most). Outside the converted matmuls
+the run computes in bf16: accelerate's fp8 mode is bf16 autocast, so `--fp8 --bf16` is the same run. The weights stay
+in their training dtype (a checkpoint and an export load in plain transformers); only the matmuls' operands are cast,
+with dynamic scales, every step. Refusals (device, engine, model, precision): formulas/precision.py."""
+
+import dataclasses
+
+from ..errors import HfscaleError
+from ..formulas.precision import FLOAT8_DIM_MULTIPLE
+
+
+def converts(spec, name: str, module) -> bool:
+    """Whether `module` (named `name` in the unwrapped model) trains its matmuls in float8."""
+    import torch
+
+    return (isinstance(module, torch.nn.Linear) and name.startswith(spec.block_prefix + ".")
+            and module.in_features % FLOAT8_DIM_MULTIPLE == 0 and module.out_features % FLOAT8_DIM_MULTIPLE == 0)
+
+
+def recipe_handler(recipe: str, spec, emulate: bool):
+    """accelerate's handler that converts the model as it prepares it (convert_model_to_fp8_ao)."""
+    from accelerate.utils import AORecipeKwargs
+    from torchao.float8 import Float8LinearConfig
+
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+    return AORecipeKwargs(config=config, module_filter_func=lambda module, name: converts(spec, name, module))
+
+
+def inspect_float8(model, spec, recipe: str, emulate: bool) -> dict:
+    """The start-up proof: which linear layers train in float8. Raises when a layer the plan converts was not
+    converted (or one it keeps was): the run would not be the run its figures describe."""
+    import torch
+    from torchao.float8.float8_linear import Float8Linear
+
+    converted, kept = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, Float8Linear):
+            converted.append(name)
+        elif isinstance(module, torch.nn.Linear):
+            kept.append(name)
+    wrongly_kept = [n for n in kept if converts(spec, n, dict(model.named_modules())[n])]
+    if wrongly_kept or not converted:
+        raise HfscaleError(f"--fp8: {len(converted)} linear layers train in float8, but {wrongly_kept or 'none'} "
+                           "should too: the model was not converted as planned")
+    return {"recipe": recipe, "emulated": emulate, "float8_linears": len(converted), "high_precision": kept,
+            "first": converted[0]}
