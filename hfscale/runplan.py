@@ -191,8 +191,8 @@ class RunPlan:
                 or layout_refusal(self.strategy, self.world_size, self.processes_per_node)
                 or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None)
                 or (FUSED_LOSS_UNDER_TP if self.fused_linear_cross_entropy and self.strategy.tensor_parallel else None)
-                or (float8_refusal(self.float8, self.precision, self.strategy.engine, self.strategy.tensor_parallel,
-                                   self.shape.spec.conv1d, self.shape.family) if self.float8 else None))
+                or (float8_refusal(self.float8, self.precision, self.strategy.engine, self.strategy.tensor_parallel)
+                    if self.float8 else None))
 
     def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
         """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""

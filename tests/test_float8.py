@@ -30,24 +30,46 @@ def test_float8_needs_float8_tensor_cores_or_emulation():
     assert float8_device_refusal(False, None, "cpu", emulate=True) is None
 
 
-@pytest.mark.parametrize("engine,tensor_parallel,conv1d,precision,expected", [
-    ("ddp", False, False, "bf16", None),
-    ("ddp", False, False, "fp16", "drop --fp16"),
-    ("deepspeed", False, False, "bf16", "Transformer Engine or MS-AMP"),
-    ("fsdp", False, False, "bf16", "cpu_ram_efficient_loading"),
-    ("fsdp", True, False, "bf16", "float8 tensor-parallel plan"),
-    ("ddp", False, True, "bf16", "Conv1D"),
+@pytest.mark.parametrize("engine,tensor_parallel,precision,expected", [
+    ("ddp", False, "bf16", None),
+    ("ddp", False, "fp16", "drop --fp16"),
+    ("deepspeed", False, "bf16", "Transformer Engine or MS-AMP"),
+    ("fsdp", False, "bf16", "cpu_ram_efficient_loading"),
+    ("fsdp", True, "bf16", "float8 tensor-parallel plan"),
 ])
-def test_what_has_no_float8_route_is_refused(engine, tensor_parallel, conv1d, precision, expected):
-    reason = float8_refusal("tensorwise", precision, engine, tensor_parallel, conv1d, "gpt2")
+def test_what_has_no_float8_route_is_refused(engine, tensor_parallel, precision, expected):
+    reason = float8_refusal("tensorwise", precision, engine, tensor_parallel)
     assert reason is None if expected is None else expected in reason
+
+
+def test_gpt2s_conv1d_projections_become_linear_layers_that_save_as_conv1d():
+    """torchao converts nn.Linear; GPT-2 computes its projections in transformers' Conv1D (weight [in, out]). Swapped
+    for nn.Linear ([out, in]) they compute the same, and the model's state dict - what checkpoints and exports hold -
+    is exactly the plain model's: same keys, shapes and values, and loading it back restores the same weights."""
+    import torch
+
+    from hfscale.models import PRESETS, build_model
+    from hfscale.run.float8 import converts, linear_projections
+
+    plain, swapped = build_model(PRESETS["tiny"], 0), build_model(PRESETS["tiny"], 0)
+    assert linear_projections(swapped) == 4 * PRESETS["tiny"].n_layer  # c_attn, attn.c_proj, c_fc, mlp.c_proj
+    spec = PRESETS["tiny"].spec
+    assert sum(converts(spec, name, m) for name, m in swapped.named_modules()) == 4 * PRESETS["tiny"].n_layer
+    saved, expected = swapped.state_dict(), plain.state_dict()
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in expected)
+    ids = torch.randint(0, PRESETS["tiny"].vocab, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(swapped(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
+        for p in swapped.parameters():
+            p.zero_()
+    swapped.load_state_dict(expected)
+    assert all(torch.equal(swapped.state_dict()[k], expected[k]) for k in expected)
 
 
 @pytest.mark.parametrize("argv,expected", [
     (["--fp8"], "--fp8 needs a GPU with float8 tensor cores"),
     (["--fp8", "--fp8_emulate", "--strategy", "zero2"], "--fp8 under DeepSpeed"),
     (["--fp8", "--fp8_emulate", "--strategy", "fsdp"], "--fp8 under FSDP2"),
-    (["--fp8", "--fp8_emulate", "--model", "tiny"], "gpt2's projections are transformers' Conv1D"),
     (["--fp8", "--fp8_emulate", "--fp8_recipe", "delayed"], "--fp8_recipe 'delayed'; choose one of: tensorwise"),
     (["--fp8_emulate"], "--fp8_emulate is read only with --fp8"),
 ])

@@ -43,11 +43,10 @@ FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (sm_89) and Hopper (s
 FLOAT8_DIM_MULTIPLE = 16  # torch._scaled_mm takes float8 matrices whose dimensions are multiples of 16
 
 
-def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bool, conv1d: bool,
-                   family: str) -> str | None:
+def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bool) -> str | None:
     """Why a run cannot train with float8 matmuls (--fp8, `recipe`), or None. Outside the converted matmuls it
     computes in bf16 (accelerate's fp8 mode is bf16 autocast), so fp16 is refused; so are the engines accelerate
-    serves no maintained float8 route for, and GPT-2's Conv1D projections, which torchao's conversion does not take."""
+    serves no maintained float8 route for."""
     if recipe not in FLOAT8_RECIPES:
         return f"--fp8_recipe {recipe!r}; choose one of: {', '.join(FLOAT8_RECIPES)}"
     if precision == "fp16":
@@ -61,9 +60,6 @@ def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bo
     if engine == "fsdp":
         return ("--fp8 under FSDP2: accelerate refuses torchao's float8 with cpu_ram_efficient_loading, which hfscale's "
                 "fsdp strategies build with (rank 0 builds the model, the others take their shards); use ddp")
-    if conv1d:
-        return (f"--fp8 converts nn.Linear layers; {family}'s projections are transformers' Conv1D, which torchao's "
-                "float8 conversion does not take: use a Llama or BLOOM model")
     return None
 
 

@@ -111,6 +111,10 @@ def build(model_args, args, shape, tokenizer, strategy=None):
         model.tie_weights()
     if rank0_builds(args, strategy) and not zero3_init(args, strategy):  # partition_zero3 broadcasts every buffer
         share_rank0_buffers(model, args.device)
+    if getattr(args, "fp8", False):  # GPT-2's Conv1D projections as nn.Linear, which torchao converts (run/float8.py)
+        from .float8 import linear_projections
+
+        linear_projections(model)
     if zero3_init(args, strategy):
         from transformers.integrations.deepspeed import deepspeed_config
 

@@ -1,16 +1,56 @@
 """--fp8: torchao's float8 training through accelerate (its AORecipeKwargs), on the linear layers of the decoder blocks.
 
 What is converted: every nn.Linear inside a decoder block whose two dimensions torch's float8 matmul takes (multiples
-of 16); the embeddings, the LM head and the norms stay in high precision, as torchtitan keeps them (the head's logits
+of 16) - GPT-2's Conv1D projections first become nn.Linear ones (linear_projections), whose state dict keeps Conv1D's
+layout; the embeddings, the LM head and the norms stay in high precision, as torchtitan keeps them (the head's logits
 feed the loss, and its vocabulary-wide matmul is where float8's rounding costs most). Outside the converted matmuls
 the run computes in bf16: accelerate's fp8 mode is bf16 autocast, so `--fp8 --bf16` is the same run. The weights stay
 in their training dtype (a checkpoint and an export load in plain transformers); only the matmuls' operands are cast,
-with dynamic scales, every step. Refusals (device, engine, model, precision): formulas/precision.py."""
+with dynamic scales, every step. Refusals (device, engine, precision): formulas/precision.py."""
 
 import dataclasses
+from functools import partial
 
 from ..errors import HfscaleError
 from ..formulas.precision import FLOAT8_DIM_MULTIPLE
+
+
+def linear_projections(model) -> int:
+    """Swap every transformers Conv1D (GPT-2's projections, weight [in, out]) for an nn.Linear holding the same weights
+    ([out, in]), which torchao converts. The model's state dict keeps Conv1D's layout - each parent's hooks transpose
+    the weight as it is saved and loaded - so its checkpoints resume and export as GPT-2's. Returns how many."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    swapped = 0
+    for parent in list(model.modules()):
+        names = [name for name, child in parent.named_children() if isinstance(child, Conv1D)]
+        for name in names:
+            conv = getattr(parent, name)
+            linear = torch.nn.Linear(conv.nx, conv.nf, device=conv.weight.device, dtype=conv.weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(conv.weight.t())
+                linear.bias.copy_(conv.bias)
+            setattr(parent, name, linear)
+        if names:
+            parent.register_state_dict_post_hook(partial(_saved_as_conv1d, tuple(names)))
+            parent.register_load_state_dict_pre_hook(partial(_loaded_from_conv1d, tuple(names)))
+        swapped += len(names)
+    return swapped
+
+
+def _saved_as_conv1d(names, module, state_dict, prefix, local_metadata) -> None:
+    for name in names:
+        key = f"{prefix}{name}.weight"
+        if key in state_dict:
+            state_dict[key] = state_dict[key].t().contiguous()
+
+
+def _loaded_from_conv1d(names, module, state_dict, prefix, *args) -> None:
+    for name in names:
+        key = f"{prefix}{name}.weight"
+        if key in state_dict:
+            state_dict[key] = state_dict[key].t().contiguous()
 
 
 def converts(spec, name: str, module) -> bool:
