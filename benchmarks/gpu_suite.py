@@ -144,7 +144,10 @@ DDP_VARIANTS = [("", True, []),
                                                    "--torch_compile_mode", "max-autotune-no-cudagraphs"]),
                 # every step its own logging interval: which steps after the warm-up pay the one-off 0.2-0.4 s one H200
                 # showed in steps 3-5 of every run (results/h200_2026-11-25/record.md)
-                ("per-step", True, ["--logging_steps", "1", "--perf_warmup_steps", "1"])]  # intervals from step 2
+                ("per-step", True, ["--logging_steps", "1", "--perf_warmup_steps", "1"]),  # intervals from step 2
+                # float8 matmuls in the blocks (torchao, tensorwise; issue 64): beside the compiled bf16 run, the same
+                # step's tokens/s and the allocator's peak against the estimate (which counts an fp8 run as bf16)
+                ("fp8", True, ["--fp8"])]
 NOT_SPEED = ("host-syncs", "profile", "per-step")  # slowed by what they record: no speed figure
 
 
@@ -609,6 +612,14 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                                                                              "--steps", "20"))),
         Section("fp8", 400, (), script="fp8_matmul.py"),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^llama/")))),
+    "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
+            "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
+        Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
+                                       *_ddp("--ddp_variants", "compiled,fp8", "--steps", "20"))),
+        # 3.2B x 16 B of states and DDP's buckets: `hfscale estimate` fits MBS 1 on an H100's 80 GB (2: 88.6 GB)
+        Section("fp8-llama-3.2-3b", 550, ("--model", "llama-3.2-3b", "--seq_len", "2048",
+                                          "--per_device_train_batch_size", "1",
+                                          *_ddp("--ddp_variants", "compiled,fp8", "--steps", "20"))))),
     "mfu": ("gpt2-1.3b compiled at MBS 24 with the padded vocabulary, then with inductor's matmul autotuning at MBS 24 "
             "and 16 (for an H100)", (
         Section("mbs24", 150, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "12",

@@ -135,6 +135,9 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100: float8 matmuls
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # --fp8 sets --bf16
     for variant, compiled, extra in suite.DDP_VARIANTS:
         flags = suite.fill_placeholders(extra, SimpleNamespace(steps=12, per_device_train_batch_size=8,
                                                                model="gpt2-350m"))
@@ -146,6 +149,7 @@ def test_every_ddp_variant_is_a_command_line_hfscale_accepts_on_a_gpu(monkeypatc
         assert kw["per_device_train_batch_size"] == (16 if "mbs2x" in variant else 8)
         assert state.plan.shape.vocab == (50304 if "vocab128" in variant else 50257)
         assert state.plan.fused_linear_cross_entropy is (variant == "flce")
+        assert state.plan.float8 == ("tensorwise" if variant == "fp8" else None) and kw["bf16"] is (variant == "fp8")
         assert kw.get("torch_compile_mode") == {"cudagraphs": "reduce-overhead",
                                                 "mbs2x+vocab128+autotune": "max-autotune-no-cudagraphs"}.get(variant)
         # per-step: every step its own interval from step 2; the rest: the GPU route's 5 untimed steps
