@@ -40,7 +40,7 @@ NCCL_HOP_US = {"nvlink": {("tree", "LL"): 0.6, ("tree", "LL128"): 1.25, ("tree",
                        ("ring", "LL"): 1.0, ("ring", "LL128"): 2.5, ("ring", "Simple"): 5.7},
                "net": {("tree", "LL"): 5.0, ("tree", "LL128"): 8.5, ("tree", "Simple"): 28.0,
                        ("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 14.0}}
-NCCL_NET_OVERHEAD_US = 1.0  # each step of a multi-node ring posts to the network (x3 for Simple); an x86 host's
+NCCL_NET_OVERHEAD_US = 1.0  # each step of a multi-node ring posts to the network (x3 for Simple): an Intel host's
 # The tree's measured shortfall at mid sizes, per protocol, by log2(bytes / 64) from 0 (64 B) to 22 (256 MB)
 NCCL_TREE_CORRECTION = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),

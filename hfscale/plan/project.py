@@ -248,8 +248,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
 
 
 def powersgd_line(base: Baseline) -> str:
-    plan = base.plan.but(strategy=get_strategy("ddp_powersgd"), world_size=2)
-    seconds = powersgd_step_s(plan, base.device, base.powersgd_rank)
+    seconds = powersgd_step_s(base.plan.but(strategy=get_strategy("ddp_powersgd")), base.device, base.powersgd_rank)
     if not seconds:
         return ("PowerSGD's own compression (error feedback, the P and Q products, the decompression) is not "
                 "modelled: no GPU with a known memory bandwidth (a CPU run's measured step holds it; pass --device)")

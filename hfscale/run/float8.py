@@ -76,13 +76,14 @@ def inspect_float8(model, spec, recipe: str, emulate: bool) -> dict:
     import torch
     from torchao.float8.float8_linear import Float8Linear
 
-    converted, kept = [], []
+    converted, kept, wrongly_kept = [], [], []
     for name, module in model.named_modules():
         if isinstance(module, Float8Linear):
             converted.append(name)
         elif isinstance(module, torch.nn.Linear):
             kept.append(name)
-    wrongly_kept = [n for n in kept if converts(spec, n, dict(model.named_modules())[n])]
+            if converts(spec, name, module):
+                wrongly_kept.append(name)
     if wrongly_kept or not converted:
         raise HfscaleError(f"--fp8: {len(converted)} linear layers train in float8, but {wrongly_kept or 'none'} "
                            "should too: the model was not converted as planned")

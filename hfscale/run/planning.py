@@ -142,9 +142,8 @@ def _float8(kw: dict, gpu: bool) -> str | None:
     """--fp8's recipe (None without it), refused where this device has no float8 matmuls; --fp8 computes the rest in
     bf16, so it sets --bf16 (and refuses --fp16, as the plan does)."""
     if not kw.get("fp8"):
-        stray = next((f"--{name}" for name in ("fp8_emulate",) if kw.get(name)), None)
-        if stray:
-            raise HfscaleError(f"{stray} is read only with --fp8")
+        if kw.get("fp8_emulate"):
+            raise HfscaleError("--fp8_emulate is read only with --fp8")
         return None
     if kw["fp16"]:
         raise HfscaleError("--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16")
