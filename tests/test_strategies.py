@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import probe
+from conftest import REPO, probe
 
 from hfscale.parallel.configs import config_dir
 from hfscale.errors import HfscaleError
@@ -73,6 +73,7 @@ def test_the_refused_pairs_are_the_ones_the_libraries_reject():
     assert seen["fsdp x adamw"] is None and seen["zero2_offload x adamw"] is None  # the same engines step otherwise
     assert seen["tp x adamw"] is None
     assert matrix_markdown().count(" refused |") == len(INCOMPATIBLE)  # the generated docs table: one cell per pair
+    assert matrix_markdown() in (REPO / "docs" / "strategies.md").read_text()  # the docs hold it as generated
 
 
 def test_deepspeed_config_that_contradicts_strategy_is_refused(tmp_path):

@@ -263,14 +263,20 @@ def load_deepspeed_config(path: Path, strategy: Strategy) -> dict:
 
 
 def matrix_markdown() -> str:
-    """The strategy x optimizer table, generated from INCOMPATIBLE (docs and `hfscale strategies --matrix`)."""
+    """The strategy x optimizer table, generated from INCOMPATIBLE, with each strategy's --fp8 verdict
+    (formulas/precision.float8_refusal, with every optimizer) - docs and `hfscale strategies --matrix`."""
+    from ..formulas.precision import float8_refusal
+
     optims = list(OPTIMIZERS)
-    lines = ["| strategy | " + " | ".join(optims) + " |", "|---" * (len(optims) + 1) + "|"]
-    for name in all_strategies():
+    lines = ["| strategy | " + " | ".join(optims) + " | --fp8 |", "|---" * (len(optims) + 2) + "|"]
+    fp8_reasons = []
+    for name, strategy in all_strategies().items():
         cells = ["refused" if (name, o) in INCOMPATIBLE else "ok" for o in optims]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        fp8 = float8_refusal("tensorwise", "bf16", strategy.engine, strategy.tensor_parallel)
+        fp8_reasons += [fp8] if fp8 and fp8 not in fp8_reasons else []
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'no' if fp8 else 'ok'} |")
     reasons = sorted({r for r in INCOMPATIBLE.values()})
-    return "\n".join(lines + [""] + [f"- refused: {r}" for r in reasons])
+    return "\n".join(lines + [""] + [f"- refused: {r}" for r in reasons] + [f"- --fp8 no: {r}" for r in fp8_reasons])
 
 
 # DeepSpeed's defaults when a JSON leaves a setting out (deepspeed/runtime/zero/config.py), and what transformers
