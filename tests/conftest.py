@@ -652,10 +652,11 @@ def partition_run(strategy: str) -> dict:
 # rank holds beyond its shard while rank 0's weights arrive. (At 1024 hidden, 0.61 GB, the four runs took 1.3x the
 # time - every byte of a copy is paged in, initialised and stepped - for the same fractions of a copy within 0.02;
 # only DeepSpeed's fixed ~0.07 GB beyond its zero3 states is a larger fraction of the smaller copy: 0.20 against 0.13.)
-# A ~93M-parameter Llama: grouped-query attention (4 key/value heads), an untied head and rotary buffers, which no
-# state dict holds and the sharded builds must still give every rank (run/construction.share_rank0_buffers)
+# A ~79M-parameter Llama (0.31 GB in fp32): grouped-query attention (4 key/value heads), Llama's own MLP width (2048),
+# an untied head and rotary buffers, which no state dict holds and the sharded builds must still give every rank
+# (run/construction.share_rank0_buffers)
 HOST_SHAPE = ["--model", "tiny-llama", "--n_layer", "12", "--hidden_size", "768", "--n_head", "12",
-              "--num_key_value_heads", "4", "--ffn_hidden_size", "2560", "--per_device_train_batch_size", "1",
+              "--num_key_value_heads", "4", "--ffn_hidden_size", "2048", "--per_device_train_batch_size", "1",
               "--seq_len", "32"]
 # run -> (strategy, optimizer, environment): zero3's zero3_init_flag as `accelerate launch` exports it. ddp steps with
 # adafactor, whose states are a few MB where AdamW's are two more copies to page in (ddp x adamw is the parity run's).

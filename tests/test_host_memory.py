@@ -1,5 +1,5 @@
 """Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model; ddp (and
-zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~93M-parameter Llama shape with 2
+zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~79M-parameter Llama shape with 2
 processes (grouped-query attention, an untied head, rotary buffers): the resident-set high-water marks over building
 the model, and from then until training begins (after the engine has sharded it)."""
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def runs():
-    """The ~93M-parameter Llama shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
+    """The ~79M-parameter Llama shape, one step (conftest.HOST_SHAPE). Where the model is built does not depend on the
     optimizer: ddp and the two zero3 runs step with adafactor and adamw_8bit, and the zero3 runs are also those pairs'
     runs in the strategy x optimizer matrix."""
     return {name: host_memory_run(name) for name in HOST_RUNS}
@@ -48,7 +48,7 @@ def test_zero3_builds_partitioned_under_zero_init(runs):
     assert built[0] > 0.95 * full, (built, full)  # rank 0 builds the model, then partitions it out
     assert built[1] < 0.7 * full, (built, full)  # rank 1: its partitions and one parameter in flight
     # DeepSpeed then adds its own per-rank states (fp32 masters, gradient partitions) but never a whole copy: beyond
-    # them rank 1 holds a fixed ~0.07 GB (0.20 of this copy), where one more copy would put it above 1
+    # them rank 1 holds a fixed ~0.07 GB (~0.2 of this copy), where one more copy would put it above 1
     states = runs["zero3"]["memory"]["model_states_per_rank"][1]
     engine_states = states["parameters"] + states["master_weights"] + states["gradients"]
     assert peaks(runs["zero3"], "construction")[1] - engine_states < 0.5 * full, (states, full)
