@@ -60,7 +60,7 @@ def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
     assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "workers2", "host-syncs", "profile",
                                           "mbs2x", "vocab128", "flce", "mbs2x+vocab128", "mbs2x+vocab128+autotune",
-                                          "per-step"}
+                                          "per-step", "fp8"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
