@@ -267,38 +267,33 @@ TOKEN_COUNT_BYTES_PER_RANK = 8
 POWERSGD_MIN_COMPRESSION_RATE = 2  # torch PowerSGDState's default: compress only where it saves more than 2x
 
 
-def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
-    """Elements PowerSGD all-reduces per step after warm-up. torch's hook views each gradient as a
-    (shape[0], rest) matrix and sends it as P and Q factors, r'(n + m) elements with r' = min(n, m, rank), where that
-    is more than POWERSGD_MIN_COMPRESSION_RATE times smaller; the others (1-D tensors among them) go uncompressed."""
-    total = 0
+def powersgd_matrices(tensor_shapes: list[tuple[int, ...]], rank: int):
+    """(n, m, r', compressed) per gradient as torch's hook sees it: a (shape[0], rest) matrix, r' = min(n, m, rank),
+    compressed where its P and Q factors, r'(n + m) elements, are more than POWERSGD_MIN_COMPRESSION_RATE times smaller
+    (the others, 1-D tensors among them, go uncompressed)."""
     for dims in tensor_shapes:
-        n = dims[0]
-        m = 1
-        for d in dims[1:]:
-            m *= d
+        n, m = dims[0], math.prod(dims[1:])
         r = min(n, m, rank)
-        compressed = r * (n + m)
-        total += compressed if compressed * POWERSGD_MIN_COMPRESSION_RATE < n * m else n * m
-    return total
+        yield n, m, r, r * (n + m) * POWERSGD_MIN_COMPRESSION_RATE < n * m
+
+
+def powersgd_elements(tensor_shapes: list[tuple[int, ...]], rank: int) -> int:
+    """Elements PowerSGD all-reduces per step after warm-up: each compressed matrix's P and Q factors, r'(n + m), and
+    every other gradient whole (powersgd_matrices)."""
+    return sum(r * (n + m) if compressed else n * m for n, m, r, compressed in powersgd_matrices(tensor_shapes, rank))
 
 
 def powersgd_work(tensor_shapes: list[tuple[int, ...]], rank: int, element_bytes: int) -> tuple[float, float, float]:
     """(matmul FLOPs, matmul bytes, elementwise bytes) torch's powerSGD_hook spends per step after warm-up, over the
-    gradients of these shapes (the same (shape[0], rest) matrices and 2x rule as powersgd_elements). Per bucket it adds
-    the error feedback to the whole gradient (2 reads, a write) and keeps a copy (a read, a write); per compressed
-    n x m matrix M it computes P = MQ and Q = M^T P (each reads M: 2nmr FLOPs), orthogonalises P (~2nr^2) and writes
-    M = PQ^T back (2nmr); the uncompressed tensors are packed, divided and unpacked (3 reads, 3 writes); and it keeps
-    the new error, copy - result (2 reads, a write). Elementwise work is 8 passes over every element."""
+    gradients of these shapes (powersgd_matrices). Per bucket it adds the error feedback to the whole gradient (2 reads,
+    a write) and keeps a copy (a read, a write); per compressed n x m matrix M it computes P = MQ and Q = M^T P (each
+    reads M: 2nmr FLOPs), orthogonalises P (~2nr^2) and writes M = PQ^T back (2nmr); the uncompressed tensors are
+    packed, divided and unpacked (3 reads, 3 writes); and it keeps the new error, copy - result (2 reads, a write).
+    Elementwise work is 8 passes over every element."""
     flops = matmul_elements = every = uncompressed = 0.0
-    for dims in tensor_shapes:
-        n = dims[0]
-        m = 1
-        for d in dims[1:]:
-            m *= d
-        r = min(n, m, rank)
+    for n, m, r, compressed in powersgd_matrices(tensor_shapes, rank):
         every += n * m
-        if r * (n + m) * POWERSGD_MIN_COMPRESSION_RATE < n * m:
+        if compressed:
             flops += 6 * n * m * r + 2 * n * r * r
             matmul_elements += 3 * n * m  # two reads of M and its write
         else:
