@@ -1,0 +1,141 @@
+"""What float8 training (--fp8: torchao's Float8Linear, run/float8.py) buys per linear layer and per step, as a roofline.
+
+One linear layer of a training step runs three matmuls over M tokens (input K, output N wide): the output (M x K @
+K x N), the input's gradient (M x N @ N x K) and the weight's (K x M @ M x N). Each takes the longer of its FLOPs at
+the dtype's achieved rate and its bytes at the achieved memory bandwidth. In float8 the matmuls read one byte per
+operand, and the layer first casts its input, its weight and its output's gradient to float8 - memory-bound kernels
+whose traffic depends on the recipe, counted kernel by kernel as torchao's own roofline counts them
+(torchao/testing/training/roofline_utils.py; tests/test_float8_model.py checks this module against it). What no
+roofline sees - the scale computations' launches and syncs, the transposed copies the compiler does not fuse - is one
+cost per converted layer, fitted, with the achieved matmul rates, to the layer timings of an H200
+(benchmarks/fit_float8.py over benchmarks/results/h200_2026-11-28/fp8_matmul.json). docs/estimate.md has the
+fit. Pure: no torch."""
+
+from dataclasses import dataclass
+
+from .metrics import ModelShape, training_flops_per_sequence
+from .peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
+from .precision import FLOAT8_DIM_MULTIPLE, FLOAT8_RECIPES
+
+BF16, FP8 = 2, 1  # bytes per element
+
+# Bytes each cast kernel moves per element of the tensor it casts, by recipe and the tensor's role, one entry per
+# kernel (0: a kernel whose traffic is negligible, which still pays a launch): tensorwise reads the tensor for its
+# amax, then casts it (the weight twice, once per layout; the input and the output's gradient once, written in both);
+# rowwise also writes a transposed bf16 copy to scale along the other dimension; rowwise_with_gw_hp casts the input
+# and the output's gradient once (its weight-gradient matmul stays in bf16).
+CAST_KERNEL_BYTES = {
+    "tensorwise": {"input": (BF16, 0, BF16 + 2 * FP8), "weight": (BF16, 0, BF16 + FP8, BF16 + FP8),
+                   "grad_output": (BF16, 0, BF16 + 2 * FP8)},
+    "rowwise": {"input": (BF16 + FP8 + BF16, BF16 + FP8), "weight": (BF16 + FP8, 2 * BF16, BF16 + FP8),
+                "grad_output": (BF16 + FP8 + BF16, BF16 + FP8)},
+    "rowwise_with_gw_hp": {"input": (BF16 + FP8,), "weight": (BF16 + FP8, 0, BF16 + FP8),
+                           "grad_output": (BF16 + FP8,)},
+}
+assert set(CAST_KERNEL_BYTES) == set(FLOAT8_RECIPES)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """What one GPU achieves: dense peaks (TFLOPs), memory bandwidth (GB/s), the share of each a kernel reaches, the
+    least time a kernel takes, and the per-layer cost of float8 no roofline sees."""
+
+    bf16_tflops: float
+    fp8_tflops: float
+    memory_gb_s: float
+    bf16_efficiency: float  # of the bf16 dense peak, by a large matmul
+    fp8_efficiency: float  # of the fp8 dense peak, by a large scaled matmul
+    memory_efficiency: float  # of the memory bandwidth, by a large elementwise kernel
+    kernel_s: float = 2e-6  # a launch: the least time any kernel takes
+    float8_layer_s: float = 0.0  # per converted layer, forward and backward
+
+
+# Fitted by benchmarks/fit_float8.py to the H200's layer timings (2026-11-28, torchao 0.18, compiled): bf16 matmuls
+# reach 71% of the dense peak, float8's 62% (torch._scaled_mm), and a converted layer costs 130 us a step beyond its
+# casts. The memory share is torchao's (its pointwise kernels on an H100). A GPU without timings of its own takes
+# these shares of its datasheet figures.
+ACHIEVED = {"bf16": 0.71, "fp8": 0.62, "memory": 0.92, "float8_layer_s": 130e-6}
+
+
+def device_roofline(device: str) -> Roofline | None:
+    """The roofline of a GPU of the peak table (formulas/peaks), or None where it has no float8 peak or no known
+    memory bandwidth: no float8 tensor cores, or nothing to time them with."""
+    peaks = PEAK_TFLOPS.get(device or "", {})
+    if not peaks.get("fp8") or device not in MEMORY_BW_GB_S:
+        return None
+    return Roofline(peaks["bf16"], peaks["fp8"], MEMORY_BW_GB_S[device], ACHIEVED["bf16"], ACHIEVED["fp8"],
+                    ACHIEVED["memory"], float8_layer_s=ACHIEVED["float8_layer_s"])
+
+
+def matmul_s(m: int, k: int, n: int, float8: bool, gpu: Roofline) -> float:
+    """One (m x k) @ (k x n) matmul with a bf16 output: the longer of its FLOPs and its bytes, at least a launch."""
+    tflops, efficiency, operand = ((gpu.fp8_tflops, gpu.fp8_efficiency, FP8) if float8
+                                   else (gpu.bf16_tflops, gpu.bf16_efficiency, BF16))
+    compute = 2 * m * k * n / (tflops * 1e12 * efficiency)
+    memory = (operand * (m * k + k * n) + BF16 * m * n) / (gpu.memory_gb_s * 1e9 * gpu.memory_efficiency)
+    return max(compute, memory, gpu.kernel_s)
+
+
+def cast_s(recipe: str, role: str, elements: int, gpu: Roofline) -> float:
+    """The float8 cast kernels of one tensor (`role`: input | weight | grad_output) in a forward and backward."""
+    bandwidth = gpu.memory_gb_s * 1e9 * gpu.memory_efficiency
+    return sum(max(b * elements / bandwidth, gpu.kernel_s) for b in CAST_KERNEL_BYTES[recipe][role])
+
+
+def linear_s(tokens: int, k: int, n: int, recipe: str | None, gpu: Roofline) -> float:
+    """Seconds of one linear layer (k in, n out) over `tokens` rows, forward and backward: its three matmuls, in bf16
+    (recipe None) or in float8 with the recipe's casts and the per-layer cost."""
+    m = tokens
+    if recipe is None:
+        return matmul_s(m, k, n, False, gpu) + matmul_s(m, n, k, False, gpu) + matmul_s(k, m, n, False, gpu)
+    if recipe not in CAST_KERNEL_BYTES:
+        raise ValueError(f"float8 recipe {recipe!r}; one of {', '.join(CAST_KERNEL_BYTES)}")
+    matmuls = (matmul_s(m, k, n, True, gpu) + matmul_s(m, n, k, True, gpu)
+               + matmul_s(k, m, n, recipe != "rowwise_with_gw_hp", gpu))
+    casts = cast_s(recipe, "input", m * k, gpu) + cast_s(recipe, "weight", k * n, gpu) \
+        + cast_s(recipe, "grad_output", m * n, gpu)
+    return matmuls + casts + gpu.float8_layer_s
+
+
+def block_linears(shape: ModelShape) -> list[tuple[int, int, int]]:
+    """(in, out, count) of each distinct linear layer of one decoder block that float8 converts (both dimensions
+    multiples of 16, as run/float8.converts decides on the built model): Llama's q, o (h x h), k, v (h x kv), gate,
+    up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out."""
+    h, f, kv = shape.hidden, shape.ffn_size, shape.kv_hidden
+    if shape.spec.gated_mlp:
+        layers = [(h, h, 2), (h, kv, 2), (h, f, 2), (f, h, 1)]
+    else:
+        layers = [(h, 3 * h, 1), (h, h, 1), (h, f, 1), (f, h, 1)]
+    merged: dict[tuple[int, int], int] = {}
+    for k, n, count in layers:
+        if k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0:
+            merged[(k, n)] = merged.get((k, n), 0) + count
+    return [(k, n, c) for (k, n), c in merged.items()]
+
+
+@dataclass(frozen=True)
+class Float8Step:
+    """What --fp8 does to a step's compute: the converted layers' speedup (bf16 time over float8 time, >1: faster),
+    their share of the step's FLOPs, and the step's compute in float8 over its compute in bf16 (<1: it pays)."""
+
+    layer_speedup: float
+    linear_share: float
+    compute_factor: float
+
+    @property
+    def pays(self) -> bool:
+        return self.compute_factor < 1.0
+
+
+def float8_step(shape: ModelShape, seq_len: int, micro_batch: int, recipe: str, gpu: Roofline) -> Float8Step:
+    """--fp8 against bf16 for one micro-batch: the blocks' converted layers timed both ways (linear_s); the rest of the
+    step (attention's scores, the head, norms and elementwise work) keeps its FLOPs' share of the bf16 compute. Under
+    activation checkpointing the recomputed forward is made of the same parts, so the factor holds."""
+    tokens = micro_batch * seq_len
+    layers = block_linears(shape)
+    bf16 = sum(c * linear_s(tokens, k, n, None, gpu) for k, n, c in layers)
+    fp8 = sum(c * linear_s(tokens, k, n, recipe, gpu) for k, n, c in layers)
+    model, _ = training_flops_per_sequence(shape, seq_len, False)
+    share = shape.n_layer * 6 * seq_len * sum(c * k * n for k, n, c in layers) / model if layers else 0.0
+    speedup = bf16 / fp8 if layers else 1.0
+    return Float8Step(speedup, share, 1.0 - share + share / speedup)
