@@ -21,23 +21,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from hfscale.files import atomic_write_text  # noqa: E402
+from hfscale.formulas.precision import block_linears  # noqa: E402
 from hfscale.models.resolve import resolve_shape  # noqa: E402
 
 DEFAULT_MODELS = "gpt2-350m,llama-3.2-1b,gpt2-1.3b,llama-3.2-3b,llama-3.1-8b"
-
-
-def block_linears(name: str) -> list[tuple[int, int, int]]:
-    """(in, out, count) of each distinct projection of one block: the layers FP8 converts."""
-    shape = resolve_shape(name)
-    h, f, kv = shape.hidden, shape.ffn_size, shape.kv_hidden
-    if shape.spec.gated_mlp:
-        layers = [(h, h, 2), (h, kv, 2), (h, f, 2), (f, h, 1)]  # q, o; k, v; gate, up; down
-    else:
-        layers = [(h, 3 * h, 1), (h, h, 1), (h, f, 1), (f, h, 1)]  # fused qkv, o; fc, proj
-    merged: dict[tuple[int, int], int] = {}
-    for k, n, c in layers:
-        merged[(k, n)] = merged.get((k, n), 0) + c
-    return [(k, n, c) for (k, n), c in merged.items()]
 
 
 def time_layer(k: int, n: int, tokens: int, fp8: bool, emulate: bool, device: str, iters: int) -> float:
@@ -80,7 +67,7 @@ def main(argv=None) -> int:
     t0, rows = time.monotonic(), []
     print(f"{'model':>14} {'in':>6} {'out':>6} {'x':>2} {'bf16 ms':>8} {'fp8 ms':>8} {'speedup':>7}", flush=True)
     for name in a.models.split(","):
-        for k, n, count in block_linears(name):
+        for k, n, count in block_linears(resolve_shape(name)):
             if time.monotonic() - t0 > a.budget_s:
                 break
             row = {"model": name, "in": k, "out": n, "count": count, "tokens": a.tokens}

@@ -183,12 +183,13 @@ class RunSpec:
     gradient_accumulation_steps: int
     activation_checkpointing: bool
     repeat: int = 0  # a sweep's --repeats: the configuration's k-th run, from 1 (0: measured once)
+    fp8: bool = False  # tune's float8 axis: the trial trains with --fp8
 
     @property
     def name(self) -> str:
         return (f"{self.strategy}-{self.optim}-np{self.num_processes}-mbs{self.per_device_train_batch_size}"
                 f"-gas{self.gradient_accumulation_steps}" + ("-ac" if self.activation_checkpointing else "")
-                + (f"-r{self.repeat}" if self.repeat else ""))
+                + ("-fp8" if self.fp8 else "") + (f"-r{self.repeat}" if self.repeat else ""))
 
     @property
     def sweep_record(self) -> dict:
@@ -199,7 +200,8 @@ class RunSpec:
         return ["--strategy", self.strategy, "--optim", self.optim,
                 "--per_device_train_batch_size", str(self.per_device_train_batch_size),
                 "--gradient_accumulation_steps", str(self.gradient_accumulation_steps),
-                *(["--activation_checkpointing", "true"] if self.activation_checkpointing else []), *fixed]
+                *(["--activation_checkpointing", "true"] if self.activation_checkpointing else []),
+                *(["--fp8"] if self.fp8 else []), *fixed]
 
 
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> Results:

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import REPO, load_benchmark
-from hfscale.formulas.float8 import (Roofline, block_linears, device_roofline, float8_step, linear_s)
+from hfscale.formulas.float8 import Roofline, device_roofline, float8_step, linear_s
+from hfscale.formulas.precision import block_linears
 from hfscale.formulas.precision import FLOAT8_RECIPES
 
 H200_TIMINGS = REPO / "benchmarks" / "results" / "h200_2026-11-28" / "fp8_matmul.json"
@@ -77,7 +78,7 @@ def test_the_rates_are_what_the_fit_finds():
 
 
 def test_torchtitans_llama_8b_step_is_predicted_within_10_percent():
-    """torchtitan's Llama 3.1 8B on 8 H100 (benchmarks/llama3_h100_202412_torchtitan.md, Table 1: FSDP, local batch 2,
+    """torchtitan's Llama 3.1 8B on 8 H100 (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 1: FSDP, local batch 2,
     seq 8192, compiled, their H100s at 2.4 TB/s): 6,667 -> 8,532 tokens/s/GPU with Float8, 1.280x. The model's step
     (compute only: its FSDP all-gathers hide under it) within 10%."""
     from hfscale.models.resolve import resolve_shape
@@ -118,3 +119,15 @@ def test_the_model_counts_the_layers_run_float8_converts(preset):
     built = Counter((m.in_features, m.out_features) for name, m in model.named_modules()
                     if name.startswith(first) and converts(shape.spec, name, m))
     assert built == Counter({(k, n): c for k, n, c in block_linears(shape)})
+
+
+def test_a_blocks_layers_are_its_matrices():
+    """block_linears against the family's own block tensors (models/): the same matrices, each counted as often as a
+    block runs it, for a fused-QKV family and GQA ones (benchmarks/fp8_matmul.py times these same layers)."""
+    from hfscale.models.resolve import resolve_shape
+
+    for name in ("gpt2-350m", "llama-3.2-1b", "llama-3.1-8b", "smollm2-360m"):
+        shape = resolve_shape(name)
+        matrices = sorted(d[0] * d[1] for _, d in shape.spec.block_tensors(shape) if len(d) == 2)
+        timed = sorted(k * n for k, n, count in block_linears(shape) for _ in range(count))
+        assert timed == matrices, name

@@ -376,16 +376,3 @@ def test_the_loss_only_reference_steps_hfscales_forward_and_gets_its_own_ratio(m
     table = suite.markdown({**report, "machine": "CPU", "date": "today", "command": "c", "grid": [], "skipped": []})
     assert "| 0.9 (0.75 of the loss-only step) |" in table
     assert "SM clock of ddp-adamw at each logging interval (MHz): 1980, 1755" in table  # a GPU run's, from NVML
-
-
-def test_the_fp8_benchmark_times_every_matrix_of_a_block():
-    """benchmarks/fp8_matmul.py's layers of a block (the ones torchao converts) are the family's own block matrices:
-    the same elements, each counted as often as a block runs it, for a fused-QKV family and a GQA one."""
-    from hfscale.models.resolve import resolve_shape
-
-    bench = load_benchmark("fp8_matmul")
-    for name in ("gpt2-350m", "llama-3.2-1b", "llama-3.1-8b", "smollm2-360m"):
-        shape = resolve_shape(name)
-        matrices = sorted(d[0] * d[1] for _, d in shape.spec.block_tensors(shape) if len(d) == 2)
-        timed = sorted(k * n for k, n, count in bench.block_linears(name) for _ in range(count))
-        assert timed == matrices, name

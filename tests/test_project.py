@@ -652,7 +652,7 @@ def test_tune_and_project_judge_the_same_plan_alike():
                            num_processes=8, strategy="all",
                            optim="adamw", per_device_train_batch_size="1,8,32", activation_checkpointing="false",
                            global_batch_size=None, bf16=True, fp16=False, attn_implementation="sdpa", torch_compile=False,
-                           device="A100-40GB", device_memory_gb=None)
+                           device="A100-40GB", device_memory_gb=None, fp8_axis="auto")
     cands, _, _ = candidates(opts, [])
     judged = {c.run.name: c.status for c in cands if c.status in ("planned", "pruned")}
     assert "planned" in judged.values() and "pruned" in judged.values()

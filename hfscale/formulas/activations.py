@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from math import ceil, log2
 
 from ..models.family import family
+from .precision import block_linears, float8_operand_bytes
 from .metrics import ModelShape
 
 # Bytes per element of each feature (ACTIVATION_FEATURES; activation_features counts the elements), fitted per device
@@ -229,13 +230,15 @@ def compiled_figure(table: dict, output: str, pick) -> tuple[object, str | None]
 
 def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
                 tp: int = 1, fused_loss: bool = False, kv_cache: bool = False,
-                logits_output: bool = False) -> Activations:
+                logits_output: bool = False, float8: bool = False) -> Activations:
     """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
     backward holds at its end, on one rank of a TP group of `tp` (tp_activation_scales), with which calibration gave
     them. `fused_loss`: the fused linear cross-entropy replaces the logits' terms (fused_loss_bytes). `kv_cache`: the
     step keeps transformers' KV cache (hfscale's runs never do since run/forward.py; runs measured before did).
     `logits_output`: the step's forward returns the logits beside the loss (hfscale's never does since run/forward.py;
-    the compiled figures say which they were measured with).
+    the compiled figures say which they were measured with). `float8` (--fp8): the blocks' converted layers cast their
+    fp32 weights to float8 themselves, so autocast keeps no bf16 copy of those (their inputs are kept in bf16 as a
+    bf16 layer's are); the peak adds one layer's float8 operands in flight (float8_operand_bytes, not measured yet).
 
     The end of a checkpointed backward: the last block recomputed, with its backward's gradients, and what the forward
     kept but the loss's share (the logits, or the fused loss's buffers - its head gradient is by then a parameter's
@@ -269,6 +272,12 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         kept += fused_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
         peak_extra, loss_share = 0, fused_kept
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
+    float8_peak = 0
+    if float8:
+        converted = shape.n_layer * sum(c * k * n for k, n, c in block_linears(shape))
+        kept -= table[mode][5] * converted if "autocast" in mode else 0
+        float8_peak = float8_operand_bytes(micro_batch * seq, block_linears(shape))
+        calibration += ", float8: no autocast copies of the converted weights, one layer's float8 operands at the peak"
     backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
         one_block = recomputed_block_bytes(shape, seq, micro_batch, mode, device, table)
@@ -280,7 +289,8 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
                                                  logits_output)
         calibration += note
     kept = (kept - fused_kept) * factor + fused_kept
-    return Activations(int(kept), int(kept + max(peak_extra, fused_running)), int(backward_end * factor), calibration)
+    return Activations(int(kept), int(kept + max(peak_extra, fused_running) + float8_peak), int(backward_end * factor),
+                       calibration)
 
 
 def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str,

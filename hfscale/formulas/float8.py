@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .metrics import ModelShape, training_flops_per_sequence
 from .peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
-from .precision import FLOAT8_DIM_MULTIPLE, FLOAT8_RECIPES
+from .precision import FLOAT8_RECIPES, block_linears
 
 BF16, FP8 = 2, 1  # bytes per element
 
@@ -57,7 +57,7 @@ class Roofline:
 ACHIEVED = {"bf16": 0.71, "fp8": 0.62, "memory": 0.92, "float8_layer_s": 130e-6}
 
 
-def device_roofline(device: str) -> Roofline | None:
+def device_roofline(device: str | None) -> Roofline | None:
     """The roofline of a GPU of the peak table (formulas/peaks), or None where it has no float8 peak or no known
     memory bandwidth: no float8 tensor cores, or nothing to time them with."""
     peaks = PEAK_TFLOPS.get(device or "", {})
@@ -65,6 +65,9 @@ def device_roofline(device: str) -> Roofline | None:
         return None
     return Roofline(peaks["bf16"], peaks["fp8"], MEMORY_BW_GB_S[device], ACHIEVED["bf16"], ACHIEVED["fp8"],
                     ACHIEVED["memory"], float8_layer_s=ACHIEVED["float8_layer_s"])
+
+
+FLOAT8_DEVICES = tuple(d for d in PEAK_TFLOPS if device_roofline(d))
 
 
 def matmul_s(m: int, k: int, n: int, float8: bool, gpu: Roofline) -> float:
@@ -95,22 +98,6 @@ def linear_s(tokens: int, k: int, n: int, recipe: str | None, gpu: Roofline) -> 
     casts = cast_s(recipe, "input", m * k, gpu) + cast_s(recipe, "weight", k * n, gpu) \
         + cast_s(recipe, "grad_output", m * n, gpu)
     return matmuls + casts + gpu.float8_layer_s
-
-
-def block_linears(shape: ModelShape) -> list[tuple[int, int, int]]:
-    """(in, out, count) of each distinct linear layer of one decoder block that float8 converts (both dimensions
-    multiples of 16, as run/float8.converts decides on the built model): Llama's q, o (h x h), k, v (h x kv), gate,
-    up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out."""
-    h, f, kv = shape.hidden, shape.ffn_size, shape.kv_hidden
-    if shape.spec.gated_mlp:
-        layers = [(h, h, 2), (h, kv, 2), (h, f, 2), (f, h, 1)]
-    else:
-        layers = [(h, 3 * h, 1), (h, h, 1), (h, f, 1), (f, h, 1)]
-    merged: dict[tuple[int, int], int] = {}
-    for k, n, count in layers:
-        if k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0:
-            merged[(k, n)] = merged.get((k, n), 0) + count
-    return [(k, n, c) for (k, n), c in merged.items()]
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,7 @@ def rank_memory(plan) -> RankMemory:
     acts = activations(plan.shape, plan.seq_len, plan.per_device_train_batch_size,
                        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
                        plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache,
-                       plan.logits_output)
+                       plan.logits_output, bool(plan.float8))
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp)

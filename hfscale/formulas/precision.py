@@ -78,3 +78,27 @@ def float8_device_refusal(on_cuda: bool, capability: tuple[int, int] | None, dev
         return (f"--fp8 needs float8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); {device_name} "
                 f"has {shown}")
     return None
+
+
+def block_linears(shape) -> list[tuple[int, int, int]]:
+    """(in, out, count) of each distinct linear layer of one decoder block that float8 converts (both dimensions
+    multiples of 16, as run/float8.converts decides on the built model): Llama's q, o (h x h), k, v (h x kv), gate,
+    up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out."""
+    h, f, kv = shape.hidden, shape.ffn_size, shape.kv_hidden
+    if shape.spec.gated_mlp:
+        layers = [(h, h, 2), (h, kv, 2), (h, f, 2), (f, h, 1)]
+    else:
+        layers = [(h, 3 * h, 1), (h, h, 1), (h, f, 1), (f, h, 1)]
+    merged: dict[tuple[int, int], int] = {}
+    for k, n, count in layers:
+        if k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0:
+            merged[(k, n)] = merged.get((k, n), 0) + count
+    return [(k, n, c) for (k, n), c in merged.items()]
+
+
+def float8_operand_bytes(tokens: int, layers: list[tuple[int, int, int]]) -> int:
+    """The most float8 copies one converted layer holds at once (block_linears' `layers`, `tokens` rows): in its
+    forward the input in both layouts and the weight, in its backward the output's gradient in both layouts, the
+    input and the weight cast again - one byte an element; freed as the layer ends."""
+    m = tokens
+    return max((max(2 * m * k + k * n, m * k + 2 * m * n + k * n) for k, n, _ in layers), default=0)

@@ -2,11 +2,12 @@
 measured configuration and its speed - a finished run's results file, an imported Megatron log (its FLOPs per GPU
 solved by the 3D model), or a per-GPU throughput given as flags."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HfscaleError
 from ..formulas.comm import Links
+from ..formulas.float8 import Float8Step
 from ..formulas.metrics import GB, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..formulas.peaks import device_key, memory_of_device_name
@@ -30,6 +31,14 @@ class Baseline:
     step_sd_s: float = 0.0  # per-step noise of the step time (the straggler term), from the run's logging intervals
     device_memory_bytes: float | None = None  # memory per GPU the points are judged on (None: not judged)
     device: str | None = None  # the GPU's key in the peak tables (formulas/peaks), None on a CPU or one unknown
+    float8: str | None = None  # --fp8 on a run measured without it: the recipe the projected points train with
+    float8_step: Float8Step | None = None  # ... and what it does to their compute (formulas/float8)
+    float8_left_out: dict[str, str] = field(default_factory=dict)  # strategies not projected with it: the reason
+
+    @property
+    def compute_factor(self) -> float:
+        """The projected recipe's compute per micro-batch over the measured run's."""
+        return self.float8_step.compute_factor if self.float8_step else 1.0
 
 
 def step_noise_s(history: list[dict]) -> float:
@@ -152,7 +161,8 @@ def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:
     strategy, optimizer = (strategies or [get_strategy("ddp")])[0], optimizers_option(opts.optim)[0]
     plan = base_plan(opts, strategy, optimizer, world_size=1, processes_per_node=1,
                      per_device_train_batch_size=opts.per_device_train_batch_size,
-                     gradient_accumulation_steps=opts.gradient_accumulation_steps)
+                     gradient_accumulation_steps=opts.gradient_accumulation_steps,
+                     float8=None)  # the speed given is a bf16 run's; --fp8 is what it is projected to
     tokens_per_micro = plan.per_device_train_batch_size * plan.seq_len
     if opts.tokens_per_s_per_gpu is not None:
         micro_s = tokens_per_micro / opts.tokens_per_s_per_gpu

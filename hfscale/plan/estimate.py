@@ -20,7 +20,7 @@ from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
                       check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option,
-                      precision_from_options, recompute_of, shape_from_options, strategies_and_families)
+                      float8_of, precision_from_options, recompute_of, shape_from_options, strategies_and_families)
 
 
 @dataclass
@@ -160,6 +160,8 @@ def table(rows: list[Row]) -> str:
 
 def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[str]:
     precision = precision_from_options(opts)
+    recipe = float8_of(opts)
+    precision = f"fp8 ({recipe}: the blocks' linear layers; bf16 elsewhere)" if recipe else precision
     return [
         f"model {opts.model_name_or_path or opts.model}: {size_label(param_count(shape))} parameters "
         f"({param_count(shape):,}), {shape.n_layer} layers, hidden {shape.hidden}, vocab {shape.vocab}",

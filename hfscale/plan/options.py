@@ -6,6 +6,7 @@ training arguments, so the planners and the run can never disagree on what a con
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..flags import ALL, at_most_gpus, comma_list
 from ..formulas.metrics import GB, ModelShape
+from ..formulas.precision import FLOAT8_RECIPES
 from ..formulas.peaks import DEVICES, device_memory_gb
 from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
@@ -27,9 +28,28 @@ def add_model_flags(p: ArgumentParser) -> None:
 def add_precision_flags(p: ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast under ddp)")
     p.add_argument("--fp16", action="store_true", help="fp16 mixed precision (GPUs only)")
+    add_float8_flags(p)
     p.add_argument("--torch_compile", action="store_true", help="the run is compiled (torch.compile)")
     p.add_argument("--fused_linear_cross_entropy", action="store_true",
                    help="the run computes its loss with the fused linear cross-entropy (no b x s x vocab logits)")
+
+
+def add_float8_flags(p: ArgumentParser) -> None:
+    p.add_argument("--fp8", action="store_true", help="float8 matmuls in the decoder blocks' linear layers (torchao), "
+                   "bf16 elsewhere, as the training flag: GPUs with float8 tensor cores, ddp only (docs/strategies.md)")
+    p.add_argument("--fp8_recipe", default="tensorwise", help=f"torchao's recipe: {', '.join(FLOAT8_RECIPES)}")
+
+
+def float8_of(opts) -> str | None:
+    """--fp8's recipe, None without it (a recipe alone would be silently ignored)."""
+    recipe = getattr(opts, "fp8_recipe", "tensorwise")
+    if recipe not in FLOAT8_RECIPES:
+        raise one_of("float8 recipe (--fp8_recipe)", recipe, FLOAT8_RECIPES)
+    if getattr(opts, "fp8", False) is not True:
+        if recipe != "tensorwise":
+            raise HfscaleError(f"--fp8_recipe {recipe} is read only with --fp8")
+        return None
+    return recipe
 
 
 def model_flags(opts) -> list[str]:
@@ -51,9 +71,13 @@ def shape_from_options(opts) -> ModelShape:
 
 
 def precision_from_options(opts) -> str:
+    """What the options compute in: --fp8 computes outside its float8 matmuls in bf16, as a run does."""
     if opts.bf16 and opts.fp16:
         raise HfscaleError("--bf16 and --fp16 are exclusive")
-    return compute_precision(opts.bf16, opts.fp16)
+    fp8 = getattr(opts, "fp8", False) is True  # tune's --fp8 is an axis of its own (fp8_axis)
+    if fp8 and opts.fp16:
+        raise HfscaleError("--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16")
+    return compute_precision(opts.bf16 or fp8, opts.fp16)
 
 
 def check_attention(attention: str) -> None:
@@ -151,17 +175,24 @@ def optimizers_option(text: str) -> list:
 
 def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node: int, device_type: str = "cuda",
               per_device_train_batch_size: int = 1, gradient_accumulation_steps: int = 1,
-              activation_checkpointing: bool | None = None, shape: ModelShape | None = None) -> RunPlan:
-    """The plan the options describe for one strategy x optimizer on `world_size` ranks."""
+              activation_checkpointing: bool | None = None, shape: ModelShape | None = None,
+              float8: str | None | bool = True) -> RunPlan:
+    """The plan the options describe for one strategy x optimizer on `world_size` ranks; `float8`: True - the
+    options' --fp8 recipe - or the recipe (None: without float8)."""
     shape = shape or shape_from_options(opts)
+    recipe = float8_of(opts) if float8 is True else float8
+    precision = precision_from_options(opts)
+    if recipe and precision != "fp16":  # float8 computes the rest in bf16; with fp16 the plan refuses it
+        precision = "bf16"
     return RunPlan(strategy, optimizer, shape, resolve_seq_len(shape, opts.seq_len),
                    per_device_train_batch_size=per_device_train_batch_size,
                    gradient_accumulation_steps=gradient_accumulation_steps, world_size=world_size,
-                   processes_per_node=processes_per_node, precision=precision_from_options(opts),
+                   processes_per_node=processes_per_node, precision=precision,
                    activation_checkpointing=(opts.activation_checkpointing if activation_checkpointing is None
                                              else activation_checkpointing),
                    attention=getattr(opts, "attn_implementation", "sdpa"),
                    torch_compile=getattr(opts, "torch_compile", False), device_type=device_type,
-                   fused_linear_cross_entropy=getattr(opts, "fused_linear_cross_entropy", False))
+                   fused_linear_cross_entropy=getattr(opts, "fused_linear_cross_entropy", False),
+                   float8=recipe)
 
 

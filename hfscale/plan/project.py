@@ -16,13 +16,14 @@ batch instead (accumulation shrinks as GPUs are added). A point that cannot fit 
 import csv
 import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_path, atomic_write_text, check_writable_dir
-from ..flags import comma_list, first_given, positive, refuse_renamed
+from ..flags import ALL, comma_list, first_given, positive, refuse_renamed
 from ..formulas.metrics import GB
+from ..formulas.precision import float8_refusal
 from ..formulas.peaks import DEVICES, MEMORY_BW_GB_S, device_peak
 from ..models import MODEL_OVERRIDES
 from ..parallel.strategies import get_strategy
@@ -31,9 +32,9 @@ from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log,
 from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
-                      check_whole_nodes, device_memory_bytes, strategies_and_families)
+                      check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
 from .projection import (Point, best, knee, model_error, powersgd_step_s, project, project_grids,
-                         published_error)
+                         published_error, with_float8)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -95,6 +96,21 @@ def run_projection(opts):
     strategies, families = (strategies_and_families(opts.strategy, with_3d=True, timed=True) if opts.strategy
                             else ([base.plan.strategy], []))
     check_grid_flags(opts, families, base.plan.activation_checkpointing)
+    recipe = float8_of(opts)
+    if recipe:
+        if opts.strategy == ALL:  # every strategy with a float8 route; the 3D layouts have no float8 model
+            families = []
+        if families:
+            raise HfscaleError(f"--fp8 with {families[0]}: the 3D layouts run at the measured run's FLOPs per GPU, "
+                               "with no float8 model; project them without --fp8")
+        base = with_float8(base, recipe)
+        refused = {s.name: float8_refusal(recipe, base.plan.precision, s.engine, s.tensor_parallel)
+                   for s in strategies}
+        refused = {name: reason for name, reason in refused.items() if reason}
+        strategies = [s for s in strategies if s.name not in refused]
+        if not strategies:
+            raise HfscaleError(next(iter(refused.values())))
+        base = replace(base, float8_left_out=refused)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
                             else "none", opts.sequence_parallel)
@@ -236,7 +252,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory, error_line(strategies), published_line(strategies)] + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
+            memory, error_line(strategies), published_line(strategies)] + float8_lines(base, strategies) + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
                 "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
@@ -245,6 +261,29 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
                 "published throughput "
                 f"({GRID_MODEL_ERROR[0]:.2f}–{GRID_MODEL_ERROR[1]:.2f}, docs/project.md)"]
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
+
+
+def float8_lines(base: Baseline, strategies: list[str]) -> list[str]:
+    """What --fp8 did to the projection: the step model's figures (or that the run was measured with float8), whether
+    it pays, and the strategies left out because they have no float8 route."""
+    recipe = base.float8 or base.plan.float8
+    if not recipe:
+        return []
+    step = base.float8_step
+    if step is None:
+        lines = [f"float8 ({recipe}): measured so, projected as it ran"]
+    else:
+        lines = [f"--fp8 ({recipe}): the blocks' linear layers {step.layer_speedup:.2f}x as fast in float8 on the "
+                 f"{base.device} at MBS {base.plan.per_device_train_batch_size} x seq {base.plan.seq_len}, "
+                 f"{step.linear_share:.0%} of the step's FLOPs: compute x{step.compute_factor:.2f} of the measured "
+                 "bf16 run's (formulas/float8: a roofline of each layer's matmuls and casts, at the rates fitted on an "
+                 "H200; docs/project.md)"
+                 + ("" if step.pays else " - float8 does NOT pay here: too few tokens per matmul or layers too "
+                    "narrow for its casts; project without --fp8")]
+    if base.float8_left_out:
+        lines.append(f"not projected with --fp8: {', '.join(base.float8_left_out)} (e.g. "
+                     f"{next(iter(base.float8_left_out.values()))})")
+    return lines
 
 
 def powersgd_line(base: Baseline) -> str:

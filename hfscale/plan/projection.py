@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import HfscaleError
 from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute_s, powersgd_elements, step_time
+from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
@@ -141,7 +142,7 @@ def plan_at(base: Baseline, strategy, gpus: int, gpus_per_node: int, global_batc
         except HfscaleError:
             return None  # not a whole number of micro-batches per GPU at this count
     return base.plan.but(strategy=strategy, world_size=gpus, processes_per_node=min(gpus, gpus_per_node),
-                         gradient_accumulation_steps=gas)
+                         gradient_accumulation_steps=gas, float8=base.float8 or base.plan.float8)
 
 
 def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: int, links: tuple[Links, Links, Links],
@@ -149,7 +150,8 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     """links = (typical, optimistic, pessimistic) bandwidths; s_per_iter = (typical, fastest, slowest)."""
     points = []
     for strategy in strategies:
-        computes = [micro_compute_s(base.plan, base, s, link) for s, link in zip(base.s_per_iter, links)]
+        computes = [micro_compute_s(base.plan, base, s, link) * base.compute_factor
+                    for s, link in zip(base.s_per_iter, links)]
         error = model_error(strategy.name)
         reference_tps = None
         for n in gpus:
@@ -173,6 +175,25 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
                                 tps / n / reference_tps, verdict.fits, verdict.total_per_gpu,
                                 verdict.reason if verdict.fits is False else None))
     return points
+
+
+def with_float8(base: Baseline, recipe: str) -> Baseline:
+    """The baseline projected with --fp8 `recipe`: the blocks' linear layers in float8 on the baseline's GPU, its
+    compute per micro-batch scaled by formulas/float8's step model (the communication does not change: DDP reduces
+    fp32 gradients either way). A run measured with float8 is projected as it ran."""
+    if base.plan.float8:
+        if base.plan.float8 != recipe:
+            raise HfscaleError(f"--fp8_recipe {recipe}: the run trained with float8 recipe {base.plan.float8}, and "
+                               "projects as it ran")
+        return base
+    gpu = device_roofline(base.device)
+    if gpu is None:
+        where = f"the {base.device}" if base.device else "a GPU the peak table does not know (or a CPU run)"
+        raise HfscaleError(f"--fp8: the baseline ran on {where}, which has no float8 tensor cores with a known peak "
+                           f"and memory bandwidth; float8 GPUs: {', '.join(FLOAT8_DEVICES)} (--device)")
+    plan = base.plan
+    step = float8_step(plan.shape, plan.seq_len, plan.per_device_train_batch_size, recipe, gpu)
+    return replace(base, float8=recipe, float8_step=step)
 
 
 def calibrated_flops_per_s(base: Baseline, s_per_iter: float, links: Links) -> float:

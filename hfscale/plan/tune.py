@@ -30,13 +30,17 @@ from pathlib import Path
 import yaml
 from tqdm.auto import tqdm
 
-from ..errors import ArgumentParser, HfscaleError
+from ..errors import ArgumentParser, HfscaleError, one_of
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
-from ..flags import RENAMED, bool_flag, comma_list, drop_flag, positive, refuse_renamed, split_train_args
+from ..flags import (RENAMED, bool_flag, comma_list, drop_flag, flag_value, positive, refuse_renamed,
+                     split_train_args)
 from ..formulas.comm import Links
+from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
+from ..formulas.peaks import device_key
+from ..formulas.precision import FLOAT8_RECIPES, float8_device_refusal
 from ..formulas.metrics import GB, days_to_train
 from ..launching import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
-from ..parallel.distributed import check_local_processes, on_accelerator
+from ..parallel.distributed import check_local_processes, device_capability, on_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.planning import FP16_NEEDS_GPU
 from ..run.results import RESULTS_FILE, read_results
@@ -49,7 +53,7 @@ from .options import (ATTENTION, add_model_flags, base_plan, check_attention, de
 TUNE_FILE = "tune.json"
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
                     "--activation_checkpointing", "--output_dir", "--model", "--model_name_or_path", "--seq_len",
-                    "--bf16", "--fp16", "--fused_linear_cross_entropy")
+                    "--bf16", "--fp16", "--fused_linear_cross_entropy", "--fp8")
 
 
 @dataclass
@@ -64,6 +68,11 @@ class Candidate:
     memory_estimate_gb: float | None = None  # ... and the run's own estimate of the same
     pareto: bool = False
     noise: float = 0.0  # relative standard error of the measured speed (0: too few logging intervals to say)
+
+    @property
+    def slower_in_float8(self) -> bool:
+        """Pruned because the float8 step model says --fp8 would be slower than bf16 (float8_slower)."""
+        return (self.reason or "").startswith("--fp8 does not pay")
 
 
 def build_parser() -> ArgumentParser:
@@ -81,6 +90,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--global_batch_size", type=int, help="target samples per optimizer step (default: GAS 1)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true", help="GPUs only")
+    p.add_argument("--fp8", default="auto", dest="fp8_axis",
+                   help="float8 matmuls (--fp8, torchao): false, true or false,true; auto (default): false,true where "
+                        "--device has float8 tensor cores, else false. A float8 trial the step model says would be "
+                        "slower than bf16 is pruned (formulas/float8); --fp8_recipe after `--` picks the recipe")
     p.add_argument("--fused_linear_cross_entropy", action="store_true",
                    help="every trial computes its loss with the fused linear cross-entropy (and is estimated so)")
     p.add_argument("--attn_implementation", default="sdpa", help=f"for the memory estimate: {', '.join(ATTENTION)}")
@@ -109,8 +122,9 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
     device_type = "cuda" if on_accelerator(bool_flag(fixed, "--use_cpu")) else "cpu"
     if opts.fp16 and device_type == "cpu":  # every trial would be refused by its own start-up check
         raise HfscaleError(FP16_NEEDS_GPU)
+    recipe, fp8_modes, gpu = float8_axis(opts, fixed)
     out, seq = [], None
-    for strategy, optimizer, mbs, ckpt in itertools.product(strategies, optimizers, sizes, modes):
+    for strategy, optimizer, mbs, ckpt, fp8 in itertools.product(strategies, optimizers, sizes, modes, fp8_modes):
         try:
             gas = (accumulation_steps(opts.global_batch_size, mbs, opts.num_processes) if opts.global_batch_size
                    else 1)
@@ -119,20 +133,60 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
         plan = base_plan(opts, strategy, optimizer, world_size=opts.num_processes,
                          processes_per_node=opts.num_processes, device_type=device_type,
                          per_device_train_batch_size=mbs, gradient_accumulation_steps=gas,
-                         activation_checkpointing=ckpt, shape=shape)  # trials run on this machine: one node
+                         activation_checkpointing=ckpt, shape=shape,  # trials run on this machine: one node
+                         float8=recipe if fp8 else None)
         seq = plan.seq_len
-        run = RunSpec(strategy.name, optimizer.name, opts.num_processes, mbs, gas, ckpt)
-        reason = plan.refusal()
+        run = RunSpec(strategy.name, optimizer.name, opts.num_processes, mbs, gas, ckpt, fp8=fp8)
+        reason = plan.refusal() or (float8_trial_refusal(opts, fixed, device_type, gpu) if fp8 else None)
         if reason:
             out.append(Candidate(run, "refused", reason))
             continue
         verdict = fit(plan, memory_per_gpu)
-        out.append(Candidate(run, "planned" if verdict.fits else "pruned",
-                             None if verdict.fits else f"estimate: {verdict.reason}", verdict.total_per_gpu / GB))
+        slower = float8_slower(plan, gpu) if fp8 else None
+        out.append(Candidate(run, "planned" if verdict.fits and not slower else "pruned",
+                             None if verdict.fits and not slower else slower or f"estimate: {verdict.reason}",
+                             verdict.total_per_gpu / GB))
     if not out:
         raise HfscaleError(f"no micro-batch in --per_device_train_batch_size {opts.per_device_train_batch_size} divides "
                            f"--global_batch_size {opts.global_batch_size} over {opts.num_processes} processes")
     return out, shape, seq
+
+
+def float8_axis(opts, fixed: list[str]) -> tuple[str, list[bool], object]:
+    """(--fp8_recipe among the training flags, the --fp8 values to try, the --device's roofline or None)."""
+    gpu = device_roofline(device_key(opts.device)) if opts.device else None
+    recipe = flag_value(fixed, "--fp8_recipe") or "tensorwise"
+    if recipe not in FLOAT8_RECIPES:
+        raise one_of("float8 recipe (--fp8_recipe)", recipe, FLOAT8_RECIPES)
+    if opts.fp8_axis == "auto":
+        return recipe, [False, True] if gpu else [False], gpu
+    return recipe, comma_list(opts.fp8_axis, "--fp8", bool), gpu
+
+
+def float8_trial_refusal(opts, fixed: list[str], device_type: str, gpu) -> str | None:
+    """Why a float8 trial cannot run: --device has no float8 tensor cores, or the trials run here on a CPU (unless
+    --fp8_emulate: the code path, for tests)."""
+    if gpu is None:
+        return (f"--fp8: --device {opts.device} has no float8 tensor cores (float8 GPUs: "
+                f"{', '.join(FLOAT8_DEVICES)})")
+    on_cuda = device_type == "cuda"
+    capability, name = device_capability() if on_cuda else (None, "cpu")
+    return float8_device_refusal(on_cuda, capability, name, bool_flag(fixed, "--fp8_emulate"))
+
+
+def float8_slower(plan, gpu) -> str | None:
+    """Why a float8 trial is not worth running: the step model (formulas/float8) says it is slower than bf16."""
+    step = float8_step(plan.shape, plan.seq_len, plan.per_device_train_batch_size, plan.float8, gpu)
+    if step.pays:
+        return None
+    return (f"--fp8 does not pay here: compute x{step.compute_factor:.2f} of bf16 (its layers {step.layer_speedup:.2f}x "
+            f"as fast at {plan.per_device_train_batch_size * plan.seq_len} tokens per matmul; formulas/float8)")
+
+
+def pruned_by(cands: list[Candidate]) -> str:
+    memory = sum(c.status == "pruned" and not c.slower_in_float8 for c in cands)
+    slower = sum(c.status == "pruned" and c.slower_in_float8 for c in cands)
+    return f"{memory} by the memory estimate" + (f", {slower} as float8 slower than bf16" if slower else "")
 
 
 def check_something_runs(cands: list[Candidate], opts) -> None:
@@ -140,7 +194,11 @@ def check_something_runs(cands: list[Candidate], opts) -> None:
     pair refused by the strategy table, or nothing that fits the device (the closest named)."""
     if any(c.status == "planned" for c in cands):
         return
-    pruned = [c for c in cands if c.status == "pruned"]
+    pruned = [c for c in cands if c.status == "pruned" and not c.slower_in_float8]
+    slower = [c for c in cands if c.status == "pruned" and c.slower_in_float8]
+    if slower and not pruned:
+        raise HfscaleError(f"every trial left is float8, and slower than bf16 by its step model: {slower[0].run.name}: "
+                           f"{slower[0].reason}; tune with --fp8 false,true or a larger micro-batch")
     if not pruned:
         raise HfscaleError(f"every configuration asked is refused by the strategy table: {cands[0].run.strategy} x "
                            f"{cands[0].run.optim}: {cands[0].reason}")
@@ -289,7 +347,7 @@ def dry_run(opts, fixed: list[str]) -> int:
     check_something_runs(cands, opts)
     print(table(cands), end="")
     counts = {status: sum(c.status == status for c in cands) for status in ("planned", "pruned", "refused")}
-    print(f"dry run: {counts['planned']} trials would run, {counts['pruned']} pruned by the memory estimate, "
+    print(f"dry run: {counts['planned']} trials would run, {counts['pruned']} pruned ({pruned_by(cands)}), "
           f"{counts['refused']} refused by the strategy table; nothing launched or written")
     return 0
 
@@ -319,7 +377,8 @@ def tune(opts, fixed: list[str]) -> int:
         cands += projected_layouts(ok[0], families, opts)
     text = table(cands)
     summary = {"model": opts.model, "num_processes": opts.num_processes, "seq_len": seq, "tried": len(planned),
-               "pruned_by_estimate": sum(c.status == "pruned" for c in cands),
+               "pruned_by_estimate": sum(c.status == "pruned" and not c.slower_in_float8 for c in cands),
+               "pruned_float8": sum(c.status == "pruned" and c.slower_in_float8 for c in cands),
                "refused": sum(c.status == "refused" for c in cands), "seconds": round(time.monotonic() - start, 1),
                "candidates": [{**asdict(c), "run": c.run.name} for c in cands]}
     if ok:
@@ -333,6 +392,7 @@ def tune(opts, fixed: list[str]) -> int:
     atomic_write_text(opts.out / TUNE_FILE, json.dumps(summary, indent=2) + "\n")
     atomic_write_text(opts.out / "tune.md", text)
     print(text)
-    print(f"{summary['tried']} trials, {summary['pruned_by_estimate']} pruned by the memory estimate, "
+    print(f"{summary['tried']} trials, {summary['pruned_by_estimate'] + summary['pruned_float8']} pruned "
+          f"({pruned_by(cands)}), "
           f"{summary['refused']} refused by the strategy table, {summary['seconds']} s")
     return 0 if ok else 1
