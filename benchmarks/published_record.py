@@ -1,4 +1,4 @@
-"""hfscale's projection against the published record: throughput measured at cluster scale (32 to 3,072 GPUs).
+"""hfscale's projection against the published record: throughput measured at cluster scale (8 to 3,072 GPUs).
 
 Each set of `benchmarks/published_record.json` is one recipe measured at several sizes, with its configuration and
 its source. Its baseline row calibrates the compute (the FLOPs per GPU it achieved once the modelled communication is
@@ -28,10 +28,25 @@ def links_of(system: dict):
 
 
 def shape_of(dataset: dict, row: dict):
+    """The row's model: a preset the set names (a Llama), or the GPT shape its row gives."""
     from hfscale.formulas.metrics import ModelShape
+    from hfscale.models.resolve import resolve_shape
 
     model = dataset["model"]
+    if "preset" in model:
+        return resolve_shape(model["preset"])
     return ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], model["vocab"], model["seq"])
+
+
+def published_tflops(dataset: dict, row: dict) -> float:
+    """The row's TFLOPs per GPU in the record's convention: as printed, or from the tokens/s per GPU it printed."""
+    from hfscale.formulas.parallel3d import hardware_flops_per_sequence
+
+    if "tflops_per_gpu" in row:
+        return row["tflops_per_gpu"]
+    seq = dataset["model"]["seq"]
+    return row["tokens_per_s_per_gpu"] / seq * hardware_flops_per_sequence(shape_of(dataset, row), seq,
+                                                                              dataset["recompute"]) / 1e12
 
 
 def _bisect(tflops_at, target: float) -> float:
@@ -86,7 +101,8 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
 
     base_row = dataset["rows"][dataset["baseline"]]
     base_plan = plan_of(base_row)
-    s = flops_per_sample(base_row) * base_row["global_batch"] / (base_row["tflops_per_gpu"] * 1e12 * base_row["gpus"])
+    s = flops_per_sample(base_row) * base_row["global_batch"] / (published_tflops(dataset, base_row) * 1e12
+                                                                 * base_row["gpus"])
     base = Baseline(base_plan, [s] * 3, dataset["name"], device=device)
     rate = flops_per_sample(base_row) * base_row["micro_batch"] / micro_compute_s(base_plan, base, s, links)
     out = []
@@ -108,9 +124,10 @@ def evaluate(data: dict) -> list[dict]:
         projected = (project_3d(dataset, links, per_node) if dataset["family"] == "3D" else
                      project_data_parallel(dataset, links, per_node, device_key(system["device"])))
         for i, (row, tflops) in enumerate(zip(dataset["rows"], projected)):
+            published = published_tflops(dataset, row)
             rows.append({"set": dataset["name"], "family": dataset["family"], "gpus": row["gpus"],
-                         "params_b": row["params_b"], "published_tflops": row["tflops_per_gpu"],
-                         "projected_tflops": round(tflops, 2), "error": round(tflops / row["tflops_per_gpu"] - 1, 4),
+                         "params_b": row["params_b"], "published_tflops": round(published, 2),
+                         "projected_tflops": round(tflops, 2), "error": round(tflops / published - 1, 4),
                          "baseline": i == dataset["baseline"]})
     return rows
 
@@ -133,10 +150,10 @@ def main() -> None:
     from hfscale.files import atomic_write_text, load_json
 
     rows = evaluate(load_json(opts.data, "published record"))
-    print(f"{'set':34} {'GPUs':>5} {'params':>7} {'published':>9} {'projected':>9} {'error':>7}")
+    print(f"{'set':40} {'GPUs':>5} {'params':>7} {'published':>9} {'projected':>9} {'error':>7}")
     for r in rows:
         mark = "  (baseline)" if r["baseline"] else ""
-        print(f"{r['set']:34} {r['gpus']:5d} {r['params_b']:6g}B {r['published_tflops']:9.1f} "
+        print(f"{r['set']:40} {r['gpus']:5d} {r['params_b']:6g}B {r['published_tflops']:9.1f} "
               f"{r['projected_tflops']:9.1f} {r['error']:+7.1%}{mark}")
     totals = summary(rows)
     for family, s in totals.items():

@@ -229,7 +229,7 @@ def published_line(strategies: list[str]) -> str:
         found = published_error(name)
         parts.append(f"{name} mean |error| {found['mean_abs_error']:.1%} (worst {found['max_abs_error']:.1%}, "
                      f"{found['rows']} rows)" if found else f"{name} not yet checked")
-    return ("against published runs at 32-3072 GPUs, each projected from its set's baseline row "
+    return ("against published runs at 8-3072 GPUs, each projected from its set's baseline row "
             "(benchmarks/published_record.py; docs/project.md): " + ", ".join(parts))
 
 
