@@ -108,6 +108,18 @@ class RunPlan:
         return hsdp_mesh(self.nodes, self.processes_per_node) if self.strategy.hybrid else None
 
     @property
+    def rank0_builds(self) -> bool:
+        """Only rank 0 builds the whole model (Strategy.rank0_builds) - not an fsdp run in float8: accelerate refuses
+        torchao with cpu_ram_efficient_loading, so every rank builds it (run/planning.py)."""
+        return self.strategy.rank0_builds and not (self.float8 and self.strategy.engine == "fsdp")
+
+    @property
+    def float8_all_gather(self) -> bool:
+        """FSDP2 gathers the converted weights in float8 (torchao's enable_fsdp_float8_all_gather, as torchtitan runs
+        it): half the bytes of a bf16 gather. torchao casts them with one scale per tensor: the tensorwise recipe."""
+        return self.float8 == "tensorwise" and self.strategy.engine == "fsdp"
+
+    @property
     def tp(self) -> int:
         """The tensor-parallel degree: a node's processes under tp / fsdp_tp, else 1."""
         return self.strategy.tp_size(self.world_size, self.processes_per_node)
@@ -204,7 +216,7 @@ class RunPlan:
         """Host RAM of the busiest node: every process's offloaded states, plus building the model
         (formulas.memory.construction_host_bytes)."""
         return self.processes_per_node * mem.host_offload + construction_host_bytes(
-            self.shape, self.processes_per_node, self.strategy.rank0_builds, self.shard_ranks)
+            self.shape, self.processes_per_node, self.rank0_builds, self.shard_ranks)
 
     def host_states_per_node(self, mem: RankMemory) -> int:
         """The model states this node's processes keep in host RAM: every component on the CPU route (its device is

@@ -7,17 +7,24 @@ import json
 
 import pytest
 
-from conftest import PARITY_STEPS, llama_parity, shared_train, train
+from conftest import PARITY_STEPS, TINY, llama_parity, shared_train, train
 from hfscale.formulas.precision import float8_device_refusal, float8_refusal
 
-SAVE_STEP = 10
-FP8 = ["--model", "tiny-llama", "--fp8", "--fp8_emulate", "--save_strategy", "steps", "--save_steps", str(SAVE_STEP)]
+FP8 = ["--model", "tiny-llama", "--fp8", "--fp8_emulate"]
+SAVE_STEP, FSDP_STEPS = 3, 6
+FSDP_FP8 = [*FP8, "--count_collectives", "3", "--save_strategy", "steps", "--save_steps", str(SAVE_STEP),
+            "--fingerprint_weights"]
 
 
 def fp8_run() -> dict:
-    """ddp on tiny-llama (2 processes, the Llama parity runs' data and batches), --fp8 emulated, PARITY_STEPS steps,
-    saving every SAVE_STEP."""
+    """ddp on tiny-llama (2 processes, the Llama parity runs' data and batches), --fp8 emulated, PARITY_STEPS steps."""
     return shared_train("llama-fp8", "ddp", *FP8, steps=PARITY_STEPS)
+
+
+def fsdp_fp8_run() -> dict:
+    """fsdp on tiny-llama, --fp8 emulated, FSDP_STEPS steps, step 3's collectives counted, a checkpoint at SAVE_STEP,
+    the final weights fingerprinted."""
+    return shared_train("llama-fsdp-fp8", "fsdp", *FSDP_FP8, steps=FSDP_STEPS)
 
 
 def test_float8_needs_float8_tensor_cores_or_emulation():
@@ -34,7 +41,7 @@ def test_float8_needs_float8_tensor_cores_or_emulation():
     ("ddp", False, "bf16", None),
     ("ddp", False, "fp16", "drop --fp16"),
     ("deepspeed", False, "bf16", "Transformer Engine or MS-AMP"),
-    ("fsdp", False, "bf16", "cpu_ram_efficient_loading"),
+    ("fsdp", False, "bf16", None),
     ("fsdp", True, "bf16", "float8 tensor-parallel plan"),
 ])
 def test_what_has_no_float8_route_is_refused(engine, tensor_parallel, precision, expected):
@@ -69,7 +76,7 @@ def test_gpt2s_conv1d_projections_become_linear_layers_that_save_as_conv1d():
 @pytest.mark.parametrize("argv,expected", [
     (["--fp8"], "--fp8 needs a GPU with float8 tensor cores"),
     (["--fp8", "--fp8_emulate", "--strategy", "zero2"], "--fp8 under DeepSpeed"),
-    (["--fp8", "--fp8_emulate", "--strategy", "fsdp"], "--fp8 under FSDP2"),
+    (["--fp8", "--fp8_emulate", "--fp16"], "--fp8 computes outside its float8 matmuls in bf16"),
     (["--fp8", "--fp8_emulate", "--fp8_recipe", "delayed"], "--fp8_recipe 'delayed'; choose one of: tensorwise"),
     (["--fp8_emulate"], "--fp8_emulate is read only with --fp8"),
 ])
@@ -100,20 +107,49 @@ def test_the_blocks_train_in_float8_as_bf16_does():
 
 
 @pytest.mark.multiprocess
+def test_fsdp_gathers_the_float8_weights_in_float8():
+    """fsdp in float8 (every rank builds the model: accelerate refuses torchao with cpu_ram_efficient_loading): the
+    blocks' converted weights are sharded under torchao's float8-gathering subclass and gathered one byte an element,
+    their scales all-reduced once per step - the bytes of plan/projection.pattern_of to the byte (the counted step's
+    all-gathers: the blocks' in uint8, the root and the untied head's in bf16) - and the run trains."""
+    from pathlib import Path
+
+    from hfscale.plan.projection import pattern_of
+    from hfscale.run.collectives import bytes_by_kind
+    from hfscale.train import check_args
+
+    res = fsdp_fp8_run()
+    proof = res["strategy_check"]["float8"]
+    assert proof["float8_all_gather"] and proof["float8_linears"] == res["model"]["n_layer"] * 7
+    assert res["strategy_check"]["parameters"]["elements_local"] < res["model"]["params_model"]  # sharded
+    plan = check_args([*TINY, *FSDP_FP8, "--strategy", "fsdp", "--output_dir", str(Path("unused"))])[3].plan
+    plan = plan.but(world_size=2, processes_per_node=2)
+    modelled = pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps)
+    for counted in res["communication"]["per_rank"]:
+        assert bytes_by_kind(counted, 2) == modelled
+        assert {c["dtype"] for c in counted if c["kind"] == "all_gather" and c["bytes"] >= 1024} == {"uint8", "bfloat16"}
+    losses = [p["loss"] for p in res["loss_history"]]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.multiprocess
 def test_a_float8_run_resumes_exactly_and_exports_to_plain_transformers(tmp_path):
-    """Dynamic scales keep no state between steps: resumed from its step-10 checkpoint the run repeats the
-    uninterrupted one's losses exactly. The weights stay nn.Linear's, so its last checkpoint exports to a plain
-    transformers Llama with the same parameter names and no float8 tensors."""
+    """Dynamic scales keep no state between steps: the fsdp run in float8, resumed from its step-3 sharded checkpoint
+    (its weights saved from under torchao's float8-gathering subclass), repeats the uninterrupted run's losses exactly.
+    The weights stay nn.Linear's, so its last checkpoint exports to a plain transformers Llama with the same parameter
+    names and no float8 tensors."""
     import torch
     from safetensors.torch import load_file
 
     from hfscale.run.export import export
 
-    full = fp8_run()
+    full = fsdp_fp8_run()
     checkpoint = f"{full['output_dir']}/checkpoint-{SAVE_STEP}"
-    resumed = train(tmp_path / "resumed", "ddp", *FP8, "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
+    resumed = train(tmp_path / "resumed", "fsdp", *FSDP_FP8, "--resume_from_checkpoint", checkpoint,
+                    steps=FSDP_STEPS)
     assert resumed["resumed_from"] == checkpoint and resumed["strategy_check"]["float8"]["float8_linears"] > 0
     assert [p["loss"] for p in resumed["loss_history"]] == [p["loss"] for p in full["loss_history"]]
+    assert resumed["final_weights"] == full["final_weights"]  # every weight's sum, L1 and L2, to the last bit
     out = tmp_path / "exported"
     export(tmp_path / "resumed", out, "fp32")
     weights = load_file(out / "model.safetensors")

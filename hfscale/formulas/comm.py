@@ -316,7 +316,8 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
                  shard_ranks: int | None = None, root_param_bytes: float = 0.0, root_leftover_bytes: float = 0.0,
                  units: int = 1,
                  reduce_buckets: int = 1, bucket_all_reduce: bool = True, persistent_param_bytes: float = 0.0,
-                 regathered_param_bytes: float | None = None, norm_tensors: int = 0) -> CommPattern:
+                 regathered_param_bytes: float | None = None, norm_tensors: int = 0,
+                 block_gather_bytes: float | None = None, float8_scales: int = 0) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
     `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
@@ -330,7 +331,7 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
         out += _ddp_collectives(grad_bytes, powersgd_bytes, reduce_buckets)
     elif engine == "fsdp":
         out += _fsdp_collectives(param_bytes, grad_bytes, shard_ranks, root_param_bytes, root_leftover_bytes, units,
-                                 norm_tensors)
+                                 norm_tensors, block_gather_bytes, float8_scales)
     elif zero_stage == 3:
         out += _zero3_collectives(param_bytes, grad_bytes, units, reduce_buckets, persistent_param_bytes,
                                   regathered_param_bytes)
@@ -352,7 +353,8 @@ def _ddp_collectives(grad_bytes: float, powersgd_bytes: float | None, reduce_buc
 
 
 def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | None, root_param_bytes: float,
-                      root_leftover_bytes: float, units: int, norm_tensors: int) -> list[Collective]:
+                      root_leftover_bytes: float, units: int, norm_tensors: int,
+                      block_gather_bytes: float | None = None, float8_scales: int = 0) -> list[Collective]:
     """FSDP2: parameters all-gathered for forward and again for backward, every micro-batch; gradients
     reduce-scattered in the last micro-batch's backward only (the Trainer accumulates under accelerate's no_sync, on
     FSDP2 set_requires_gradient_sync(False): unsharded gradients kept until the accumulation boundary). It gathers
@@ -365,12 +367,16 @@ def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | 
     leftovers, `root_leftover_bytes` of them (GPT-2's position table, BLOOM's embedding norm). `shard_ranks`: HSDP -
     sharded over the `shard_ranks` GPUs of a node, replicated across nodes. `norm_tensors`: the parameter tensors
     whose gradient norms gradient clipping all-reduces in fp32 every step (torch's clip_grad_norm_ over DTensor
-    shards; 0: no clipping)."""
+    shards; 0: no clipping). `block_gather_bytes`: what the blocks' gathers move when it is not their parameter
+    bytes - under --fp8 torchao's float8 all-gather sends the converted weights one byte an element - and
+    `float8_scales`: the weights whose float8 scales it all-reduces in fp32 once per step, after the optimizer
+    (torchao's precompute_float8_dynamic_scale_for_fsdp, which accelerate registers)."""
     group = "node" if shard_ranks else "world"
     blocks = param_bytes - root_param_bytes
+    gathered = blocks if block_gather_bytes is None else block_gather_bytes
     grads = grad_bytes / param_bytes  # gradient bytes per parameter byte
-    out = [Collective("all_gather", blocks, "micro", "forward", "block parameters", group, units),
-           Collective("all_gather", blocks, "micro", "backward", "block parameters (backward)", group, units),
+    out = [Collective("all_gather", gathered, "micro", "forward", "block parameters", group, units),
+           Collective("all_gather", gathered, "micro", "backward", "block parameters (backward)", group, units),
            Collective("reduce_scatter", grads * blocks, "step", "backward", "block gradients", group, units)]
     for name, size in (("root unit", root_param_bytes - root_leftover_bytes), ("root leftovers", root_leftover_bytes)):
         if size:
@@ -380,6 +386,8 @@ def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | 
                                f"{name} gradients (last: in the open)", group)]
     if norm_tensors:
         out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
+    if float8_scales:
+        out.append(Collective("all_reduce", 4 * float8_scales, "step", "none", "float8 weight scales", group))
     if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
         out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard", "replicas",
                               units))

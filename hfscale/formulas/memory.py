@@ -13,7 +13,7 @@ from math import ceil
 
 from .activations import activation_mode, activations
 from .metrics import GB, ModelShape
-from .precision import storage_dtype
+from .precision import block_linears, storage_dtype
 from .tensors import Tensor, block_numel, parameter_tensors, tp_local_tensors
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -245,9 +245,10 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, pr
 
 
 def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda: bool = False, replicas: int = 2,
-                      tp: int = 1) -> int:
+                      tp: int = 1, float8_block: int = 0) -> int:
     """Buffers the engine allocates to communicate (the largest moment, not their sum over the step), on a rank that
-    holds its TP slices of the model (tp_local_tensors) among `replicas` data-parallel ones."""
+    holds its TP slices of the model (tp_local_tensors) among `replicas` data-parallel ones. `float8_block`: the
+    elements of a block FSDP2 gathers in float8 (--fp8's all-gather: one byte each)."""
     train = DTYPE_BYTES[precision]
     tensors = tp_local_tensors(shape, tp)
     P = sum(t.numel for t in tensors)
@@ -256,7 +257,8 @@ def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda
         return DDP_BUCKET_COPIES * 4 * P if replicas > 1 else 0
     if layout.engine == "fsdp":  # the root unit (embeddings) stays gathered; blocks are gathered one ahead
         root = P - shape.n_layer * block
-        return train * (root + FSDP_PREFETCH_UNITS * block) + 4 * block
+        gathered = train * block - (train - 1) * float8_block
+        return train * root + FSDP_PREFETCH_UNITS * gathered + 4 * block
     # ZeRO-1/2 allocate their whole reduce bucket (reduce_bucket_size elements, x2 with overlap_comm) at the first
     # gradient of every micro-step (stage_1_and_2.setup_buckets): on CUDA the allocator counts all of it - 2 GB for
     # DeepSpeed's default 5e8 fp32 elements, whatever the model (seen: the README's tiny zero1 run held 2.04 GB above
@@ -283,7 +285,9 @@ def rank_memory(plan) -> RankMemory:
                        plan.logits_output, bool(plan.float8))
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
-    mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp)
+    float8_block = sum(c * k * n for k, n, c in block_linears(plan.shape)) if plan.float8_all_gather else 0
+    mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp,
+                                         float8_block)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without
     # accumulation, the gradients of ddp, fsdp and ZeRO-1/2 (torch's .grad and ZeRO-2's partition buffer, created in the
     # backward and dropped at the step; ZeRO-3's flat gradient buffer lives from the start); on CUDA, ZeRO-1/2's reduce

@@ -53,13 +53,10 @@ def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bo
         return "--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16"
     if tensor_parallel:
         return ("--fp8 with tp or fsdp_tp needs torchao's float8 tensor-parallel plan (Float8ColwiseParallel ...), "
-                "which hfscale does not apply yet; use ddp")
+                "which hfscale does not apply yet; use ddp or fsdp")
     if engine == "deepspeed":
         return ("--fp8 under DeepSpeed: accelerate runs FP8 with DeepSpeed only through Transformer Engine or MS-AMP "
-                "(neither installed; MS-AMP is no longer maintained), not torchao's float8; use ddp")
-    if engine == "fsdp":
-        return ("--fp8 under FSDP2: accelerate refuses torchao's float8 with cpu_ram_efficient_loading, which hfscale's "
-                "fsdp strategies build with (rank 0 builds the model, the others take their shards); use ddp")
+                "(neither installed; MS-AMP is no longer maintained), not torchao's float8; use ddp or fsdp")
     return None
 
 

@@ -11,10 +11,12 @@ def local_part(t):
 
 
 def stored_tensors(t) -> list:
-    """The plain tensors behind a local tensor: itself, or the parts of a quantized state subclass (torchao's
-    OptimState8bit: uint8 codes, fp32 block scales and its map; its own dtype is only an appearance)."""
-    if hasattr(t, "codes") and hasattr(t, "scale"):
-        return [t.codes, t.scale, *([t.qmap] if hasattr(t, "qmap") else [])]
+    """The plain tensors behind a local tensor: itself, or the inner tensors of a tensor subclass, whose own dtype
+    and storage are only an appearance (torchao's OptimState8bit: uint8 codes, fp32 block scales and its map; the
+    float8 all-gather's WeightWithDynamicFloat8CastTensor: the high-precision weight)."""
+    if type(t).__name__ != "Tensor" and hasattr(t, "__tensor_flatten__") and not hasattr(t, "to_local"):
+        names, _ = t.__tensor_flatten__()
+        return [inner for name in names for inner in stored_tensors(getattr(t, name))]
     return [t]
 
 

@@ -101,7 +101,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                 verdict = fit(sized, device_bytes, host_bytes, mem)
                 rows.append(Row(strategy.name, optimizer.name, b, memory=mem.as_dict(),
                                 host_per_node=verdict.host_per_node, fits=verdict.fits, max_per_device_train_batch_size=best,
-                                construction_per_node=construction_host_bytes(shape, per_node, strategy.rank0_builds,
+                                construction_per_node=construction_host_bytes(shape, per_node, plan.rank0_builds,
                                                                               plan.shard_ranks),
                                 construction_per_node_full_copies=construction_host_bytes(shape, per_node, False, 1)))
     return shape, seq, device_bytes, rows

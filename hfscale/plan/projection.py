@@ -14,6 +14,7 @@ from ..errors import HfscaleError
 from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute_s, powersgd_elements, step_time
 from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
+from ..formulas.precision import block_linears
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
@@ -70,14 +71,25 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                   offload_optimizer=strategy.offloads_state("optimizer_states"),
                   offload_params=strategy.offloads_state("parameters"))
     if strategy.engine == "fsdp":
-        root = P - shape.n_layer * block_numel(shape)  # outside the blocks: FSDP2's root unit
+        # An untied head (Llama's) is a unit of its own, resharded after the forward and gathered again for the
+        # backward as a block is (counted on a 2-process Llama run); the rest outside the blocks is FSDP2's root unit
+        head = sum(tp.numel for tp in parameter_tensors(shape) if tp.name == UNTIED_HEAD)
+        resharded = shape.n_layer * block_numel(shape) + head
+        root = P - resharded
         spec = shape.spec
         tail = (spec.final_norm + ".", spec.embedding, UNTIED_HEAD)
         leftover = sum(tp.numel for tp in parameter_tensors(shape)
                        if not (spec.is_block(tp.name) or tp.name.startswith(tail)))  # the model's own unit
+        float8 = {}
+        if plan.float8_all_gather:  # the converted weights gathered one byte an element, their scales all-reduced
+            layers = block_linears(shape)
+            converted = shape.n_layer * sum(c * k * n for k, n, c in layers)
+            float8 = dict(block_gather_bytes=t * resharded - (t - 1) * converted,
+                          float8_scales=shape.n_layer * sum(c for _, _, c in layers))
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
-                            root_param_bytes=t * root, root_leftover_bytes=t * leftover, units=shape.n_layer,
-                            norm_tensors=len(backward_order) if plan.clips_gradients else 0)
+                            root_param_bytes=t * root, root_leftover_bytes=t * leftover,
+                            units=shape.n_layer + (1 if head else 0),
+                            norm_tensors=len(backward_order) if plan.clips_gradients else 0, **float8)
     layout = plan.memory_layout
     # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
     buckets = bucket_pieces(backward_order, layout.reduce_bucket, flush_before_overflow=True) \

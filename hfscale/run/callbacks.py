@@ -112,7 +112,8 @@ class StrategyCallback(TrainerCallback):
         if self.plan.float8:  # the blocks' linear layers train in float8, the rest as planned
             model = verify.uncompiled(trainer.model_wrapped)
             model = getattr(model, "module", model)  # DDP's wrapped module: the names the plan converted
-            self.facts["float8"] = inspect_float8(model, self.plan.shape.spec, self.plan.float8, args.fp8_emulate)
+            self.facts["float8"] = inspect_float8(model, self.plan.shape.spec, self.plan.float8, args.fp8_emulate,
+                                                  self.plan.float8_all_gather)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:

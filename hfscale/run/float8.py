@@ -61,25 +61,32 @@ def converts(spec, name: str, module) -> bool:
             and module.in_features % FLOAT8_DIM_MULTIPLE == 0 and module.out_features % FLOAT8_DIM_MULTIPLE == 0)
 
 
-def recipe_handler(recipe: str, spec, emulate: bool):
-    """accelerate's handler that converts the model as it prepares it (convert_model_to_fp8_ao)."""
+def recipe_handler(recipe: str, spec, emulate: bool, all_gather: bool = False):
+    """accelerate's handler that converts the model as it prepares it (convert_model_to_fp8_ao); `all_gather`: FSDP2
+    gathers the converted weights in float8 (torchao's enable_fsdp_float8_all_gather, tensorwise only)."""
     from accelerate.utils import AORecipeKwargs
     from torchao.float8 import Float8LinearConfig
 
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate,
+                                 enable_fsdp_float8_all_gather=all_gather)
     return AORecipeKwargs(config=config, module_filter_func=lambda module, name: converts(spec, name, module))
 
 
-def inspect_float8(model, spec, recipe: str, emulate: bool) -> dict:
-    """The start-up proof: which linear layers train in float8. Raises when a layer the plan converts was not
-    converted (or one it keeps was): the run would not be the run its figures describe."""
+def inspect_float8(model, spec, recipe: str, emulate: bool, all_gather: bool = False) -> dict:
+    """The start-up proof: which linear layers train in float8, and (FSDP2, `all_gather`) that their weights are
+    gathered in float8 - torchao's weight subclass under each DTensor shard. Raises when a layer the plan converts was
+    not converted (or one it keeps was), or the gather is not the plan's: the run would not be the one its figures
+    describe."""
     import torch
     from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    converted, kept, wrongly_kept = [], [], []
+    converted, kept, wrongly_kept, gathered = [], [], [], 0
     for name, module in model.named_modules():
         if isinstance(module, Float8Linear):
             converted.append(name)
+            weight = module.weight.to_local() if hasattr(module.weight, "to_local") else module.weight
+            gathered += isinstance(weight, WeightWithDynamicFloat8CastTensor)
         elif isinstance(module, torch.nn.Linear):
             kept.append(name)
             if converts(spec, name, module):
@@ -87,5 +94,8 @@ def inspect_float8(model, spec, recipe: str, emulate: bool) -> dict:
     if wrongly_kept or not converted:
         raise HfscaleError(f"--fp8: {len(converted)} linear layers train in float8, but {wrongly_kept or 'none'} "
                            "should too: the model was not converted as planned")
+    if gathered != (len(converted) if all_gather else 0):
+        raise HfscaleError(f"--fp8: {gathered} of {len(converted)} float8 weights are gathered in float8, where the "
+                           f"plan {'gathers all' if all_gather else 'gathers none'} so")
     return {"recipe": recipe, "emulated": emulate, "float8_linears": len(converted), "high_precision": kept,
-            "first": converted[0]}
+            "first": converted[0], "float8_all_gather": all_gather}

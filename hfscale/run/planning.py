@@ -95,14 +95,14 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     kw["optim"] = optimizer.hf_name(gpu, strategy.engine)
     check_optim_args(kw.get("optim_args"), kw["optim"], optimizer.name)
     world, per_node = launched or (launcher_world_size(), None)
-    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path, world)
+    recipe = _float8(kw, gpu)  # before the strategy's settings: an fsdp run in float8 builds on every rank
+    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path, world, float8=bool(recipe))
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     check_compile_mode(kw.get("torch_compile_mode"))
     check_compile_backend(kw.get("torch_compile_backend"))
     _compile_named(kw, explicit)
     _check_route(kw, gpu, attention)
-    recipe = _float8(kw, gpu)
     checkpointing = resolve_checkpointing(kw)
     _route_defaults(kw, strategy, explicit, gpu)
     if "eval_steps" in explicit and "eval_strategy" not in explicit:  # the Trainer's default "no" would ignore them
@@ -225,7 +225,8 @@ def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
         kw["accelerator_config"] = {"non_blocking": True, **json_object_flag(kw, "accelerator_config")}
 
 
-def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None, world: int) -> dict | None:
+def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None, world: int,
+                    float8: bool = False) -> dict | None:
     """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
     deepspeed_config = None
     if strategy.engine == "deepspeed":
@@ -243,9 +244,10 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         kw["fsdp"] = True
         # cpu_ram_efficient_loading: only rank 0 builds (or loads) the whole model; the others build on the meta device
         # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
-        # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds)
+        # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds; not
+        # in float8: accelerate refuses torchao with it, RunPlan.rank0_builds)
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             "cpu_ram_efficient_loading": strategy.rank0_builds, **offload,
+                             "cpu_ram_efficient_loading": strategy.rank0_builds and not float8, **offload,
                              **json_settings(kw["fsdp_config"], "fsdp_config", "FSDP config")}
     elif kw["fsdp"] or kw.get("fsdp_config"):  # the Trainer would ignore them without a word
         flag = "--fsdp" if kw["fsdp"] else "--fsdp_config"
