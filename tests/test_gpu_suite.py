@@ -60,7 +60,7 @@ def test_ddp_variants_are_chosen_by_name():
     suite = _suite()
     assert suite.variant_names("all") == {"compiled", "trainer-syncs", "gc0", "cudagraphs", "workers2", "host-syncs", "profile",
                                           "mbs2x", "vocab128", "flce", "mbs2x+vocab128", "mbs2x+vocab128+autotune",
-                                          "per-step", "fp8"}
+                                          "per-step", "fp8", "seed2"}
     assert suite.variant_names("none") == set() and suite.variant_names("compiled,profile") == {"compiled", "profile"}
     with pytest.raises(HfscaleError, match="unknown ddp variant 'gc1'; choose one of: compiled, "):
         suite.variant_names("compiled,gc1")
@@ -376,3 +376,20 @@ def test_the_loss_only_reference_steps_hfscales_forward_and_gets_its_own_ratio(m
     table = suite.markdown({**report, "machine": "CPU", "date": "today", "command": "c", "grid": [], "skipped": []})
     assert "| 0.9 (0.75 of the loss-only step) |" in table
     assert "SM clock of ddp-adamw at each logging interval (MHz): 1980, 1755" in table  # a GPU run's, from NVML
+
+
+def test_an_fp8_loss_curve_is_judged_against_two_bf16_seeds():
+    """The fp8-loss plan's verdict (issue 64: fp8's loss within bf16's run-to-run spread): the mean of each curve's
+    last fifth, fp8's distance from the bf16 run against the two seeds' distance; nothing said without all three."""
+    suite = load_benchmark("gpu_suite")
+
+    def run(variant, offset, points=60):
+        return {"status": "ok", "strategy": "ddp", "variant": variant,
+                "loss_history": [{"loss": 5 - i * 0.01 + offset} for i in range(points)]}
+
+    within = suite.loss_lines([run("", 0.0), run("seed2", 0.02), run("fp8", 0.01)])
+    assert "fp8 - bf16 0.0100 against the seeds' spread 0.0200: within it" in within[-1]
+    outside = suite.loss_lines([run("", 0.0), run("seed2", 0.01), run("fp8", -0.03)])
+    assert outside[-1].endswith("OUTSIDE it")
+    assert suite.loss_lines([run("", 0.0), run("fp8", 0.0)]) == []  # no second seed: no spread to judge by
+    assert suite.loss_lines([run("", 0.0), run("seed2", 0.0, points=5), run("fp8", 0.0)]) == []  # too few points

@@ -512,7 +512,7 @@ def test_the_estimate_holds_for_every_gpu_run(run):
                    attention=p["attention"], torch_compile=p["torch_compile"], device_type="cuda",
                    kv_cache=p.get("kv_cache", True),  # runs recorded without the key kept it (before run/forward.py)
                    logits_output=p.get("logits_output", True),  # and returned the logits beside the loss
-                   fused_linear_cross_entropy=p.get("fused_linear_cross_entropy", False))
+                   fused_linear_cross_entropy=p.get("fused_linear_cross_entropy", False), float8=p.get("float8"))
     estimate = plan.memory()
     assert estimate.allocated / 1e9 == pytest.approx(run["device_allocated_gb"], rel=0.10), run
     if isinstance(run["step_peak_above_states_gb"], float):  # the suite's records: the step's own peak too
