@@ -3,9 +3,6 @@ code, tiny sizes), so it works when a GPU is lent; and its output has the shape 
 files tests/test_memory.py checks the estimate against)."""
 
 import json
-import re
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
