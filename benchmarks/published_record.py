@@ -94,7 +94,7 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
         return RunPlan(get_strategy(dataset["strategy"]), get_optimizer("adamw"), shape_of(dataset, row), seq,
                        per_device_train_batch_size=row["micro_batch"], gradient_accumulation_steps=micro,
                        world_size=row["gpus"], processes_per_node=gpus_per_node, precision=dataset["precision"],
-                       activation_checkpointing=dataset["recompute"] != "none")
+                       activation_checkpointing=dataset["recompute"] != "none", float8=dataset.get("float8"))
 
     def flops_per_sample(row: dict) -> float:  # the source's convention (published_record.json: flops_convention)
         return hardware_flops_per_sequence(shape_of(dataset, row), seq, dataset["recompute"])
