@@ -41,6 +41,7 @@ def engine_dtypes(precision: str, engine: str, communication_dtype: str | None =
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's names (Float8LinearConfig.from_recipe_name)
 FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (sm_89) and Hopper (sm_90) on
 FLOAT8_DIM_MULTIPLE = 16  # torch._scaled_mm takes float8 matrices whose dimensions are multiples of 16
+FLOAT8_NOT_FP16 = "--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16"
 
 
 def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bool) -> str | None:
@@ -50,7 +51,7 @@ def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bo
     if recipe not in FLOAT8_RECIPES:
         return f"--fp8_recipe {recipe!r}; choose one of: {', '.join(FLOAT8_RECIPES)}"
     if precision == "fp16":
-        return "--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16"
+        return FLOAT8_NOT_FP16
     if tensor_parallel:
         return ("--fp8 with tp or fsdp_tp needs torchao's float8 tensor-parallel plan (Float8ColwiseParallel ...), "
                 "which hfscale does not apply yet; use ddp or fsdp")

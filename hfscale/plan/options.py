@@ -6,7 +6,7 @@ training arguments, so the planners and the run can never disagree on what a con
 from ..errors import ArgumentParser, HfscaleError, one_of
 from ..flags import ALL, at_most_gpus, comma_list
 from ..formulas.metrics import GB, ModelShape
-from ..formulas.precision import FLOAT8_RECIPES
+from ..formulas.precision import FLOAT8_NOT_FP16, FLOAT8_RECIPES
 from ..formulas.peaks import DEVICES, device_memory_gb
 from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
@@ -40,11 +40,15 @@ def add_float8_flags(p: ArgumentParser) -> None:
     p.add_argument("--fp8_recipe", default="tensorwise", help=f"torchao's recipe: {', '.join(FLOAT8_RECIPES)}")
 
 
-def float8_of(opts) -> str | None:
-    """--fp8's recipe, None without it (a recipe alone would be silently ignored)."""
-    recipe = getattr(opts, "fp8_recipe", "tensorwise")
+def check_float8_recipe(recipe: str) -> str:
     if recipe not in FLOAT8_RECIPES:
         raise one_of("float8 recipe (--fp8_recipe)", recipe, FLOAT8_RECIPES)
+    return recipe
+
+
+def float8_of(opts) -> str | None:
+    """--fp8's recipe, None without it (a recipe alone would be silently ignored)."""
+    recipe = check_float8_recipe(getattr(opts, "fp8_recipe", "tensorwise"))
     if getattr(opts, "fp8", False) is not True:
         if recipe != "tensorwise":
             raise HfscaleError(f"--fp8_recipe {recipe} is read only with --fp8")
@@ -76,7 +80,7 @@ def precision_from_options(opts) -> str:
         raise HfscaleError("--bf16 and --fp16 are exclusive")
     fp8 = getattr(opts, "fp8", False) is True  # tune's --fp8 is an axis of its own (fp8_axis)
     if fp8 and opts.fp16:
-        raise HfscaleError("--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16")
+        raise HfscaleError(FLOAT8_NOT_FP16)
     return compute_precision(opts.bf16 or fp8, opts.fp16)
 
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import yaml
 from tqdm.auto import tqdm
 
-from ..errors import ArgumentParser, HfscaleError, one_of
+from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import (RENAMED, bool_flag, comma_list, drop_flag, flag_value, positive, refuse_renamed,
                      split_train_args)
 from ..formulas.comm import Links
 from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
 from ..formulas.peaks import device_key
-from ..formulas.precision import FLOAT8_RECIPES, float8_device_refusal
+from ..formulas.precision import float8_device_refusal
 from ..formulas.metrics import GB, days_to_train
 from ..launching import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
 from ..parallel.distributed import check_local_processes, device_capability, on_accelerator
@@ -47,10 +47,11 @@ from ..run.results import RESULTS_FILE, read_results
 from ..runplan import accumulation_steps
 from .baseline import step_noise_s
 from .grid import GridOptions
-from .options import (ATTENTION, add_model_flags, base_plan, check_attention, device_memory_bytes, fit, model_flags,
-                      optimizers_option, shape_from_options, strategies_and_families)
+from .options import (ATTENTION, add_model_flags, base_plan, check_attention, check_float8_recipe, device_memory_bytes,
+                      fit, model_flags, optimizers_option, shape_from_options, strategies_and_families)
 
 TUNE_FILE = "tune.json"
+FLOAT8_SLOWER = "--fp8 does not pay here"  # a float8 trial pruned by the step model (float8_slower) says so first
 AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "--gradient_accumulation_steps",
                     "--activation_checkpointing", "--output_dir", "--model", "--model_name_or_path", "--seq_len",
                     "--bf16", "--fp16", "--fused_linear_cross_entropy", "--fp8")
@@ -72,7 +73,7 @@ class Candidate:
     @property
     def slower_in_float8(self) -> bool:
         """Pruned because the float8 step model says --fp8 would be slower than bf16 (float8_slower)."""
-        return (self.reason or "").startswith("--fp8 does not pay")
+        return (self.reason or "").startswith(FLOAT8_SLOWER)
 
 
 def build_parser() -> ArgumentParser:
@@ -155,9 +156,7 @@ def candidates(opts, fixed: list[str]) -> tuple[list[Candidate], object, int]:
 def float8_axis(opts, fixed: list[str]) -> tuple[str, list[bool], object]:
     """(--fp8_recipe among the training flags, the --fp8 values to try, the --device's roofline or None)."""
     gpu = device_roofline(device_key(opts.device)) if opts.device else None
-    recipe = flag_value(fixed, "--fp8_recipe") or "tensorwise"
-    if recipe not in FLOAT8_RECIPES:
-        raise one_of("float8 recipe (--fp8_recipe)", recipe, FLOAT8_RECIPES)
+    recipe = check_float8_recipe(flag_value(fixed, "--fp8_recipe") or "tensorwise")
     if opts.fp8_axis == "auto":
         return recipe, [False, True] if gpu else [False], gpu
     return recipe, comma_list(opts.fp8_axis, "--fp8", bool), gpu
@@ -179,7 +178,7 @@ def float8_slower(plan, gpu) -> str | None:
     step = float8_step(plan.shape, plan.seq_len, plan.per_device_train_batch_size, plan.float8, gpu)
     if step.pays:
         return None
-    return (f"--fp8 does not pay here: compute x{step.compute_factor:.2f} of bf16 (its layers {step.layer_speedup:.2f}x "
+    return (f"{FLOAT8_SLOWER}: compute x{step.compute_factor:.2f} of bf16 (its layers {step.layer_speedup:.2f}x "
             f"as fast at {plan.per_device_train_batch_size * plan.seq_len} tokens per matmul; formulas/float8)")
 
 

@@ -12,7 +12,7 @@ import psutil
 
 from ..errors import HfscaleError, one_of
 from ..formulas.metrics import GB, ModelShape
-from ..formulas.precision import float8_device_refusal
+from ..formulas.precision import FLOAT8_NOT_FP16, float8_device_refusal
 from ..parallel.distributed import device_capability, on_accelerator
 from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
                                    read_launcher_deepspeed_json, resolve_strategy)
@@ -146,7 +146,7 @@ def _float8(kw: dict, gpu: bool) -> str | None:
             raise HfscaleError("--fp8_emulate is read only with --fp8")
         return None
     if kw["fp16"]:
-        raise HfscaleError("--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16")
+        raise HfscaleError(FLOAT8_NOT_FP16)
     capability, name = device_capability() if gpu else (None, "cpu")
     reason = float8_device_refusal(gpu, capability, name, bool(kw.get("fp8_emulate")))
     if reason:
