@@ -62,9 +62,10 @@ def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
     """TFLOPs per GPU of every row's 3D layout, at the rate that gives the baseline row its published figure."""
     from hfscale.formulas import parallel3d as p3d
 
-    seq, mbs, recompute = dataset["model"]["seq"], dataset["micro_batch_assumed"], dataset["recompute"]
+    seq, recompute = dataset["model"]["seq"], dataset["recompute"]
 
     def tflops(row: dict, rate: float) -> float:
+        mbs = row.get("micro_batch", dataset.get("micro_batch_assumed"))  # the row's own, where the source gives it
         grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"]))
         run = p3d.GridRun(shape_of(dataset, row), grid, seq, mbs, row["global_batch"] // (mbs * grid.dp),
                           dataset["precision"], recompute)
