@@ -535,6 +535,20 @@ def test_tp_runs_sit_beside_megatron_logs_in_one_table(tmp_path):
     assert "TP 8 PP 1 DP 2" in ours and "TP 4 PP 16 DP" in theirs
 
 
+def test_a_float8_run_says_fp8_in_the_table(tmp_path):
+    """An --fp8 run records precision bf16 (what it computes in outside its float8 matmuls) and its recipe: the
+    report's notes name it fp8, so it is not read as a bf16 run beside one."""
+    runs = tmp_path / "runs"
+    for name, recipe in (("ddp-fp8", "tensorwise"), ("ddp-bf16", None)):
+        _hfscale_row(runs / name, "ddp", 8, 500_000.0)
+        results = Results.from_dict(json.loads((runs / name / "results.json").read_text()))
+        results.config.precision, results.config.float8 = "bf16", recipe
+        write_results(runs / name, results)
+    write_report([runs], tmp_path / "report")
+    rows = [line for line in (tmp_path / "report" / "report.md").read_text().splitlines() if "| ddp |" in line]
+    assert sorted(line.rsplit("|", 2)[1].strip() for line in rows) == ["act. ckpt, bf16", "act. ckpt, fp8 tensorwise"]
+
+
 @pytest.mark.parametrize("key,value,expected", [
     ("loss_history", "abc", 'loss_history is "abc", not a list'),
     ("loss_history", [1, 2], "loss_history holds 1, not an object"),

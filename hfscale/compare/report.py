@@ -71,7 +71,9 @@ def _notes(results: Results) -> str:
         notes.append(f"TP {cfg.tp} PP {cfg.pp or 1} DP {cfg.dp or '?'}")
     if cfg.activation_checkpointing:
         notes.append("act. ckpt")
-    if cfg.precision:
+    if cfg.float8:  # its precision is bf16, what it computes in outside the float8 matmuls
+        notes.append(f"fp8 {cfg.float8}")
+    elif cfg.precision:
         notes.append(cfg.precision)
     if env.device_type == "cpu":
         notes.append("CPU")
