@@ -122,3 +122,22 @@ def test_a_float8_trial_trains_with_fp8():
     run = RunSpec("ddp", "adamw", 2, 4, 1, False, fp8=True)
     assert run.name == "ddp-adamw-np2-mbs4-gas1-fp8" and "--fp8" in run.train_args(["--max_steps", "3"])
     assert "--fp8" not in RunSpec("ddp", "adamw", 2, 4, 1, False).train_args([])
+
+
+@pytest.mark.parametrize("capability,name,expected", [
+    ((8, 0), "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB has 8.0"),
+    ((9, 0), "NVIDIA H100 80GB HBM3", None),
+])
+def test_tune_asks_the_local_gpu_whether_its_float8_trials_can_run(monkeypatch, capability, name, expected):
+    """On the GPU route (faked here) a float8 trial runs where the local GPU has float8 tensor cores, whatever --device
+    names: its compute capability decides, as the trial's own start-up check would."""
+    from types import SimpleNamespace
+
+    from hfscale.plan import tune
+
+    monkeypatch.setattr(tune, "device_capability", lambda: (capability, name))
+    opts = SimpleNamespace(device="H100-80GB")
+    reason = tune.float8_trial_refusal(opts, [], "cuda", device_roofline("h100"))
+    assert reason is None if expected is None else expected in reason
+    assert "has no float8 tensor cores" in tune.float8_trial_refusal(SimpleNamespace(device="A100-80GB"), [], "cuda",
+                                                                     None)
