@@ -141,3 +141,22 @@ def test_tune_asks_the_local_gpu_whether_its_float8_trials_can_run(monkeypatch, 
     assert reason is None if expected is None else expected in reason
     assert "has no float8 tensor cores" in tune.float8_trial_refusal(SimpleNamespace(device="A100-80GB"), [], "cuda",
                                                                      None)
+
+
+def test_project_fp8_starts_from_a_bf16_run_only():
+    """The step model is float8 against bf16: a run measured in fp32 or tf32 (a results file's precision) is refused,
+    one measured with float8 projects as it ran, and another float8 recipe than its own is refused."""
+    from hfscale.errors import HfscaleError
+    from hfscale.parallel.optimizers import get_optimizer
+    from hfscale.parallel.strategies import get_strategy
+    from hfscale.plan.baseline import Baseline
+    from hfscale.plan.projection import with_float8
+    from hfscale.runplan import RunPlan
+
+    plan = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), resolve_shape("llama-3.1-8b"), 2048, precision="tf32")
+    with pytest.raises(HfscaleError, match="this one computed in tf32"):
+        with_float8(Baseline(plan, [1.0] * 3, "run", device="h100"), "tensorwise")
+    measured = Baseline(plan.but(precision="bf16", float8="tensorwise"), [1.0] * 3, "run", device="h100")
+    assert with_float8(measured, "tensorwise") is measured and measured.compute_factor == 1.0
+    with pytest.raises(HfscaleError, match="trained with float8 recipe tensorwise"):
+        with_float8(measured, "rowwise")

@@ -198,6 +198,9 @@ def with_float8(base: Baseline, recipe: str) -> Baseline:
             raise HfscaleError(f"--fp8_recipe {recipe}: the run trained with float8 recipe {base.plan.float8}, and "
                                "projects as it ran")
         return base
+    if base.plan.precision != "bf16":  # the step model is float8 against bf16, the precision around its matmuls
+        raise HfscaleError(f"--fp8 projects a bf16 run with float8 matmuls; this one computed in "
+                           f"{base.plan.precision}: measure the recipe in bf16 first")
     gpu = device_roofline(base.device)
     if gpu is None:
         where = f"the {base.device}" if base.device else "a GPU the peak table does not know (or a CPU run)"
