@@ -19,9 +19,8 @@ import sys
 from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hfscale.formulas.float8 import ACHIEVED, linear_s  # noqa: E402
-from hfscale.formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS, device_key  # noqa: E402
-from hfscale.formulas.float8 import Roofline  # noqa: E402
+from hfscale.formulas.float8 import Roofline, device_roofline, linear_s  # noqa: E402
+from hfscale.formulas.peaks import device_key  # noqa: E402
 
 RECIPE = "tensorwise"  # what fp8_matmul.py converts with (torchtitan's default)
 # The fit over benchmarks/results/h200_2026-11-28/fp8_matmul.json: each call's dispatch floor, seconds
@@ -29,12 +28,11 @@ DISPATCH_FLOOR_S = {"bf16": 540e-6, "fp8": 980e-6}
 
 
 def device_of(data: dict) -> Roofline:
-    key = device_key(data["device"])
-    if key not in MEMORY_BW_GB_S or not PEAK_TFLOPS.get(key, {}).get("fp8"):
+    """The timed GPU's roofline at the rates formulas/float8 holds (ACHIEVED: what the fit starts from)."""
+    gpu = device_roofline(device_key(data["device"]))
+    if gpu is None:
         raise SystemExit(f"{data['device']}: no float8 peak or memory bandwidth in formulas/peaks.py")
-    peaks = PEAK_TFLOPS[key]
-    return Roofline(peaks["bf16"], peaks["fp8"], MEMORY_BW_GB_S[key], ACHIEVED["bf16"], ACHIEVED["fp8"],
-                    ACHIEVED["memory"], float8_layer_s=ACHIEVED["float8_layer_s"])
+    return gpu
 
 
 def timed_s(row: dict, recipe: str | None, gpu: Roofline, floors: dict) -> float:

@@ -8,8 +8,8 @@ whose traffic depends on the recipe, counted kernel by kernel as torchao's own r
 (torchao/testing/training/roofline_utils.py; tests/test_float8_model.py checks this module against it). What no
 roofline sees - the scale computations' launches and syncs, the transposed copies the compiler does not fuse - is one
 cost per converted layer, fitted, with the achieved matmul rates, to the layer timings of an H200
-(benchmarks/fit_float8.py over benchmarks/results/h200_2026-11-28/fp8_matmul.json). docs/estimate.md has the
-fit. Pure: no torch."""
+(benchmarks/fit_float8.py over benchmarks/results/h200_2026-11-28/fp8_matmul.json). docs/project.md ("Float8") has
+the fit. Pure: no torch."""
 
 from dataclasses import dataclass
 
