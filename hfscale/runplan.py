@@ -60,6 +60,12 @@ FUSED_LOSS_UNDER_TP = ("--fused_linear_cross_entropy is not built for a tensor-p
                        "vocabulary, and hfscale gathers their logits for the loss); use it with ddp, fsdp* or zero*")
 
 
+def rank0_builds(strategy, float8: str | None) -> bool:
+    """Only rank 0 builds the whole model (Strategy.rank0_builds) - not an fsdp run in float8: accelerate refuses
+    torchao with FSDP2's cpu_ram_efficient_loading, so every rank builds it (run/planning.py sets the flag by this)."""
+    return strategy.rank0_builds and not (float8 and strategy.engine == "fsdp")
+
+
 @dataclass(frozen=True)
 class RunPlan:
     strategy: Strategy
@@ -109,9 +115,7 @@ class RunPlan:
 
     @property
     def rank0_builds(self) -> bool:
-        """Only rank 0 builds the whole model (Strategy.rank0_builds) - not an fsdp run in float8: accelerate refuses
-        torchao with cpu_ram_efficient_loading, so every rank builds it (run/planning.py)."""
-        return self.strategy.rank0_builds and not (self.float8 and self.strategy.engine == "fsdp")
+        return rank0_builds(self.strategy, self.float8)
 
     @property
     def float8_all_gather(self) -> bool:

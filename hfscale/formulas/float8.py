@@ -50,10 +50,10 @@ class Roofline:
     float8_layer_s: float = 0.0  # per converted layer, forward and backward
 
 
-# Fitted by benchmarks/fit_float8.py to the H200's layer timings (2026-11-28, torchao 0.18, compiled): bf16 matmuls
-# reach 71% of the dense peak, float8's 62% (torch._scaled_mm), and a converted layer costs 130 us a step beyond its
-# casts. The memory share is torchao's (its pointwise kernels on an H100). A GPU without timings of its own takes
-# these shares of its datasheet figures.
+# The shares of the dense peaks large bf16 and float8 matmuls reach, and a converted layer's cost beyond its casts:
+# fitted by benchmarks/fit_float8.py to the committed H200 layer timings (docs/project.md, "Float8"; a test holds them
+# to the fit). The memory share is torchao's roofline's. A GPU without timings of its own takes these shares of its
+# datasheet figures.
 ACHIEVED = {"bf16": 0.71, "fp8": 0.62, "memory": 0.92, "float8_layer_s": 130e-6}
 
 

@@ -18,7 +18,7 @@ from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_n
                                    read_launcher_deepspeed_json, resolve_strategy)
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import Strategy, check_pair, get_strategy, load_deepspeed_config
-from ..runplan import RunPlan, accumulation_steps, compute_precision
+from ..runplan import RunPlan, accumulation_steps, compute_precision, rank0_builds
 from .args import require_finite
 from .checks import check_optim_args, json_object_flag, json_settings
 
@@ -96,7 +96,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_optim_args(kw.get("optim_args"), kw["optim"], optimizer.name)
     world, per_node = launched or (launcher_world_size(), None)
     recipe = _float8(kw, gpu)  # before the strategy's settings: an fsdp run in float8 builds on every rank
-    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path, world, float8=bool(recipe))
+    deepspeed_config = _apply_strategy(kw, strategy, launcher_json_path, world, float8=recipe)
     _apply_batch_sizes(kw, world)
     tensorboard, kw["report_to"] = _split_tensorboard(kw["report_to"])
     check_compile_mode(kw.get("torch_compile_mode"))
@@ -226,7 +226,7 @@ def _no_host_syncs(kw: dict, explicit: set[str], gpu: bool) -> None:
 
 
 def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None, world: int,
-                    float8: bool = False) -> dict | None:
+                    float8: str | None = None) -> dict | None:
     """The strategy's defaults on the keywords; returns the run's DeepSpeed JSON (zero*), read and checked once."""
     deepspeed_config = None
     if strategy.engine == "deepspeed":
@@ -244,10 +244,10 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         kw["fsdp"] = True
         # cpu_ram_efficient_loading: only rank 0 builds (or loads) the whole model; the others build on the meta device
         # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
-        # (not under TP: every rank builds the whole model and its TP group splits it - Strategy.rank0_builds; not
-        # in float8: accelerate refuses torchao with it, RunPlan.rank0_builds)
+        # (not under TP: every rank builds the whole model and its TP group splits it; nor in float8:
+        # runplan.rank0_builds)
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             "cpu_ram_efficient_loading": strategy.rank0_builds and not float8, **offload,
+                             "cpu_ram_efficient_loading": rank0_builds(strategy, float8), **offload,
                              **json_settings(kw["fsdp_config"], "fsdp_config", "FSDP config")}
     elif kw["fsdp"] or kw.get("fsdp_config"):  # the Trainer would ignore them without a word
         flag = "--fsdp" if kw["fsdp"] else "--fsdp_config"
