@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from math import ceil, log2
 
 from ..models.family import family
-from .precision import block_linears, float8_operand_bytes
+from .precision import block_linears, float8_block_elements, float8_operand_bytes
 from .metrics import ModelShape
 
 # Bytes per element of each feature (ACTIVATION_FEATURES; activation_features counts the elements), fitted per device
@@ -274,8 +274,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     float8_peak = 0
     if float8:
-        converted = shape.n_layer * sum(c * k * n for k, n, c in block_linears(shape))
-        kept -= table[mode][5] * converted if "autocast" in mode else 0
+        kept -= table[mode][5] * shape.n_layer * float8_block_elements(shape) if "autocast" in mode else 0
         float8_peak = float8_operand_bytes(micro_batch * seq, block_linears(shape))
         calibration += ", float8: no autocast copies of the converted weights, one layer's float8 operands at the peak"
     backward_end = 0.0

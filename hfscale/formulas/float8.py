@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .metrics import ModelShape, training_flops_per_sequence
 from .peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
-from .precision import FLOAT8_RECIPES, block_linears
+from .precision import FLOAT8_RECIPES, block_linears, float8_block_elements
 
 BF16, FP8 = 2, 1  # bytes per element
 
@@ -123,6 +123,6 @@ def float8_step(shape: ModelShape, seq_len: int, micro_batch: int, recipe: str, 
     bf16 = sum(c * linear_s(tokens, k, n, None, gpu) for k, n, c in layers)
     fp8 = sum(c * linear_s(tokens, k, n, recipe, gpu) for k, n, c in layers)
     model, _ = training_flops_per_sequence(shape, seq_len, False)
-    share = shape.n_layer * 6 * seq_len * sum(c * k * n for k, n, c in layers) / model if layers else 0.0
+    share = shape.n_layer * 6 * seq_len * float8_block_elements(shape) / model if layers else 0.0
     speedup = bf16 / fp8 if layers else 1.0
     return Float8Step(speedup, share, 1.0 - share + share / speedup)

@@ -13,7 +13,7 @@ from math import ceil
 
 from .activations import activation_mode, activations
 from .metrics import GB, ModelShape
-from .precision import block_linears, storage_dtype
+from .precision import float8_block_elements, storage_dtype
 from .tensors import Tensor, block_numel, parameter_tensors, tp_local_tensors
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -285,7 +285,7 @@ def rank_memory(plan) -> RankMemory:
                        plan.logits_output, bool(plan.float8))
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
-    float8_block = sum(c * k * n for k, n, c in block_linears(plan.shape)) if plan.float8_all_gather else 0
+    float8_block = float8_block_elements(plan.shape) if plan.float8_all_gather else 0
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp,
                                          float8_block)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without

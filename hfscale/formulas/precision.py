@@ -94,6 +94,11 @@ def block_linears(shape) -> list[tuple[int, int, int]]:
     return [(k, n, c) for (k, n), c in merged.items()]
 
 
+def float8_block_elements(shape) -> int:
+    """The elements of one block's weights that float8 converts (block_linears)."""
+    return sum(c * k * n for k, n, c in block_linears(shape))
+
+
 def float8_operand_bytes(tokens: int, layers: list[tuple[int, int, int]]) -> int:
     """The most float8 copies one converted layer holds at once (block_linears' `layers`, `tokens` rows): in its
     forward the input in both layouts and the weight, in its backward the output's gradient in both layouts, the

@@ -14,7 +14,7 @@ from ..errors import HfscaleError
 from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute_s, powersgd_elements, step_time
 from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
-from ..formulas.precision import block_linears
+from ..formulas.precision import block_linears, float8_block_elements
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
@@ -82,10 +82,9 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
                        if not (spec.is_block(tp.name) or tp.name.startswith(tail)))  # the model's own unit
         float8 = {}
         if plan.float8_all_gather:  # the converted weights gathered one byte an element, their scales all-reduced
-            layers = block_linears(shape)
-            converted = shape.n_layer * sum(c * k * n for k, n, c in layers)
+            converted = shape.n_layer * float8_block_elements(shape)
             float8 = dict(block_gather_bytes=t * resharded - (t - 1) * converted,
-                          float8_scales=shape.n_layer * sum(c for _, _, c in layers))
+                          float8_scales=shape.n_layer * sum(c for _, _, c in block_linears(shape)))
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
                             root_param_bytes=t * root, root_leftover_bytes=t * leftover,
                             units=shape.n_layer + (1 if head else 0),
