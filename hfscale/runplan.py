@@ -120,8 +120,10 @@ class RunPlan:
     @property
     def float8_all_gather(self) -> bool:
         """FSDP2 gathers the converted weights in float8 (torchao's enable_fsdp_float8_all_gather, as torchtitan runs
-        it): half the bytes of a bf16 gather. torchao casts them with one scale per tensor: the tensorwise recipe."""
-        return self.float8 == "tensorwise" and self.strategy.engine == "fsdp"
+        it): half the bytes of a bf16 gather. torchao casts them with one scale per tensor: the tensorwise recipe.
+        Not under fsdp_tp: hfscale's TP places GPT-2's fused QKV weight as a _StridedShard, and distribute_tensor drops
+        torchao's float8-gathering subclass there (seen: 6 of 8 layers kept it), so fsdp_tp gathers in bf16."""
+        return self.float8 == "tensorwise" and self.strategy.engine == "fsdp" and not self.strategy.tensor_parallel
 
     @property
     def tp(self) -> int:
@@ -207,8 +209,7 @@ class RunPlan:
                 or layout_refusal(self.strategy, self.world_size, self.processes_per_node)
                 or (tp_refusal(self.shape, self.tp) if self.tp > 1 else None)
                 or (FUSED_LOSS_UNDER_TP if self.fused_linear_cross_entropy and self.strategy.tensor_parallel else None)
-                or (float8_refusal(self.float8, self.precision, self.strategy.engine, self.strategy.tensor_parallel)
-                    if self.float8 else None))
+                or (float8_refusal(self.float8, self.precision, self.strategy.engine) if self.float8 else None))
 
     def memory(self, per_device_train_batch_size: int | None = None) -> RankMemory:
         """Bytes per rank of a training step (formulas.memory.rank_memory), at another micro-batch if given."""

@@ -47,6 +47,7 @@ from hfscale.run.host_syncs import HostSyncCallback  # noqa: E402
 from hfscale.run.profile import StepProfiler  # noqa: E402
 from hfscale.run.construction import build, load_data  # noqa: E402
 from hfscale.run.data import position_identity, validation_plan  # noqa: E402
+from hfscale.run.float8 import convert as convert_to_float8  # noqa: E402
 from hfscale.run import garbage  # noqa: E402
 from hfscale.run.logs import quiet_libraries, setup_logging  # noqa: E402
 from hfscale.run.measure import MeasureCallback, Meter, TensorBoardWriter  # noqa: E402
@@ -288,6 +289,8 @@ def train_and_record(model_args, data_args, args, state, stopper: StopOnSignal) 
     use_training_forward(model, state.plan.fused_linear_cross_entropy)  # no KV cache; the fused loss if asked
     parallelism = tensor_parallel_config(state.plan)  # tp, fsdp_tp: the mesh, and the model split on its tp dimension
     if parallelism is not None:
+        if state.plan.float8:  # converted before the split, or TP's hooks would go with the swapped layers
+            convert_to_float8(model, state.plan.shape.spec, state.plan.float8, args.fp8_emulate, tp=state.plan.tp)
         apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.spec)
     construction.read(built=True)  # before StepMemory resets the high-water mark; read again once the engine has sharded
     record = RunRecord(args.output_dir, base_results(model_args, data_args, args, state, model,

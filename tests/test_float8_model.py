@@ -105,8 +105,10 @@ def test_small_models_and_small_micro_batches_do_not_pay():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-bloom"])
 def test_the_model_counts_the_layers_run_float8_converts(preset):
-    """block_linears (what the planners time) against the built model: the same (in, out) layers, as often, as
-    run/float8.converts picks in the first block (GPT-2's Conv1D swapped first, as a --fp8 run does)."""
+    """block_linears (what the planners time and the memory model counts) against the built model: the same
+    (in, out) layers, as often, as run/float8.converts picks in the first block (GPT-2's Conv1D swapped first, as a
+    --fp8 run does) - whole, and as one rank of TP 2 holds them (the run's TP split, tensor_parallel.py, measured on
+    the split weights: tiny-llama's MLP, 176 wide, leaves 88 columns a rank, which float8 cannot take)."""
     from collections import Counter
 
     from hfscale.models import PRESETS, build_model
@@ -116,9 +118,26 @@ def test_the_model_counts_the_layers_run_float8_converts(preset):
     model = build_model(shape, 0)
     linear_projections(model)
     first = shape.spec.block_prefix + ".0."
-    built = Counter((m.in_features, m.out_features) for name, m in model.named_modules()
-                    if name.startswith(first) and converts(shape.spec, name, m))
-    assert built == Counter({(k, n): c for k, n, c in block_linears(shape)})
+    for tp in (1, 2):
+        built = Counter(local_dims(shape, name[len(first):], m, tp) for name, m in model.named_modules()
+                        if name.startswith(first) and converts(shape.spec, name, m, tp))
+        assert built == Counter({(k, n): c for k, n, c in block_linears(shape, tp)}), tp
+    assert (preset == "tiny-llama") == (len(block_linears(shape, 2)) < len(block_linears(shape)))
+
+
+def local_dims(shape, name: str, linear, tp: int) -> tuple[int, int]:
+    """(in, out) of a linear layer's weight on TP rank 0, as parallel/tensor_parallel.py splits it (the family's
+    tp_plan style: colwise* by output rows of nn.Linear's weight, rowwise by input columns) - chunked as DTensor
+    chunks it, independently of formulas/precision.tp_local_dims."""
+    import torch
+
+    style = shape.spec.tp_plan.get(name, "")
+    weight = linear.weight.detach()
+    if style.startswith("colwise"):
+        weight = torch.chunk(weight, tp, dim=0)[0]
+    elif style == "rowwise":
+        weight = torch.chunk(weight, tp, dim=1)[0]
+    return weight.shape[1], weight.shape[0]
 
 
 def test_a_blocks_layers_are_its_matrices():

@@ -31,6 +31,12 @@ def test_float8_activations_drop_autocasts_copies_of_the_converted_weights():
     assert (fp8.peak - fp8.kept) - (plain.peak - plain.kept) == pytest.approx(extra, abs=2)
     tokens, h, f = 2 * 2048, 4096, 14336  # the gate/up backward: its input, its output's gradient twice, its weight
     assert extra == tokens * h + 2 * tokens * f + h * f
+    # under TP a rank converts and multiplies by its slices: autocast's copies of half the matrices are dropped, and
+    # one layer's float8 operands are those of its slices
+    tp_plain, tp_fp8 = (activations(shape, 2048, 2, mode, "cuda", tp=2, float8=f) for f in (False, True))
+    assert tp_plain.kept - tp_fp8.kept == pytest.approx(weight_copy * converted / 2, rel=1e-6)
+    tp_extra = (tp_fp8.peak - tp_fp8.kept) - (tp_plain.peak - tp_plain.kept)
+    assert tp_extra == pytest.approx(tokens * h + 2 * tokens * f / 2 + h * f / 2, abs=2)
     bf16 = activation_mode("llama", "sdpa", "bf16", False)  # no autocast: no weight copies to drop
     assert activations(shape, 2048, 2, bf16, "cuda").kept == activations(shape, 2048, 2, bf16, "cuda", float8=True).kept
 

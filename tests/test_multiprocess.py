@@ -304,7 +304,7 @@ def pair_result(strategy: str, optim: str) -> dict:
         return tp_run()
     if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
         model = ["--model", "tiny-llama"] if (strategy, optim) in LLAMA_PAIRS else []
-        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *model, "--save_strategy", "no",
+        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *model, "--save_steps", "2",
                                                                   steps=3, key=f"fsdp_tp-2x2-{optim}")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     kind, _, key = where.partition(":")
@@ -335,6 +335,12 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
     assert check["world_size_torch"] == world and len(set(map(tuple, check["first_batch_per_rank"]))) == data_parallel
     if optim == "adamw_8bit":
         assert "uint8" in check["optimizer_states"]["dtypes"]
+    if s.tensor_parallel and s.engine == "fsdp" and optim == "adamw_8bit":  # its checkpoint gathers 8-bit states
+        import torch
+
+        saved = torch.load(Path(res["output_dir"]) / "checkpoint-2" / "optimizer_tp.pt", weights_only=True)
+        assert saved["quantized"] and all(signed == (key == "exp_avg") for keys in saved["quantized"].values()
+                                          for key, signed in keys.items())
 
 
 # BLOOM too (its own tensors, and bitsandbytes' 32-bit embedding states), in bf16, under each engine: the matrix's runs

@@ -66,6 +66,32 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
         assert placements["lm_head.weight"] == "(Shard(dim=0),)" and "model.embed_tokens.weight" in placements
 
 
+@pytest.mark.parametrize("name", ["gpt2-fp8", "llama-fp8"])
+def test_the_split_float8_model_computes_as_the_whole_one(parity, name):
+    """--fp8 under TP: the blocks' layers converted to torchao's Float8Linear before the split (run/float8.convert),
+    then split as the plan says. With the same weights the first step's gradients equal the whole float8 model's: each
+    float8 cast's scale is the whole tensor's (torchao reduces a sharded tensor's amax over the TP group), where a
+    shard's own scale would move them by float8's rounding (~1e-2). Later steps stay within float8's rounding, which
+    turns weights one fp32 ulp apart into neighbouring float8 values."""
+    for rank in parity:
+        got = rank[name]
+        whole, split = got["losses"]
+        assert got["float8_layers"] == ["Float8Linear"] and split[0] == whole[0] and got["grad_diff"] < 1e-6
+        assert split == pytest.approx(whole, rel=1e-4)
+        assert split != rank[name.removesuffix("-fp8")]["losses"][1]  # the casts are real (emulated: no speedup)
+    spec = FAMILIES[name.removesuffix("-fp8")]
+    for param, placed in parity[0][name]["placements"].items():  # the plan's split, in nn.Linear's layout (GPT-2's too)
+        dim = spec.tp_split_dim(param, conv1d=False)
+        assert placed == "(Replicate(),)" if dim is None else f"dim={dim}" in placed, param
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "gpt2-fp8", "llama-fp8"])
+def test_a_split_models_whole_state_dict_reloads_into_its_slices(parity, name):
+    """What tp and fsdp_tp checkpoints and resumes go through (full_state_dict, load_full_state_dict) restores every
+    slice exactly - GPT-2 in float8 too, whose nn.Linear weights its state dict shows in Conv1D's layout."""
+    assert all(rank[name]["reloaded_diff"] == 0.0 for rank in parity)
+
+
 def test_tp_refuses_a_split_that_cuts_a_head():
     assert "does not divide the 4 attention heads" in tp_refusal(PRESETS["tiny"], 3)
     assert tp_refusal(PRESETS["tiny"], 4) is None and tp_refusal(PRESETS["bloom-7b1"], 8) is None

@@ -256,6 +256,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     feats[0], feats[1] = feats[0] * linear, feats[1] * attention * scores
     for width in range(6, len(feats)):  # a block's MLP and key/value tensors: column-parallel outputs, split
         feats[width] *= 1 if linear == 1 else 1 / tp
+    feats[5] /= tp  # autocast's weight copies: of this rank's slices (every block matrix and the head are split)
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
@@ -274,8 +275,8 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     float8_peak = 0
     if float8:
-        kept -= table[mode][5] * shape.n_layer * float8_block_elements(shape) if "autocast" in mode else 0
-        float8_peak = float8_operand_bytes(micro_batch * seq, block_linears(shape))
+        kept -= table[mode][5] * shape.n_layer * float8_block_elements(shape, tp) if "autocast" in mode else 0
+        float8_peak = float8_operand_bytes(micro_batch * seq, block_linears(shape, tp))
         calibration += ", float8: no autocast copies of the converted weights, one layer's float8 operands at the peak"
     backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients

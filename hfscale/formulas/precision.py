@@ -44,20 +44,17 @@ FLOAT8_DIM_MULTIPLE = 16  # torch._scaled_mm takes float8 matrices whose dimensi
 FLOAT8_NOT_FP16 = "--fp8 computes outside its float8 matmuls in bf16 (accelerate's fp8 autocast): drop --fp16"
 
 
-def float8_refusal(recipe: str, precision: str, engine: str, tensor_parallel: bool) -> str | None:
+def float8_refusal(recipe: str, precision: str, engine: str) -> str | None:
     """Why a run cannot train with float8 matmuls (--fp8, `recipe`), or None. Outside the converted matmuls it
     computes in bf16 (accelerate's fp8 mode is bf16 autocast), so fp16 is refused; so are the engines accelerate
-    serves no maintained float8 route for."""
+    serves no maintained float8 route for. Tensor parallelism splits the converted layers (run/float8.convert)."""
     if recipe not in FLOAT8_RECIPES:
         return f"--fp8_recipe {recipe!r}; choose one of: {', '.join(FLOAT8_RECIPES)}"
     if precision == "fp16":
         return FLOAT8_NOT_FP16
-    if tensor_parallel:
-        return ("--fp8 with tp or fsdp_tp needs torchao's float8 tensor-parallel plan (Float8ColwiseParallel ...), "
-                "which hfscale does not apply yet; use ddp or fsdp")
     if engine == "deepspeed":
         return ("--fp8 under DeepSpeed: accelerate runs FP8 with DeepSpeed only through Transformer Engine or MS-AMP "
-                "(neither installed; MS-AMP is no longer maintained), not torchao's float8; use ddp or fsdp")
+                "(neither installed; MS-AMP is no longer maintained), not torchao's float8; use ddp, fsdp or tp")
     return None
 
 
@@ -78,25 +75,40 @@ def float8_device_refusal(on_cuda: bool, capability: tuple[int, int] | None, dev
     return None
 
 
-def block_linears(shape) -> list[tuple[int, int, int]]:
-    """(in, out, count) of each distinct linear layer of one decoder block that float8 converts (both dimensions
-    multiples of 16, as run/float8.converts decides on the built model): Llama's q, o (h x h), k, v (h x kv), gate,
-    up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out."""
+def block_linears(shape, tp: int = 1) -> list[tuple[int, int, int]]:
+    """(in, out, count) of each distinct linear layer of one decoder block that float8 converts, as one rank of a TP
+    group of `tp` multiplies by it: Llama's q, o (h x h), k, v (h x kv), gate, up (h x f) and down (f x h); GPT-2's
+    and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out. Under TP the layers split as the families'
+    tp_plan splits them (Megatron's): QKV and the first MLP layers by output columns, the attention output and the
+    last MLP layer by input rows. A layer converts when both its dimensions on a rank are multiples of 16 (what
+    torch._scaled_mm takes), as run/float8.converts decides on the built model."""
     h, f, kv = shape.hidden, shape.ffn_size, shape.kv_hidden
     if shape.spec.gated_mlp:
-        layers = [(h, h, 2), (h, kv, 2), (h, f, 2), (f, h, 1)]
+        layers = [(h, h, 1, COLUMNS), (h, h, 1, ROWS), (h, kv, 2, COLUMNS), (h, f, 2, COLUMNS), (f, h, 1, ROWS)]
     else:
-        layers = [(h, 3 * h, 1), (h, h, 1), (h, f, 1), (f, h, 1)]
+        layers = [(h, 3 * h, 1, COLUMNS), (h, h, 1, ROWS), (h, f, 1, COLUMNS), (f, h, 1, ROWS)]
     merged: dict[tuple[int, int], int] = {}
-    for k, n, count in layers:
+    for k, n, count, split in layers:
+        k, n = tp_local_dims(k, n, split, tp)
         if k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0:
             merged[(k, n)] = merged.get((k, n), 0) + count
     return [(k, n, c) for (k, n), c in merged.items()]
 
 
-def float8_block_elements(shape) -> int:
-    """The elements of one block's weights that float8 converts (block_linears)."""
-    return sum(c * k * n for k, n, c in block_linears(shape))
+COLUMNS, ROWS = "colwise", "rowwise"  # the tp_plan styles' prefixes: split by output columns, by input rows
+
+
+def tp_local_dims(k: int, n: int, split: str, tp: int) -> tuple[int, int]:
+    """(in, out) of a k-in, n-out linear layer on one rank of a TP group of `tp`, split by its tp_plan style (a
+    colwise* style splits the outputs, rowwise the inputs, anything else stays whole)."""
+    if split.startswith(COLUMNS):
+        return k, n // tp
+    return (k // tp, n) if split == ROWS else (k, n)
+
+
+def float8_block_elements(shape, tp: int = 1) -> int:
+    """The elements of one block's weights that float8 converts, on one rank of a TP group of `tp` (block_linears)."""
+    return sum(c * k * n for k, n, c in block_linears(shape, tp))
 
 
 def float8_operand_bytes(tokens: int, layers: list[tuple[int, int, int]]) -> int:

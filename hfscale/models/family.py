@@ -126,16 +126,17 @@ class Family(ABC):
                 return style, kind
         return None, kind
 
-    def tp_split_dim(self, name: str) -> int | None:
+    def tp_split_dim(self, name: str, conv1d: bool | None = None) -> int | None:
         """The dimension parameter `name` splits over under hfscale's TP plan, or None: replicated. Column-parallel
         weights by output and their biases by row (GPT-2's fused QKV bias stays whole: tensor_parallel.py says why),
-        row-parallel weights by input; the word embedding and an untied head by vocabulary rows."""
+        row-parallel weights by input; the word embedding and an untied head by vocabulary rows. `conv1d`: whether the
+        weight is stored [in, out] (None: as the family stores it; --fp8 swaps GPT-2's Conv1D for nn.Linear)."""
         if any(name == vocab or name.endswith("." + vocab) for vocab in (self.embedding, UNTIED_HEAD)):
             return 0
         style, kind = self._module_style(name)
         if style is None:
             return None
-        out_dim, in_dim = (1, 0) if self.conv1d else (0, 1)
+        out_dim, in_dim = (1, 0) if (self.conv1d if conv1d is None else conv1d) else (0, 1)
         if kind == "bias":
             return 0 if style == "colwise" else None
         return out_dim if style.startswith("colwise") else in_dim

@@ -272,7 +272,7 @@ def matrix_markdown() -> str:
     fp8_reasons = []
     for name, strategy in all_strategies().items():
         cells = ["refused" if (name, o) in INCOMPATIBLE else "ok" for o in optims]
-        fp8 = float8_refusal("tensorwise", "bf16", strategy.engine, strategy.tensor_parallel)
+        fp8 = float8_refusal("tensorwise", "bf16", strategy.engine)
         fp8_reasons += [fp8] if fp8 and fp8 not in fp8_reasons else []
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {'no' if fp8 else 'ok'} |")
     reasons = sorted({r for r in INCOMPATIBLE.values()})

@@ -189,19 +189,45 @@ TP_OPTIMIZER_FILE = "optimizer_tp.pt"  # the optimizer's states gathered whole (
 def save_optimizer(optimizer, folder, write: bool) -> None:
     """The optimizer's state dict with every DTensor state gathered whole, written by the rank that `write`s.
     Collective. (torch.distributed.checkpoint would write the slices, but refuses GPT-2's c_attn: its _StridedShard
-    chunks read as overlapping in torch 2.13's save planner.)"""
+    chunks read as overlapping in torch 2.13's save planner.) A quantized state (torchao's 8-bit AdamW under fsdp_tp:
+    blocks of uint8 codes with a scale each) is gathered dequantized - DTensor cannot split it to gather it along a
+    TP dimension - and its signedness kept, for load_optimizer to quantize it again."""
     import torch
 
     saved = optimizer.state_dict()
-    whole = {index: {key: (v.full_tensor() if _is_dtensor(v) else v) for key, v in state.items()}
-             for index, state in saved["state"].items()}
+    whole = {index: {key: _whole(v) for key, v in state.items()} for index, state in saved["state"].items()}
+    quantized = {index: {key: bool(v.to_local().signed) for key, v in state.items() if _quantized(v)}
+                 for index, state in saved["state"].items()}
     if write:
-        torch.save({"state": whole, "param_groups": saved["param_groups"]}, f"{folder}/{TP_OPTIMIZER_FILE}")
+        torch.save({"state": whole, "param_groups": saved["param_groups"],
+                    "quantized": {i: keys for i, keys in quantized.items() if keys}}, f"{folder}/{TP_OPTIMIZER_FILE}")
+
+
+def _quantized(value) -> bool:
+    """A DTensor state whose shards are a quantizing tensor subclass (torchao's OptimState8bit: codes, scales, signed)."""
+    import torch
+
+    local = value.to_local() if _is_dtensor(value) else None
+    return local is not None and type(local) is not torch.Tensor and hasattr(local, "signed")
+
+
+def _whole(value):
+    from torch.distributed.tensor import DTensor
+
+    if not _is_dtensor(value):
+        return value
+    if _quantized(value):
+        value = DTensor.from_local(value.to_local().dequantize(), value.device_mesh, value.placements, run_check=False,
+                                   shape=value.shape, stride=value.stride())
+    return value.full_tensor()
 
 
 def load_optimizer(optimizer, folder) -> bool:
-    """Reload what save_optimizer wrote, each rank keeping its slices of every state shaped like its parameter;
-    False when the checkpoint has none."""
+    """Reload what save_optimizer wrote, each rank keeping its slices of every state shaped like its parameter; False
+    when the checkpoint has none. A quantized state is quantized again into a state the optimizer makes as its step
+    does: within the 8-bit rounding, not to the bit - torchao's signed map ends at -0.993, not -1, so a block whose
+    largest magnitude is negative comes back with a scale 0.7% smaller (a resumed fsdp_tp x adamw_8bit run's next
+    losses moved by ~1e-5, 2026-11-28). The checkpoint stays whole, loadable on any layout."""
     import os
 
     import torch
@@ -211,6 +237,7 @@ def load_optimizer(optimizer, folder) -> bool:
     if not os.path.isfile(path):
         return False
     saved = torch.load(path, weights_only=True)
+    quantized = saved.pop("quantized", {})
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, state in saved["state"].items():
         param = params[index]
@@ -218,6 +245,8 @@ def load_optimizer(optimizer, folder) -> bool:
             if _is_dtensor(param) and value.shape == param.shape:
                 state[key] = distribute_tensor(value.to(param.device_mesh.device_type), param.device_mesh,
                                                param.placements)
+                if key in quantized.get(index, {}):  # torchao's low-bit optimizers make each state with _new_buffer
+                    state[key] = optimizer._new_buffer(param, quantized[index][key]).copy_(state[key])
     optimizer.load_state_dict(saved)
     return True
 
@@ -229,16 +258,15 @@ def full_state_dict(model) -> dict:
 
 def load_full_state_dict(model, state: dict) -> None:
     """Copy whole tensors (an HF checkpoint) into the split model: each rank keeps its own slices of every DTensor.
-    Tied weights are one parameter here and may be missing from the file."""
-    import torch
+    Tied weights are one parameter here and may be missing from the file. Through the model's own load_state_dict, so
+    its load hooks run: --fp8's GPT-2 keeps nn.Linear weights that its state dict shows in Conv1D's layout
+    (run/float8.linear_projections), and each rank's slices are cut in that layout, then transposed into place."""
     from torch.distributed.tensor import distribute_tensor
 
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            if name not in state:
-                continue
-            full = state[name].to(param.dtype)
-            if _is_dtensor(param):
-                param.copy_(distribute_tensor(full.to(param.device_mesh.device_type), param.device_mesh, param.placements))
-            else:
-                param.copy_(full)
+    slices = {}
+    for name, entry in model.state_dict().items():
+        if name in state:
+            full = state[name].to(entry.dtype)
+            slices[name] = (distribute_tensor(full.to(entry.device_mesh.device_type), entry.device_mesh,
+                                              entry.placements) if _is_dtensor(entry) else full)
+    model.load_state_dict(slices, strict=False)

@@ -124,22 +124,22 @@ def _placement_dim(placement) -> int | None:
 
 
 def inspect_tensor_parallel(model, shape, tp: int) -> dict:
-    """Every parameter's placements against the TP plan (its family's tp_plan, formulas.tensors.tp_split_dim): on the
-    mesh's "tp"
-    dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
+    """Every parameter's placements against the TP plan (its family's tp_plan, ModelSpec.tp_split_dim): on the mesh's
+    "tp" dimension a split parameter must be sharded on its split dimension and every other one replicated; on a
     data-parallel dimension (fsdp_tp's "dp_shard") FSDP2 shards dim 0. (The elements this rank holds are compared with
     the plan's count by the caller, from inspect_parameters.)"""
-    from ..formulas.tensors import tp_split_dim
+    from transformers.pytorch_utils import Conv1D
 
     mismatches, checked = [], 0
     for name, p in model.named_parameters():
+        owner = model.get_submodule(name.rpartition(".")[0])
         mesh = getattr(p, "device_mesh", None)
         names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
         if "tp" not in names:
             mismatches.append(f"{name}: not a DTensor on a mesh with a tp dimension")
             continue
         placements = dict(zip(names, p.placements))
-        want = tp_split_dim(shape, name)
+        want = shape.spec.tp_split_dim(name, conv1d=isinstance(owner, Conv1D))  # --fp8 made GPT-2's nn.Linear
         got = _placement_dim(placements["tp"])
         if got != want or mesh["tp"].size() != tp:
             mismatches.append(f"{name}: {placements['tp']} over tp {mesh['tp'].size()}, the plan says "

@@ -36,7 +36,7 @@ def add_precision_flags(p: ArgumentParser) -> None:
 
 def add_float8_flags(p: ArgumentParser) -> None:
     p.add_argument("--fp8", action="store_true", help="float8 matmuls in the decoder blocks' linear layers (torchao), "
-                   "bf16 elsewhere, as the training flag: GPUs with float8 tensor cores, ddp and fsdp* (docs/strategies.md)")
+                   "bf16 elsewhere, as the training flag: GPUs with float8 tensor cores, ddp, fsdp* and tp* (docs/strategies.md)")
     p.add_argument("--fp8_recipe", default="tensorwise", help=f"torchao's recipe: {', '.join(FLOAT8_RECIPES)}")
 
 

@@ -104,8 +104,7 @@ def run_projection(opts):
             raise HfscaleError(f"--fp8 with {families[0]}: the 3D layouts run at the measured run's FLOPs per GPU, "
                                "with no float8 model; project them without --fp8")
         base = with_float8(base, recipe)
-        refused = {s.name: float8_refusal(recipe, base.plan.precision, s.engine, s.tensor_parallel)
-                   for s in strategies}
+        refused = {s.name: float8_refusal(recipe, base.plan.precision, s.engine) for s in strategies}
         refused = {name: reason for name, reason in refused.items() if reason}
         strategies = [s for s in strategies if s.name not in refused]
         if not strategies:

@@ -113,7 +113,7 @@ class StrategyCallback(TrainerCallback):
             model = verify.uncompiled(trainer.model_wrapped)
             model = getattr(model, "module", model)  # DDP's wrapped module: the names the plan converted
             self.facts["float8"] = inspect_float8(model, self.plan.shape.spec, self.plan.float8, args.fp8_emulate,
-                                                  self.plan.float8_all_gather)
+                                                  self.plan.float8_all_gather, self.plan.tp)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:

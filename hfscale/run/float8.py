@@ -1,18 +1,22 @@
-"""--fp8: torchao's float8 training through accelerate (its AORecipeKwargs), on the linear layers of the decoder blocks.
+"""--fp8: torchao's float8 training on the linear layers of the decoder blocks, with accelerate's fp8 mode on torchao
+(its AORecipeKwargs).
 
 What is converted: every nn.Linear inside a decoder block whose two dimensions torch's float8 matmul takes (multiples
-of 16) - GPT-2's Conv1D projections first become nn.Linear ones (linear_projections), whose state dict keeps Conv1D's
-layout; the embeddings, the LM head and the norms stay in high precision, as torchtitan keeps them (the head's logits
-feed the loss, and its vocabulary-wide matmul is where float8's rounding costs most). Outside the converted matmuls
-the run computes in bf16: accelerate's fp8 mode is bf16 autocast, so `--fp8 --bf16` is the same run. The weights stay
-in their training dtype (a checkpoint and an export load in plain transformers); only the matmuls' operands are cast,
-with dynamic scales, every step. Refusals (device, engine, precision): formulas/precision.py."""
+of 16; under TP the dimensions of a rank's slice) - GPT-2's Conv1D projections first become nn.Linear ones
+(linear_projections), whose state dict keeps Conv1D's layout; the embeddings, the LM head and the norms stay in high
+precision, as torchtitan keeps them (the head's logits feed the loss, and its vocabulary-wide matmul is where float8's
+rounding costs most). accelerate converts the model as it prepares it; under TP hfscale converts it first (`convert`),
+and the split layers' float8 casts take their scales over the whole tensor (torchao reduces a DTensor's amax over the
+TP group). Outside the converted matmuls the run computes in bf16: accelerate's fp8 mode is bf16 autocast, so
+`--fp8 --bf16` is the same run. The weights stay in their training dtype (a checkpoint and an export load in plain
+transformers); only the matmuls' operands are cast, with dynamic scales, every step. Refusals (device, engine,
+precision): formulas/precision.py."""
 
 import dataclasses
 from functools import partial
 
 from ..errors import HfscaleError
-from ..formulas.precision import FLOAT8_DIM_MULTIPLE
+from ..formulas.precision import FLOAT8_DIM_MULTIPLE, tp_local_dims
 
 
 def linear_projections(model) -> int:
@@ -53,26 +57,54 @@ def _loaded_from_conv1d(names, module, state_dict, prefix, *args) -> None:
             state_dict[key] = state_dict[key].t().contiguous()
 
 
-def converts(spec, name: str, module) -> bool:
-    """Whether `module` (named `name` in the unwrapped model) trains its matmuls in float8."""
+def converts(spec, name: str, module, tp: int = 1) -> bool:
+    """Whether `module` (named `name` in the unwrapped model) trains its matmuls in float8: a linear layer of a block
+    whose dimensions on one rank of a TP group of `tp` (split by the family's tp_plan) are multiples of 16."""
     import torch
 
-    return (isinstance(module, torch.nn.Linear) and name.startswith(spec.block_prefix + ".")
-            and module.in_features % FLOAT8_DIM_MULTIPLE == 0 and module.out_features % FLOAT8_DIM_MULTIPLE == 0)
+    prefix = spec.block_prefix + "."
+    if not (isinstance(module, torch.nn.Linear) and name.startswith(prefix)):
+        return False
+    in_block = name[len(prefix):].split(".", 1)[-1]  # past the block's index
+    k, n = tp_local_dims(module.in_features, module.out_features, spec.tp_plan.get(in_block, ""), tp)
+    return k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0
 
 
-def recipe_handler(recipe: str, spec, emulate: bool, all_gather: bool = False):
-    """accelerate's handler that converts the model as it prepares it (convert_model_to_fp8_ao); `all_gather`: FSDP2
-    gathers the converted weights in float8 (torchao's enable_fsdp_float8_all_gather, tensorwise only)."""
-    from accelerate.utils import AORecipeKwargs
+def float8_config(recipe: str, emulate: bool, all_gather: bool = False):
+    """torchao's Float8LinearConfig of the recipe; `all_gather`: FSDP2 gathers the converted weights in float8
+    (torchao's enable_fsdp_float8_all_gather, tensorwise only)."""
     from torchao.float8 import Float8LinearConfig
 
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate,
-                                 enable_fsdp_float8_all_gather=all_gather)
-    return AORecipeKwargs(config=config, module_filter_func=lambda module, name: converts(spec, name, module))
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate,
+                               enable_fsdp_float8_all_gather=all_gather)
 
 
-def inspect_float8(model, spec, recipe: str, emulate: bool, all_gather: bool = False) -> dict:
+def convert(model, spec, recipe: str, emulate: bool, tp: int = 1) -> int:
+    """Swap the blocks' linear layers that `converts` picks for torchao's Float8Linear, in place: what a TP run does
+    before it splits the model (the hooks TP adds would be lost with a layer swapped after it). The other runs leave
+    it to accelerate's prepare, whose FSDP2 route maps the optimizer onto the sharded weights by data_ptr and knows
+    torchao's float8-gathering weight (data_ptr 0) only in a model it converted itself. Returns how many."""
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    convert_to_float8_training(model, config=float8_config(recipe, emulate),
+                               module_filter_fn=lambda module, name: converts(spec, name, module, tp))
+    return sum(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def recipe_handler(recipe: str, spec, emulate: bool, all_gather: bool = False, tp: int = 1):
+    """accelerate's handler: it converts the layers `converts` picks as it prepares the model (none left under TP,
+    where `convert` swapped them already), computes the rest under bf16 autocast and, under FSDP2 with `all_gather`,
+    precomputes the float8 weights' scales after each optimizer step (precompute_float8_dynamic_scale_for_fsdp)."""
+    from accelerate.utils import AORecipeKwargs
+    from torchao.float8.float8_linear import Float8Linear
+
+    return AORecipeKwargs(config=float8_config(recipe, emulate, all_gather),
+                          module_filter_func=lambda module, name: (not isinstance(module, Float8Linear)
+                                                                   and converts(spec, name, module, tp)))
+
+
+def inspect_float8(model, spec, recipe: str, emulate: bool, all_gather: bool = False, tp: int = 1) -> dict:
     """The start-up proof: which linear layers train in float8, and (FSDP2, `all_gather`) that their weights are
     gathered in float8 - torchao's weight subclass under each DTensor shard. Raises when a layer the plan converts was
     not converted (or one it keeps was), or the gather is not the plan's: the run would not be the one its figures
@@ -89,7 +121,7 @@ def inspect_float8(model, spec, recipe: str, emulate: bool, all_gather: bool = F
             gathered += isinstance(weight, WeightWithDynamicFloat8CastTensor)
         elif isinstance(module, torch.nn.Linear):
             kept.append(name)
-            if converts(spec, name, module):
+            if converts(spec, name, module, tp):
                 wrongly_kept.append(name)
     if wrongly_kept or not converted:
         raise HfscaleError(f"--fp8: {len(converted)} linear layers train in float8, but {wrongly_kept or 'none'} "

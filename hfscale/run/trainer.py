@@ -215,7 +215,7 @@ class HfscaleTrainer(Trainer):
         if self.plan.float8:  # accelerate converts the model as it prepares it (run/float8.py)
             args["kwargs_handlers"] = [*args.get("kwargs_handlers", []),
                                        recipe_handler(self.plan.float8, self.plan.shape.spec, self.args.fp8_emulate,
-                                                      self.plan.float8_all_gather)]
+                                                      self.plan.float8_all_gather, self.plan.tp)]
         return args
 
     def create_accelerator_and_postprocess(self) -> None:

@@ -1,9 +1,12 @@
 """hfscale's tensor-parallel plan against the unsharded model: 2 gloo processes (a TP mesh of 2) each build the same
 tiny GPT-2, tiny BLOOM and tiny Llama (grouped-query attention, an untied head) twice, split one copy
-(hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps with gradient clipping on the same batches.
-Prints, as JSON, per family: the losses of both, the largest difference of
-any gradient (full tensors) and of any weight after the steps, the clipped norms, each parameter's placements and
-the elements rank 0 holds against the whole model. Leaves through os._exit (see powersgd_hooks.py)."""
+(hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps with gradient clipping on the same batches - and
+GPT-2 and Llama once more with their blocks' linear layers in float8 (--fp8's conversion, run/float8.convert, before
+the split; torchao's emulation). Prints, as JSON, per model: the losses of both, the largest difference of any
+gradient (full tensors, the first step) and of any weight after the steps, the clipped norms, each parameter's
+placements, the elements rank 0 holds against the whole model, and the largest difference after the split model's
+whole state dict (tensor_parallel.full_state_dict) is loaded into a third, differently seeded split model
+(load_full_state_dict), as a resume does. Leaves through os._exit (see powersgd_hooks.py)."""
 
 import json
 import os
@@ -17,17 +20,31 @@ import torch.multiprocessing as mp
 
 TP = 2
 PRESET = {"gpt2": "tiny", "bloom": "tiny-bloom", "llama": "tiny-llama"}
+FLOAT8 = {"gpt2-fp8": "tiny", "llama-fp8": "tiny-llama"}  # the float8 recipe of a run's --fp8 default
 
 
-def family_run(family: str, mesh) -> dict:
+def built(shape, seed: int, float8: bool, mesh=None):
+    """The model as a run builds it: float8 layers converted before any split (run/float8.convert), then split. The
+    whole model converts the layers the split one does (those whose TP slices float8 takes), to be compared with it."""
+    from hfscale.models import build_model
+    from hfscale.parallel.tensor_parallel import apply_tensor_parallel
+    from hfscale.run.float8 import convert, linear_projections
+
+    model = build_model(shape, seed, "eager")
+    if float8:
+        linear_projections(model)
+        convert(model, shape.spec, "tensorwise", emulate=True, tp=TP)
+    return apply_tensor_parallel(model, mesh, shape.spec) if mesh is not None else model
+
+
+def family_run(preset: str, mesh, float8: bool = False) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from hfscale.models import PRESETS, build_model
-    from hfscale.parallel.tensor_parallel import apply_tensor_parallel, tp_placements
+    from hfscale.models import PRESETS
+    from hfscale.parallel.tensor_parallel import full_state_dict, load_full_state_dict, tp_placements
 
-    shape = PRESETS[PRESET[family]]
-    whole, split = build_model(shape, 0, "eager"), build_model(shape, 0, "eager")
-    apply_tensor_parallel(split, mesh, shape.spec)
+    shape = PRESETS[preset]
+    whole, split = built(shape, 0, float8), built(shape, 0, float8, mesh)
 
     def full(t):
         return t.full_tensor() if isinstance(t, DTensor) else t
@@ -54,8 +71,13 @@ def family_run(family: str, mesh) -> dict:
             opt.zero_grad()
     weight_diff = max((full(p.data) - q.data).abs().max().item() for p, q in zip(split.parameters(), whole.parameters()))
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in split.parameters())
+    resumed = built(shape, 1, float8, mesh)
+    load_full_state_dict(resumed, full_state_dict(split))
+    reloaded = max((full(p.data) - full(q.data)).abs().max().item()
+                   for p, q in zip(resumed.parameters(), split.parameters()))
     return {"losses": losses, "norms": norms, "grad_diff": grad_diff, "weight_diff": weight_diff,
-            "placements": tp_placements(split), "local_numel": local,
+            "placements": tp_placements(split), "local_numel": local, "reloaded_diff": reloaded,
+            "float8_layers": sorted({type(m).__name__ for m in split.modules()} & {"Float8Linear"}),
             "whole_numel": sum(p.numel() for p in whole.parameters())}
 
 
@@ -66,7 +88,8 @@ def worker(rank: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
-    result = {family: family_run(family, mesh) for family in PRESET}
+    result = {family: family_run(preset, mesh) for family, preset in PRESET.items()}
+    result.update({name: family_run(preset, mesh, float8=True) for name, preset in FLOAT8.items()})
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
     dist.barrier()
