@@ -27,12 +27,6 @@ def fsdp_fp8_run() -> dict:
     return shared_train("llama-fsdp-fp8", "fsdp", *FSDP_FP8, steps=FSDP_STEPS)
 
 
-def tp_fp8_run() -> dict:
-    """tp on GPT-2 tiny in float8 (emulated), the fp32 tp run's batches (MBS 8 on one TP group), PARITY_STEPS steps."""
-    return shared_train("tp-fp8", "tp", "--fp8", "--fp8_emulate", "--per_device_train_batch_size", "8",
-                        steps=PARITY_STEPS)
-
-
 def test_float8_needs_float8_tensor_cores_or_emulation():
     """Decided from the device alone (faked here: no GPU is needed to check the rule)."""
     assert "this run is on the CPU" in float8_device_refusal(False, None, "cpu", emulate=False)
@@ -116,7 +110,7 @@ def test_tp_splits_the_float8_layers_and_trains_as_fp32_tp_does():
     """tp in float8 on GPT-2 (its Conv1D projections swapped for nn.Linear, converted, then split by the TP plan in
     nn.Linear's layout): the start-up proof finds every parameter placed as the plan says and every block layer in
     float8; the losses stay within 1e-3 of the fp32 tp run on the same batches and differ from them."""
-    from conftest import tp_run
+    from conftest import tp_fp8_run, tp_run
 
     res, ref = tp_fp8_run(), tp_run()
     check = res["strategy_check"]

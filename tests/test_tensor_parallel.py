@@ -161,14 +161,16 @@ def test_fsdp_tp_on_two_nodes_trains_as_ddp_and_proves_its_plan():
 @pytest.mark.parametrize("strategy", ["tp", "fsdp_tp"])
 def test_tp_checkpoint_resumes_exactly(tmp_path, strategy):
     """A run resumed from its step-10 checkpoint (whole weights and optimizer states, each rank taking its slices
-    again) continues with exactly the losses of the uninterrupted one."""
-    from conftest import PARITY_STEPS, TINY, TP_SAVE_STEP, fake_slurm_bin, fsdp_tp_job, slurm_train, tp_run, train
+    again) continues with exactly the losses of the uninterrupted one, and ends on the same weights. tp's is the
+    float8 run: GPT-2's converted layers hold nn.Linear weights that its checkpoint keeps in Conv1D's layout, the
+    fused QKV one a _StridedShard (test_llama.py resumes a killed tp run in fp32)."""
+    from conftest import PARITY_STEPS, TINY, TP_SAVE_STEP, fake_slurm_bin, fsdp_tp_job, slurm_train, tp_fp8_run, train
 
     if strategy == "tp":
-        full = tp_run()
+        full = tp_fp8_run()
         checkpoint = f"{full['output_dir']}/checkpoint-{TP_SAVE_STEP}"
-        resumed = train(tmp_path / "resumed", "tp", "--per_device_train_batch_size", "8",
-                        "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
+        resumed = train(tmp_path / "resumed", "tp", "--fp8", "--fp8_emulate", "--per_device_train_batch_size", "8",
+                        "--fingerprint_weights", "--resume_from_checkpoint", checkpoint, steps=PARITY_STEPS)
     else:
         full = fsdp_tp_job()
         checkpoint = f"{full['output_dir']}/checkpoint-{TP_SAVE_STEP}"
@@ -178,3 +180,5 @@ def test_tp_checkpoint_resumes_exactly(tmp_path, strategy):
     assert resumed["resumed_from"] == checkpoint
     assert [p["step"] for p in resumed["loss_history"]] == list(range(1, PARITY_STEPS + 1))
     assert _losses(resumed) == _losses(full)
+    if strategy == "tp":
+        assert resumed["final_weights"] == full["final_weights"]
