@@ -13,7 +13,8 @@ from hfscale.formulas.comm import Links
 from hfscale.formulas.metrics import ModelShape, param_count, training_flops_per_sequence
 from hfscale.models import PRESETS
 from hfscale.plan import estimate, project
-from hfscale.plan.grid import GRID_MODEL_ERROR, GridPlan, grid_layouts
+from hfscale.plan.grid import GridPlan, grid_layouts
+from hfscale.plan.projection import grid_model_error
 
 TABLE = json.loads((Path(__file__).parent / "data" / "published_3d_throughput.json").read_text())
 FAST = Links(intra_bw=1e30, inter_bw=1e30, intra_latency_s=0, inter_latency_s=0)
@@ -139,7 +140,8 @@ def _tflops(row, rate) -> float:
 
 def test_megatron_2021_throughput_from_one_calibrated_row():
     """Projected from the 145.6B row's throughput alone, every other GPT configuration of Narayanan et al. 2021 lands
-    within GRID_MODEL_ERROR of its published TFLOPs per GPU - the band `hfscale project` draws around 3D layouts."""
+    within 25% of its published TFLOPs per GPU, and within the band `hfscale project` draws around 3D layouts (the
+    published record's 3D rows, these among them: tests/test_published_record.py)."""
     rows = TABLE["rows"]
     for row in rows:  # the transcription is consistent: shape -> parameters, TFLOPs x GPUs -> aggregate
         shape = ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], 51200, 2048)
@@ -151,7 +153,8 @@ def test_megatron_2021_throughput_from_one_calibrated_row():
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if _tflops(calibration, mid) < calibration["tflops_per_gpu"] else (lo, mid)
     ratios = [_tflops(r, mid) / r["tflops_per_gpu"] for r in rows]
-    assert (round(min(ratios), 2), round(max(ratios), 2)) == GRID_MODEL_ERROR
+    low, high = grid_model_error()
+    assert low - 0.005 <= min(ratios) and max(ratios) <= high + 0.005
     assert max(abs(r - 1) for r in ratios) < 0.25
 
 

@@ -55,6 +55,14 @@ def test_zero3_at_1536_gpus_needs_nccls_hierarchical_rings():
     assert abs(nccl / published - 1) < 0.10 < abs(ring / published - 1)
 
 
+def test_the_3d_band_is_the_records_3d_rows():
+    """The band `hfscale project` draws around 3D layouts spans the published record's 3D rows as committed."""
+    from hfscale.plan.projection import grid_model_error
+
+    ratios = [1 + r["error"] for r in COMMITTED["rows"] if r["family"] == "3D" and not r["baseline"]]
+    assert grid_model_error() == (min(ratios), max(ratios)) and min(ratios) < 1 < max(ratios)
+
+
 def test_project_prints_the_check_for_the_strategies_it_projects():
     from hfscale.plan.project import published_line
 

@@ -15,10 +15,6 @@ from ..formulas.parallel3d import RECOMPUTE, Grid, GridRun, busiest_stage, grid_
 # (BigScience's BLOOM runs) ran ZeRO-1 over DP
 FAMILIES = {"megatron": False, "megatron-deepspeed": True}
 OPTIMIZERS = ("adamw",)  # Megatron's Adam; Adafactor and 8-bit Adam are not Megatron options
-# (lowest, highest) projected / published per-GPU throughput of the ten GPT configurations of Narayanan et al. 2021,
-# Table 1, projected from one of them (the 145.6B row): tests/test_parallel3d.py recomputes it from
-# tests/data/published_3d_throughput.json and holds this constant to it. `hfscale project` widens the 3D band by it.
-GRID_MODEL_ERROR = (0.92, 1.20)
 
 
 @dataclass(frozen=True)

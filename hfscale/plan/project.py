@@ -29,11 +29,11 @@ from ..models import MODEL_OVERRIDES
 from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
-from .grid import FAMILIES, GRID_MODEL_ERROR, GridOptions
+from .grid import FAMILIES, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
-from .projection import (Point, best, knee, model_error, powersgd_step_s, project, project_grids,
+from .projection import (Point, best, grid_model_error, knee, model_error, powersgd_step_s, project, project_grids,
                          published_error, with_float8)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
@@ -214,7 +214,7 @@ def error_line(strategies: list[str]) -> str:
     """What the model's own checks against real runs measured, for each strategy projected."""
     parts = []
     for name in strategies:
-        error = GRID_MODEL_ERROR if name.startswith(tuple(FAMILIES)) else model_error(name)
+        error = grid_model_error() if name.startswith(tuple(FAMILIES)) else model_error(name)
         parts.append(f"{name} {error[0]:.2f}–{error[1]:.2f}" if error else f"{name} not checked")
     return ("model error, projected / measured tokens/s of real runs projected from 1 process on a CPU machine "
             "(benchmarks/projection_vs_real.py; docs/project.md): " + ", ".join(parts)
@@ -256,9 +256,9 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
                 "are all exposed; they step Megatron's Adam; the global batch is the data-parallel strategies' at "
-                "each count (or --global_batch_size); the band is widened by the check against Megatron-LM's "
-                "published throughput "
-                f"({GRID_MODEL_ERROR[0]:.2f}–{GRID_MODEL_ERROR[1]:.2f}, docs/project.md)"]
+                "each count (or --global_batch_size); the band is widened by the check against published 3D "
+                "throughput (Megatron-LM 2019 and 2021, BigScience's layouts: "
+                "{:.2f}–{:.2f}, docs/project.md)".format(*grid_model_error())]
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
 
 
