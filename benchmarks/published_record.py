@@ -74,7 +74,7 @@ def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
         return flops / step.total_s / row["gpus"] / 1e12
 
     base = dataset["rows"][dataset["baseline"]]
-    rate = _bisect(lambda r: tflops(base, r), base["tflops_per_gpu"])
+    rate = _bisect(lambda r: tflops(base, r), published_tflops(dataset, base))
     return [tflops(row, rate) for row in dataset["rows"]]
 
 

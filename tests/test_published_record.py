@@ -23,6 +23,8 @@ def test_the_transcription_is_consistent():
             assert params == pytest.approx(row["params_b"], rel=0.03), (dataset["name"], row)  # 1.65 is printed 1.7
             if "aggregate_pflops" in row:
                 assert row["tflops_per_gpu"] * row["gpus"] / 1e3 == pytest.approx(row["aggregate_pflops"], rel=0.01)
+            if "tokens_per_s" in row:  # the total the source printed, per GPU
+                assert row["tokens_per_s_per_gpu"] * row["gpus"] == pytest.approx(row["tokens_per_s"], rel=1e-4)
             if "micro_batch" in row:  # a whole number of micro-batches per data-parallel rank
                 data_parallel = row["gpus"] // (row.get("tp", 1) * row.get("pp", 1))
                 assert row["global_batch"] % (row["micro_batch"] * data_parallel) == 0
