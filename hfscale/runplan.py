@@ -121,9 +121,8 @@ class RunPlan:
     def float8_all_gather(self) -> bool:
         """FSDP2 gathers the converted weights in float8 (torchao's enable_fsdp_float8_all_gather, as torchtitan runs
         it): half the bytes of a bf16 gather. torchao casts them with one scale per tensor: the tensorwise recipe.
-        Not under fsdp_tp: hfscale's TP places GPT-2's fused QKV weight as a _StridedShard, and distribute_tensor drops
-        torchao's float8-gathering subclass there (seen: 6 of 8 layers kept it), so fsdp_tp gathers in bf16."""
-        return self.float8 == "tensorwise" and self.strategy.engine == "fsdp" and not self.strategy.tensor_parallel
+        Under fsdp_tp too, where FSDP2 gathers each rank's TP slices (tensor_parallel._distribute keeps the subclass)."""
+        return self.float8 == "tensorwise" and self.strategy.engine == "fsdp"
 
     @property
     def tp(self) -> int:

@@ -79,6 +79,10 @@ def test_the_split_float8_model_computes_as_the_whole_one(parity, name):
         assert got["float8_layers"] == ["Float8Linear"] and split[0] == whole[0] and got["grad_diff"] < 1e-6
         assert split == pytest.approx(whole, rel=1e-4)
         assert split != rank[name.removesuffix("-fp8")]["losses"][1]  # the casts are real (emulated: no speedup)
+    # converted for fsdp_tp's float8 all-gather, every split weight keeps torchao's float8-gathering subclass - GPT-2's
+    # fused QKV (a _StridedShard) too, which distribute_tensor alone hands back plain (tensor_parallel._distribute)
+    gathering = parity[0][name]["float8_gathering"]
+    assert len(gathering) == 4 * 2 and set(gathering) == {"WeightWithDynamicFloat8CastTensor"}
     spec = FAMILIES[name.removesuffix("-fp8")]
     for param, placed in parity[0][name]["placements"].items():  # the plan's split, in nn.Linear's layout (GPT-2's too)
         dim = spec.tp_split_dim(param, conv1d=False)

@@ -285,7 +285,7 @@ def rank_memory(plan) -> RankMemory:
                        plan.logits_output, bool(plan.float8))
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
-    float8_block = float8_block_elements(plan.shape) if plan.float8_all_gather else 0
+    float8_block = float8_block_elements(plan.shape, plan.tp) if plan.float8_all_gather else 0  # a rank's TP slices
     mem.comm_buffers = comm_buffer_bytes(plan.shape, layout, precision, plan.on_cuda, plan.data_parallel_size, plan.tp,
                                          float8_block)
     # What the backward allocates after the activation peak (its start), as the activations are freed: without

@@ -53,6 +53,26 @@ def _local(out):
     return out.to_local() if isinstance(out, DTensor) else out
 
 
+def _distribute(data, mesh, placements):
+    """distribute_tensor, keeping a wrapper tensor subclass whose one inner tensor has its shape (torchao's
+    float8-gathering weight under --fp8's FSDP2 all-gather): a _StridedShard split goes through ops the subclass does
+    not carry over, which hand back plain shards (seen on GPT-2's fused QKV under fsdp_tp), so the inner tensor is
+    split and each shard wrapped again by the subclass's own protocol (__tensor_flatten__ / __tensor_unflatten__)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    split = distribute_tensor(data, mesh, placements)
+    flatten = getattr(type(data), "__tensor_flatten__", None)
+    if flatten is None or type(split.to_local()) is type(data):
+        return split
+    names, spec = data.__tensor_flatten__()
+    inner = getattr(data, names[0])
+    if len(names) != 1 or inner.shape != data.shape:
+        return split
+    local = distribute_tensor(inner, mesh, placements).to_local()
+    wrapped = type(data).__tensor_unflatten__({names[0]: local}, spec, local.shape, local.stride())
+    return DTensor.from_local(wrapped, mesh, placements, run_check=False, shape=data.shape, stride=data.stride())
+
+
 def _colwise(module, mesh, fused: int = 1) -> None:
     """Split by output columns: the input arrives whole (replicated), the output leaves as this rank's columns."""
     import torch
@@ -62,7 +82,7 @@ def _colwise(module, mesh, fused: int = 1) -> None:
     out_dim, _ = _weight_dims(module)
     weight = _StridedShard(out_dim, split_factor=fused) if fused > 1 else Shard(out_dim)
     bias = Replicate() if fused > 1 else Shard(0)
-    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [weight]))
+    module.weight = torch.nn.Parameter(_distribute(module.weight.data, mesh, [weight]))
     if module.bias is not None:  # Llama's projections have none
         module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [bias]))
     module.register_forward_pre_hook(
@@ -76,7 +96,7 @@ def _rowwise(module, mesh) -> None:
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     _, in_dim = _weight_dims(module)
-    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [Shard(in_dim)]))
+    module.weight = torch.nn.Parameter(_distribute(module.weight.data, mesh, [Shard(in_dim)]))
     if module.bias is not None:
         module.bias = torch.nn.Parameter(distribute_tensor(module.bias.data, mesh, [Replicate()]))
     module.register_forward_pre_hook(

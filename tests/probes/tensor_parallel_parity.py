@@ -6,7 +6,8 @@ the split; torchao's emulation). Prints, as JSON, per model: the losses of both,
 gradient (full tensors, the first step) and of any weight after the steps, the clipped norms, each parameter's
 placements, the elements rank 0 holds against the whole model, and the largest difference after the split model's
 whole state dict (tensor_parallel.full_state_dict) is loaded into a third, differently seeded split model
-(load_full_state_dict), as a resume does. Leaves through os._exit (see powersgd_hooks.py)."""
+(load_full_state_dict), as a resume does; in float8, the type of each converted weight's TP shard when converted for
+FSDP2's float8 all-gather, as fsdp_tp does. Leaves through os._exit (see powersgd_hooks.py)."""
 
 import json
 import os
@@ -23,7 +24,7 @@ PRESET = {"gpt2": "tiny", "bloom": "tiny-bloom", "llama": "tiny-llama"}
 FLOAT8 = {"gpt2-fp8": "tiny", "llama-fp8": "tiny-llama"}  # the float8 recipe of a run's --fp8 default
 
 
-def built(shape, seed: int, float8: bool, mesh=None):
+def built(shape, seed: int, float8: bool, mesh=None, all_gather: bool = False):
     """The model as a run builds it: float8 layers converted before any split (run/float8.convert), then split. The
     whole model converts the layers the split one does (those whose TP slices float8 takes), to be compared with it."""
     from hfscale.models import build_model
@@ -33,7 +34,7 @@ def built(shape, seed: int, float8: bool, mesh=None):
     model = build_model(shape, seed, "eager")
     if float8:
         linear_projections(model)
-        convert(model, shape.spec, "tensorwise", emulate=True, tp=TP)
+        convert(model, shape.spec, "tensorwise", emulate=True, all_gather=all_gather, tp=TP)
     return apply_tensor_parallel(model, mesh, shape.spec) if mesh is not None else model
 
 
@@ -75,7 +76,15 @@ def family_run(preset: str, mesh, float8: bool = False) -> dict:
     load_full_state_dict(resumed, full_state_dict(split))
     reloaded = max((full(p.data) - full(q.data)).abs().max().item()
                    for p, q in zip(resumed.parameters(), split.parameters()))
+    gathering = None  # fsdp_tp's float8 all-gather: every converted weight's TP shard still torchao's subclass
+    if float8:
+        from torchao.float8.float8_linear import Float8Linear
+
+        weights = [m.weight.to_local() for m in built(shape, 0, True, mesh, all_gather=True).modules()
+                   if isinstance(m, Float8Linear)]
+        gathering = [type(w).__name__ for w in weights]
     return {"losses": losses, "norms": norms, "grad_diff": grad_diff, "weight_diff": weight_diff,
+            "float8_gathering": gathering,
             "placements": tp_placements(split), "local_numel": local, "reloaded_diff": reloaded,
             "float8_layers": sorted({type(m).__name__ for m in split.modules()} & {"Float8Linear"}),
             "whole_numel": sum(p.numel() for p in whole.parameters())}
