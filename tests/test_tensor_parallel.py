@@ -96,6 +96,16 @@ def test_a_split_models_whole_state_dict_reloads_into_its_slices(parity, name):
     assert all(rank[name]["reloaded_diff"] == 0.0 for rank in parity)
 
 
+def test_fsdp_tp_gathers_and_reloads_a_weight_sharded_twice_along_one_dimension():
+    """fsdp_tp's checkpoints on a 2 x 2 mesh (4 processes): GPT-2 in float8 keeps its fused QKV weight as nn.Linear's,
+    split by TP and again by FSDP2 along its dimension 0. Its whole state dict equals the unsharded model's and reloads
+    into the split slices exactly (tensor_parallel gathers one mesh dimension at a time: DTensor's one-call gather
+    scrambled this weight, 0.1 off)."""
+    got = probe("fsdp_tp_state_dict")
+    assert got["qkv_placements"] == "(_StridedShard(dim=0, sf=2), _StridedShard(dim=0, sf=3))"
+    assert got["saved_diff"] == 0.0 and got["reloaded_diff"] == 0.0
+
+
 def test_tp_refuses_a_split_that_cuts_a_head():
     assert "does not divide the 4 attention heads" in tp_refusal(PRESETS["tiny"], 3)
     assert tp_refusal(PRESETS["tiny"], 4) is None and tp_refusal(PRESETS["bloom-7b1"], 8) is None

@@ -206,6 +206,59 @@ def tp_placements(model) -> dict[str, str]:
 TP_OPTIMIZER_FILE = "optimizer_tp.pt"  # the optimizer's states gathered whole (rank 0 writes it)
 
 
+def _gathered(tensor):
+    """A DTensor whole. Collective. fsdp_tp's 2-D tensors are gathered one mesh dimension at a time, undoing how they
+    were made: FSDP2's shards of this rank's TP slice first (it chunked that slice along one dimension), then the TP
+    slices by the plan's own placement. DTensor's one-call gather scrambled GPT-2's fused QKV weight under --fp8,
+    sharded twice along its dimension 0 (_StridedShard over FSDP2's and TP's, torch 2.13)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if tensor.device_mesh.ndim != 2:
+        return tensor.full_tensor()
+    (shard_mesh, tp_mesh), (sharded, split) = _mesh_dims(tensor), tensor.placements
+    shape = _tp_slice_shape(tensor)
+    tp_slice = DTensor.from_local(tensor.to_local(), shard_mesh, [Shard(sharded.dim)], run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape)).full_tensor()
+    return DTensor.from_local(tp_slice, tp_mesh, [split], run_check=False, shape=tensor.shape,
+                              stride=tensor.stride()).full_tensor()
+
+
+def _distributed(full, like):
+    """`full` cut into this rank's slices of DTensor `like` (its mesh and placements), the inverse of _gathered."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(like.device_mesh.device_type)
+    if like.device_mesh.ndim != 2:
+        return distribute_tensor(full, like.device_mesh, like.placements)
+    (shard_mesh, tp_mesh), (sharded, split) = _mesh_dims(like), like.placements
+    tp_slice = distribute_tensor(full, tp_mesh, [split]).to_local()
+    local = torch.chunk(tp_slice, shard_mesh.size(), dim=sharded.dim)[shard_mesh.get_local_rank()]
+    return DTensor.from_local(local.contiguous(), like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                              stride=like.stride())
+
+
+def _mesh_dims(tensor):
+    mesh = tensor.device_mesh
+    return mesh[mesh.mesh_dim_names[0]], mesh[mesh.mesh_dim_names[1]]
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.insert(0, step)
+        step *= size
+    return tuple(stride)
+
+
+def _tp_slice_shape(tensor) -> tuple[int, ...]:
+    shape = list(tensor.shape)
+    split, tp = tensor.placements[1], tensor.device_mesh.size(1)
+    if getattr(split, "dim", None) is not None:  # Shard or _StridedShard (not a Shard in torch 2.13); not Replicate
+        shape[split.dim] //= tp
+    return tuple(shape)
+
+
 def save_optimizer(optimizer, folder, write: bool) -> None:
     """The optimizer's state dict with every DTensor state gathered whole, written by the rank that `write`s.
     Collective. (torch.distributed.checkpoint would write the slices, but refuses GPT-2's c_attn: its _StridedShard
@@ -239,7 +292,7 @@ def _whole(value):
     if _quantized(value):
         value = DTensor.from_local(value.to_local().dequantize(), value.device_mesh, value.placements, run_check=False,
                                    shape=value.shape, stride=value.stride())
-    return value.full_tensor()
+    return _gathered(value)
 
 
 def load_optimizer(optimizer, folder) -> bool:
@@ -251,7 +304,6 @@ def load_optimizer(optimizer, folder) -> bool:
     import os
 
     import torch
-    from torch.distributed.tensor import distribute_tensor
 
     path = f"{folder}/{TP_OPTIMIZER_FILE}"
     if not os.path.isfile(path):
@@ -263,8 +315,7 @@ def load_optimizer(optimizer, folder) -> bool:
         param = params[index]
         for key, value in state.items():
             if _is_dtensor(param) and value.shape == param.shape:
-                state[key] = distribute_tensor(value.to(param.device_mesh.device_type), param.device_mesh,
-                                               param.placements)
+                state[key] = _distributed(value, param)
                 if key in quantized.get(index, {}):  # torchao's low-bit optimizers make each state with _new_buffer
                     state[key] = optimizer._new_buffer(param, quantized[index][key]).copy_(state[key])
     optimizer.load_state_dict(saved)
@@ -273,7 +324,7 @@ def load_optimizer(optimizer, folder) -> bool:
 
 def full_state_dict(model) -> dict:
     """The model's state dict with every DTensor gathered whole. Collective: every rank must call it."""
-    return {name: (t.full_tensor() if _is_dtensor(t) else t).detach().cpu() for name, t in model.state_dict().items()}
+    return {name: (_gathered(t) if _is_dtensor(t) else t).detach().cpu() for name, t in model.state_dict().items()}
 
 
 def load_full_state_dict(model, state: dict) -> None:
@@ -281,12 +332,9 @@ def load_full_state_dict(model, state: dict) -> None:
     Tied weights are one parameter here and may be missing from the file. Through the model's own load_state_dict, so
     its load hooks run: --fp8's GPT-2 keeps nn.Linear weights that its state dict shows in Conv1D's layout
     (run/float8.linear_projections), and each rank's slices are cut in that layout, then transposed into place."""
-    from torch.distributed.tensor import distribute_tensor
-
     slices = {}
     for name, entry in model.state_dict().items():
         if name in state:
             full = state[name].to(entry.dtype)
-            slices[name] = (distribute_tensor(full.to(entry.device_mesh.device_type), entry.device_mesh,
-                                              entry.placements) if _is_dtensor(entry) else full)
+            slices[name] = _distributed(full, entry) if _is_dtensor(entry) else full
     model.load_state_dict(slices, strict=False)

@@ -17,7 +17,7 @@ from ..formulas.tensors import tp_local_tensors
 from ..parallel import storage, verify
 from ..parallel.hooks import PowerSGDConfig, apply_powersgd, powersgd_facts, restore_powersgd
 from . import garbage
-from .float8 import inspect_float8
+from .float8 import inspect_float8, precompute_scales
 
 MAX_SKIPPED_STEPS = 50  # fp16 loss scaling from 2^16 halves per overflow: a healthy run steps long before this
 
@@ -114,6 +114,8 @@ class StrategyCallback(TrainerCallback):
             model = getattr(model, "module", model)  # DDP's wrapped module: the names the plan converted
             self.facts["float8"] = inspect_float8(model, self.plan.shape.spec, self.plan.float8, args.fp8_emulate,
                                                   self.plan.float8_all_gather, self.plan.tp)
+            if self.plan.float8_all_gather:
+                precompute_scales(model)
         self._measure_gradients_before_the_first_step()
         self._record_construction_memory()
         if self.powersgd is not None:

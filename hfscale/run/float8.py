@@ -104,6 +104,17 @@ def recipe_handler(recipe: str, spec, emulate: bool, all_gather: bool = False, t
                                                                    and converts(spec, name, module, tp)))
 
 
+def precompute_scales(model) -> None:
+    """Under FSDP2's float8 all-gather: the scales the converted weights are gathered with, as the optimizer's
+    post-step hook leaves them (torchao's precompute_float8_dynamic_scale_for_fsdp: each whole weight's amax), made
+    before the first step too. Without them a step scales each weight by its amax over the FSDP mesh alone - under
+    fsdp_tp a TP slice's, not the weight's - so a fresh run's first step and a resumed run's first step would gather
+    differently from every other step (seen: a resumed fsdp_tp run's weights 1e-4 off the uninterrupted run's)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
 def inspect_float8(model, spec, recipe: str, emulate: bool, all_gather: bool = False, tp: int = 1) -> dict:
     """The start-up proof: which linear layers train in float8, and (FSDP2, `all_gather`) that their weights are
     gathered in float8 - torchao's weight subclass under each DTensor shard. Raises when a layer the plan converts was
