@@ -765,14 +765,9 @@ def _tp_args(out: Path, mbs: int) -> list[str]:
             str(TP_SAVE_STEP), "--max_steps", str(PARITY_STEPS), "--fingerprint_weights", "--output_dir", str(out)]
 
 
-def tp_run() -> dict:
-    """tp on 2 processes (one TP group, MBS 8: the 8 samples ddp's two ranks see)."""
-    return shared_run("tp", lambda folder: train(folder, "tp", "--per_device_train_batch_size", "8",
-                                                 "--fingerprint_weights", steps=PARITY_STEPS))
-
-
 def tp_fp8_run() -> dict:
-    """tp_run in float8 (--fp8, emulated): GPT-2's Conv1D projections swapped for nn.Linear, converted, then split."""
+    """tp on 2 processes (one TP group, MBS 8: the 8 samples ddp's two ranks see) in float8 (--fp8, emulated): GPT-2's
+    Conv1D projections swapped for nn.Linear, converted, then split; a checkpoint at TP_SAVE_STEP."""
     return shared_run("tp-fp8", lambda folder: train(folder, "tp", "--fp8", "--fp8_emulate", "--per_device_train_batch_size",
                                                      "8", "--save_strategy", "steps", "--save_steps", str(TP_SAVE_STEP),
                                                      "--fingerprint_weights", steps=PARITY_STEPS))

@@ -12,7 +12,7 @@ import pytest
 from conftest import (BF16_RUNS, HOST_RUNS, PARTITION_OPTIM, PARITY_STEPS, PARITY_STRATEGIES, REPO, TINY,
                       accelerate_launch, assert_figures_count_the_loaders, bf16_result, fsdp_tp_job, host_memory_run,
                       hsdp_8bit_job, hsdp_job, llama_pair_run, partition_run, parity_runs, run, shared_train, swept_run,
-                      tp_run, tune_trial)
+                      tp_fp8_run, tune_trial)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -300,8 +300,8 @@ PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 def pair_result(strategy: str, optim: str) -> dict:
     if all_strategies()[strategy].hybrid:  # HSDP needs 2+ nodes: 2 x 2 simulated-SLURM jobs (conftest)
         return hsdp_8bit_job() if optim == "adamw_8bit" else hsdp_job()
-    if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's run
-        return tp_run()
+    if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's (float8)
+        return tp_fp8_run()
     if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
         model = ["--model", "tiny-llama"] if (strategy, optim) in LLAMA_PAIRS else []
         return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *model, "--save_steps", "2",

@@ -75,6 +75,9 @@ def float8_device_refusal(on_cuda: bool, capability: tuple[int, int] | None, dev
     return None
 
 
+COLUMNS, ROWS = "colwise", "rowwise"  # the tp_plan styles' prefixes: split by output columns, by input rows
+
+
 def block_linears(shape, tp: int = 1) -> list[tuple[int, int, int]]:
     """(in, out, count) of each distinct linear layer of one decoder block that float8 converts, as one rank of a TP
     group of `tp` multiplies by it: Llama's q, o (h x h), k, v (h x kv), gate, up (h x f) and down (f x h); GPT-2's
@@ -93,9 +96,6 @@ def block_linears(shape, tp: int = 1) -> list[tuple[int, int, int]]:
         if k % FLOAT8_DIM_MULTIPLE == 0 and n % FLOAT8_DIM_MULTIPLE == 0:
             merged[(k, n)] = merged.get((k, n), 0) + count
     return [(k, n, c) for (k, n), c in merged.items()]
-
-
-COLUMNS, ROWS = "colwise", "rowwise"  # the tp_plan styles' prefixes: split by output columns, by input rows
 
 
 def tp_local_dims(k: int, n: int, split: str, tp: int) -> tuple[int, int]:

@@ -79,17 +79,15 @@ def float8_config(recipe: str, emulate: bool, all_gather: bool = False):
                                enable_fsdp_float8_all_gather=all_gather)
 
 
-def convert(model, spec, recipe: str, emulate: bool, all_gather: bool = False, tp: int = 1) -> int:
+def convert(model, spec, recipe: str, emulate: bool, all_gather: bool = False, tp: int = 1) -> None:
     """Swap the blocks' linear layers that `converts` picks for torchao's Float8Linear, in place: what a TP run does
     before it splits the model (the hooks TP adds would be lost with a layer swapped after it). The other runs leave
     it to accelerate's prepare, whose FSDP2 route maps the optimizer onto the sharded weights by data_ptr and knows
-    torchao's float8-gathering weight (data_ptr 0) only in a model it converted itself. Returns how many."""
+    torchao's float8-gathering weight (data_ptr 0) only in a model it converted itself."""
     from torchao.float8 import convert_to_float8_training
-    from torchao.float8.float8_linear import Float8Linear
 
     convert_to_float8_training(model, config=float8_config(recipe, emulate, all_gather),
                                module_filter_fn=lambda module, name: converts(spec, name, module, tp))
-    return sum(isinstance(m, Float8Linear) for m in model.modules())
 
 
 def recipe_handler(recipe: str, spec, emulate: bool, all_gather: bool = False, tp: int = 1):
