@@ -56,8 +56,8 @@ def _local(out):
 def _distribute(data, mesh, placements):
     """distribute_tensor, keeping a wrapper tensor subclass whose one inner tensor has its shape (torchao's
     float8-gathering weight under --fp8's FSDP2 all-gather): a _StridedShard split goes through ops the subclass does
-    not carry over, which hand back plain shards (seen on GPT-2's fused QKV under fsdp_tp), so the inner tensor is
-    split and each shard wrapped again by the subclass's own protocol (__tensor_flatten__ / __tensor_unflatten__)."""
+    not carry over, which hand back plain shards (GPT-2's fused QKV), so the inner tensor is split and each shard
+    wrapped again by the subclass's own protocol (__tensor_flatten__ / __tensor_unflatten__)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     split = distribute_tensor(data, mesh, placements)
@@ -299,8 +299,8 @@ def load_optimizer(optimizer, folder) -> bool:
     """Reload what save_optimizer wrote, each rank keeping its slices of every state shaped like its parameter; False
     when the checkpoint has none. A quantized state is quantized again into a state the optimizer makes as its step
     does: within the 8-bit rounding, not to the bit - torchao's signed map ends at -0.993, not -1, so a block whose
-    largest magnitude is negative comes back with a scale 0.7% smaller (a resumed fsdp_tp x adamw_8bit run's next
-    losses moved by ~1e-5, 2026-11-28). The checkpoint stays whole, loadable on any layout."""
+    largest magnitude is negative comes back with a scale 0.7% smaller (docs/strategies.md). The checkpoint stays
+    whole, loadable on any layout."""
     import os
 
     import torch

@@ -107,7 +107,7 @@ def precompute_scales(model) -> None:
     post-step hook leaves them (torchao's precompute_float8_dynamic_scale_for_fsdp: each whole weight's amax), made
     before the first step too. Without them a step scales each weight by its amax over the FSDP mesh alone - under
     fsdp_tp a TP slice's, not the weight's - so a fresh run's first step and a resumed run's first step would gather
-    differently from every other step (seen: a resumed fsdp_tp run's weights 1e-4 off the uninterrupted run's)."""
+    differently from every other step, and a resumed run would not end on the uninterrupted run's weights."""
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(model)
