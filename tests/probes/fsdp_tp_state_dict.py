@@ -3,15 +3,12 @@ processes: FSDP2 over "dp_shard", hfscale's TP over "tp"), for GPT-2 in float8 (
 projections as nn.Linear): its fused QKV weight is sharded twice along dimension 0 (_StridedShard over both mesh
 dimensions), the case DTensor's one-call gather scrambled. Prints, as JSON: the largest difference between the
 gathered state dict and the same model built unsharded, and between the split model and a differently seeded one
-loaded from that state dict (gathered again), with the QKV weight's placements. Leaves through os._exit."""
+loaded from that state dict (gathered again), with the QKV weight's placements. Leaves through os._exit (world.py)."""
 
 import json
 import os
-import sys
-from datetime import timedelta
 
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from world import spawn_world
 
 WORLD = 4
 
@@ -36,9 +33,7 @@ def built(seed: int, mesh=None):
     return model
 
 
-def worker(rank: int, port: int, out: str) -> None:
-    store = dist.TCPStore("127.0.0.1", port, WORLD + 1, False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+def work(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from hfscale.parallel.tensor_parallel import full_state_dict, load_full_state_dict
@@ -48,24 +43,11 @@ def worker(rank: int, port: int, out: str) -> None:
     saved, whole = full_state_dict(split), built(0).state_dict()
     load_full_state_dict(other, saved)
     reloaded = full_state_dict(other)
-    result = {"saved_diff": max((saved[k] - whole[k]).abs().max().item() for k in whole),
-              "reloaded_diff": max((reloaded[k] - saved[k]).abs().max().item() for k in saved),
-              "qkv_placements": str(dict(split.named_parameters())["transformer.h.0.attn.c_attn.weight"].placements)}
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    os._exit(0)
+    return {"saved_diff": max((saved[k] - whole[k]).abs().max().item() for k in whole),
+            "reloaded_diff": max((reloaded[k] - saved[k]).abs().max().item() for k in saved),
+            "qkv_placements": str(dict(split.named_parameters())["transformer.h.0.attn.c_attn.weight"].placements)}
 
 
 if __name__ == "__main__":
-    store = dist.TCPStore("127.0.0.1", int(sys.argv[-1]), WORLD + 1, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=120))
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="hfscale-fsdp-tp-state-") as folder:
-        out = os.path.join(folder, "result.json")
-        mp.spawn(worker, args=(store.port, out), nprocs=WORLD)
-        with open(out) as f:
-            print(json.dumps(json.load(f)))
+    print(json.dumps(spawn_world(WORLD, work)[0]))
     os._exit(0)

@@ -11,13 +11,10 @@ FSDP2's float8 all-gather, as fsdp_tp does. Leaves through os._exit (see powersg
 
 import json
 import os
-import sys
-import tempfile
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from world import spawn_world
 
 TP = 2
 PRESET = {"gpt2": "tiny", "bloom": "tiny-bloom", "llama": "tiny-llama"}
@@ -90,31 +87,15 @@ def family_run(preset: str, mesh, float8: bool = False) -> dict:
             "whole_numel": sum(p.numel() for p in whole.parameters())}
 
 
-def worker(rank: int, port: int, out: str) -> None:
-    # a client of the parent's store, bound before any worker started: no port to pick, none another process can take
-    store = dist.TCPStore("127.0.0.1", port, TP + 1, False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
+def work(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
     result = {family: family_run(preset, mesh) for family, preset in PRESET.items()}
     result.update({name: family_run(preset, mesh, float8=True) for name, preset in FLOAT8.items()})
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    os._exit(0)
+    return result
 
 
 if __name__ == "__main__":
-    # the rendezvous store, served here on the port given (0: one the kernel picks as it binds) for the workers' lives
-    store = dist.TCPStore("127.0.0.1", int(sys.argv[-1]), TP + 1, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=120))
-    with tempfile.TemporaryDirectory(prefix="hfscale-tp-parity-") as folder:
-        out = os.path.join(folder, "rank")
-        mp.spawn(worker, args=(store.port, out), nprocs=TP)
-        ranks = []
-        for rank in range(TP):
-            with open(f"{out}.{rank}") as f:
-                ranks.append(json.load(f))
-    print(json.dumps({"ranks": ranks}))
+    print(json.dumps({"ranks": spawn_world(TP, work)}))
     os._exit(0)
