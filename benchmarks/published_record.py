@@ -5,7 +5,8 @@ its source. Its baseline row calibrates the compute (the FLOPs per GPU it achiev
 taken out), and every row of the set is then projected from it with the model `hfscale project` uses - the 3D layouts
 by formulas/parallel3d, ZeRO and the other data-parallel strategies by formulas/comm through plan/projection - over the
 system's links timed by NCCL's cost model. Prints the error per row (projected / published - 1), the mean |error| per
-strategy family and over every row; the baseline rows are left out of the means (they match by construction).
+strategy family and over every row; the baseline rows are left out of the means (they match by construction), and so
+are the rows of a set marked `left_out` (printed with its reason: a set whose recipe changes with the scale).
 
     python benchmarks/published_record.py
     python benchmarks/published_record.py --out hfscale/plan/published_record_checks.json   # what project prints
@@ -24,7 +25,8 @@ DATA = REPO / "benchmarks" / "published_record.json"
 def links_of(system: dict):
     from hfscale.formulas.comm import Links
 
-    return Links(system["intra_busbw_gb_s"] * 1e9, system["inter_busbw_gb_s"] * 1e9, collectives="nccl")
+    return Links(system["intra_busbw_gb_s"] * 1e9, system["inter_busbw_gb_s"] * 1e9, collectives="nccl",
+                 nics_per_node=system.get("nics_per_node"))
 
 
 def shape_of(dataset: dict, row: dict):
@@ -129,15 +131,30 @@ def evaluate(data: dict) -> list[dict]:
             rows.append({"set": dataset["name"], "family": dataset["family"], "gpus": row["gpus"],
                          "params_b": row["params_b"], "published_tflops": round(published, 2),
                          "projected_tflops": round(tflops, 2), "error": round(tflops / published - 1, 4),
-                         "baseline": i == dataset["baseline"]})
+                         "baseline": i == dataset["baseline"], "left_out": "left_out" in dataset})
     return rows
 
 
+def nccl_tests(data: dict) -> list[tuple[dict, float]]:
+    """(row, the bus bandwidth NCCL's model gives it in GB/s) for every published nccl-tests row."""
+    from hfscale.formulas.comm import Links, nccl_collective
+
+    out = []
+    for row in data.get("nccl_tests", {}).get("rows", []):
+        links = Links(230e9, row["link_gb_s"] * 1e9, collectives="nccl", nics_per_node=row["nics_per_node"])
+        ranks, size = row["nodes"] * row["gpus_per_node"], row["size_bytes"]
+        seconds = nccl_collective("all_reduce", size, ranks, row["nodes"], links)[0]
+        out.append((row, 2 * (ranks - 1) / ranks * size / seconds / 1e9))
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
-    """{family or "all": {"mean_abs_error", "max_abs_error", "rows"}} over the projected (non-baseline) rows."""
+    """{family or "all": {"mean_abs_error", "max_abs_error", "rows"}} over the projected rows (neither a baseline nor
+    left out)."""
     out = {}
     for family in sorted({r["family"] for r in rows}) + ["all"]:
-        errors = [abs(r["error"]) for r in rows if not r["baseline"] and family in (r["family"], "all")]
+        errors = [abs(r["error"]) for r in rows
+                  if not r["baseline"] and not r.get("left_out") and family in (r["family"], "all")]
         out[family] = {"mean_abs_error": round(sum(errors) / len(errors), 4), "max_abs_error": round(max(errors), 4),
                        "rows": len(errors)}
     return out
@@ -150,15 +167,20 @@ def main() -> None:
     opts = parser.parse_args()
     from hfscale.files import atomic_write_text, load_json
 
-    rows = evaluate(load_json(opts.data, "published record"))
+    data = load_json(opts.data, "published record")
+    rows = evaluate(data)
     print(f"{'set':40} {'GPUs':>5} {'params':>7} {'published':>9} {'projected':>9} {'error':>7}")
     for r in rows:
-        mark = "  (baseline)" if r["baseline"] else ""
+        mark = "  (baseline)" if r["baseline"] else "  (left out of the means)" if r["left_out"] else ""
         print(f"{r['set']:40} {r['gpus']:5d} {r['params_b']:6g}B {r['published_tflops']:9.1f} "
               f"{r['projected_tflops']:9.1f} {r['error']:+7.1%}{mark}")
     totals = summary(rows)
     for family, s in totals.items():
         print(f"{family:>8}: mean |error| {s['mean_abs_error']:.1%}, worst {s['max_abs_error']:.1%} over {s['rows']} rows")
+    print("\nnccl-tests all_reduce_perf across nodes (measured / NCCL's model at one link's line rate):")
+    for row, model in nccl_tests(data):
+        print(f"  {row['nodes']} nodes x {row['gpus_per_node']}, {row['nics_per_node']} x {row['link_gb_s']:g} GB/s links: "
+              f"{row['busbw_gb_s']:g} / {model:.1f} GB/s = {row['busbw_gb_s'] / model:.2f}")
     if opts.out:
         atomic_write_text(opts.out, json.dumps({"rows": rows, "summary": totals}, indent=1) + "\n")
 

@@ -285,21 +285,22 @@ def test_nccl_crosses_the_network_only_between_nodes_and_takes_its_fastest_algor
     assert comm.nccl_collective("all_reduce", 4e8, 8, 1, NCCL) == pytest.approx(
         (2 * 7 / 8 * 4e8 / 150e9 + (8.4 + 14 * 3.4) * 1e-6, "ring", "Simple"))
     # 64 nodes x 8: an all-gather's ring crosses the network 63 times; its other 448 steps are NVLink hops (each at
-    # least the network post's 1 us). 8 bytes go by LL, at a quarter of the bandwidth: ~0.6 ms, where a ring paying
-    # the inter-node latency at every one of its 511 steps takes 10 ms
+    # least the network post's 1 us). 8 bytes go by LL, at a quarter of the bandwidth - its 8 ranks a node leave by
+    # 8 links, capped at the NVLink bus (150 GB/s): ~0.6 ms, where a ring paying the inter-node latency at every one
+    # of its 511 steps takes 10 ms
     t, algorithm, protocol = comm.nccl_collective("all_gather", 8, 512, 64, NCCL)
     assert (algorithm, protocol) == ("ring", "LL")
-    assert t == pytest.approx((6.6 + 448 * 1.0 + 63 * 2.7) * 1e-6 + 8 * 511 / 512 / (25e9 / 4))
+    assert t == pytest.approx((6.6 + 448 * 1.0 + 63 * 2.7) * 1e-6 + 8 * 511 / 512 / (150e9 / 4))
     assert t < 0.1 * comm.collective_s("all_gather", 8, 512, 8, comm.Links(150e9, 25e9))
     # a small all-reduce over many nodes climbs a tree (2 log2(nodes) network hops), a large one on a node rings
     assert comm.nccl_collective("all_reduce", 1e5, 512, 64, NCCL)[1:] == ("tree", "LL")
     assert comm.nccl_collective("all_reduce", 1e9, 8, 1, NCCL)[1:] == ("ring", "Simple")
     # the time only grows with the message, and never beats the bus bandwidth
     sizes = [2.0 ** k for k in range(3, 33)]
-    for ranks, nodes in ((8, 1), (16, 2), (512, 64)):
+    for ranks, nodes in ((8, 1), (16, 2), (512, 64), (64, 64)):
         times = [comm.nccl_collective("all_reduce", size, ranks, nodes, NCCL)[0] for size in sizes]
         assert times == sorted(times)
-        bus = 150e9 if nodes == 1 else 25e9
+        bus = 150e9 if ranks > nodes else 25e9  # a node's ranks over their links together; one GPU a node over one
         assert all(t >= 2 * (ranks - 1) / ranks * size / bus for t, size in zip(times, sizes))
     # LL128 runs on NVLink only; PCIe hops cost more
     pci = replace(NCCL, intra_hop="pci")
@@ -309,6 +310,16 @@ def test_nccl_crosses_the_network_only_between_nodes_and_takes_its_fastest_algor
     assert comm.collective_s("all_gather", 1e6, 512, 8, NCCL) == comm.nccl_collective("all_gather", 1e6, 512, 64, NCCL)[0]
     assert comm.collective_s("all_reduce", 1e6, 4, 8, NCCL, across_nodes=True) == \
         comm.nccl_collective("all_reduce", 1e6, 4, 4, NCCL)[0]
+    # the rails: a ring across nodes with p ranks in each spreads over min(p, NICs) links of inter_bw (NCCL's busBw =
+    # nChannels x bwInter), never past the NVLink bus; a large message shows it
+    for per_node, nics, bus in ((8, None, 150e9), (4, None, 100e9), (2, None, 50e9), (8, 4, 100e9), (8, 1, 25e9)):
+        links = replace(NCCL, nics_per_node=nics)
+        assert links.ring_inter_bw(per_node) == bus
+        ranks = 2 * per_node  # two nodes
+        t = comm.nccl_collective("all_reduce", 4e9, ranks, 2, links)[0]
+        assert t == pytest.approx(2 * (ranks - 1) / ranks * 4e9 / bus, rel=0.01)
+    with pytest.raises(ValueError, match="nics_per_node"):
+        replace(NCCL, nics_per_node=0)
     # what `hfscale bandwidth` measured inside a node times it under either model
     fitted = replace(NCCL, intra_fits=(("all_reduce", 1e9, 1e-4),))
     assert comm.collective_s("all_reduce", 1e6, 8, 8, fitted) == pytest.approx(2 * 7 / 8 * 1e6 / 1e9 + 14 * 1e-4)
@@ -529,13 +540,14 @@ def test_project_command_writes_table_plot_and_json(tmp_path):
     proc = run([sys.executable, "-m", "hfscale", "project", "--model", "bloom-7b1", "--tflops_per_gpu", "150",
                 "--seq_len", "2048", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1", "--bf16",
                 "--strategy", "ddp,zero1,zero3",
-                "--gpus", "8,16,32,64", "--inter_bw", "3:12", "--out", str(out)], timeout=120)
+                "--gpus", "8,16,32,64", "--inter_bw", "3:12", "--nics_per_node", "1", "--out", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "projection.json").read_text())
     assert {p["strategy"] for p in report["points"]} == {"ddp", "zero1", "zero3"}
     for p in report["points"]:
         assert p["days_low"] <= p["days"] <= p["days_high"] and p["gpu_days"] == pytest.approx(p["days"] * p["gpus"])
-    assert report["knee_gpus"]["zero3"] is not None  # without accumulation ZeRO-3 stops paying over 3-12 GB/s
+    assert report["knee_gpus"]["zero3"] is not None  # without accumulation ZeRO-3 stops paying over one 3-12 GB/s link
+    assert any("NICs: 1 per node" in a for a in report["assumptions"])
     assert (out / "days_vs_gpus.png").read_bytes()[:4] == b"\x89PNG" and "| zero3 | 64 |" in (out / "projection.md").read_text()
     error = [a for a in report["assumptions"] if a.startswith("model error")]
     assert len(error) == 1 and all(f"{name} " in error[0] for name in ("ddp", "zero1", "zero3"))
@@ -549,6 +561,7 @@ def test_project_command_writes_table_plot_and_json(tmp_path):
     (["--tflops_per_gpu", "100", "--device", "B300"], "unknown device 'B300'"),
     (["--tflops_per_gpu", "100", "--gpus", "12", "--gpus_per_node", "8"], "--gpus 12 is not a multiple of --gpus_per_node 8"),
     (["--tflops_per_gpu", "100", "--inter_bw", "-3"], "--inter_bw must be positive GB/s"),
+    (["--tflops_per_gpu", "100", "--nics_per_node", "0"], "--nics_per_node must be a whole number >= 1, got 0"),
     (["--tflops_per_gpu", "100", "--strategy", "zero9"], "unknown strategy 'zero9'"),
     (["--tflops_per_gpu", "100", "--inter_latency_us", "30"], "--inter_latency_us sets the ring model's latency per step"),
     ([], "nothing to project from"),
@@ -598,8 +611,10 @@ def _project_json(*argv) -> dict:
     return json.loads(proc.stdout)
 
 
+# Jean Zay, where BLOOM trained: one Omni-Path link a node's ring used, 4.98 GB/s measured (published_record.json)
 BIG = ["--tokens_per_s_per_gpu", 100, "--model", "bigscience-176b", "--seq_len", 2048, "--bf16", "--strategy", "all",
-       "--gpus", "384,768", "--gpus_per_node", 8, "--per_device_train_batch_size", 1, "--activation_checkpointing"]
+       "--gpus", "384,768", "--gpus_per_node", 8, "--per_device_train_batch_size", 1, "--activation_checkpointing",
+       "--inter_bw", 5, "--nics_per_node", 1]
 
 
 def test_a_projection_never_recommends_what_cannot_fit():
@@ -705,6 +720,12 @@ def test_the_inter_node_link_from_a_one_node_and_a_two_node_run(tmp_path, hfscal
     assert "--inter_bw 2:3" in proc.stdout
     report = _project_json(one_path, "--strategy", "ddp", "--gpus", 2, "--gpus_per_node", 1, "--inter_bw", out)
     assert report["points"][0]["s_per_iter"] == pytest.approx(s, rel=0.02)
+    # one link's figure, solved under one NIC count, means nothing beside another
+    proc = hfscale_cli(["project", one_path, "--gpus", "2", "--gpus_per_node", "1", "--inter_bw", out,
+                        "--nics_per_node", "2", "--out", tmp_path / "p"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "solved for one per GPU network links, not 2 per node" in lines[0]
+    assert not (tmp_path / "p").exists()
 
 
 def test_the_inter_node_link_needs_one_recipe_on_one_node_and_on_more(tmp_path, hfscale_cli):

@@ -11,7 +11,10 @@ Bandwidths are bus bandwidths, the way nccl-tests reports them: over n ranks an 
 - "ring": every one of a ring's 2(n-1) or n-1 steps pays one latency, the inter-node one when the ring crosses nodes:
   what gloo does, and what `hfscale bandwidth` fits (Links.intra_fits) measure. A measured fit always times the
   collectives inside a node, under either model.
-A collective that crosses nodes runs at the inter-node bus bandwidth per GPU (its slowest link).
+A collective that crosses nodes runs at the inter-node bus bandwidth (its slowest link). Under NCCL's model that is
+one GPU's network link (Links.inter_bw) times the links its ring can use at once: a ring with p ranks in each node
+spreads its channels over p NICs (NCCL's busBw = nChannels x bwInter), so 8 GPUs of a rail-optimised node reduce over
+all 8 while a group of one GPU per node (HSDP's replicas, data parallelism beside TP 8) has one.
 
 Synchronous data parallelism also waits: every optimizer step ends in a collective that no rank can leave before
 the slowest arrives, so a step over n ranks takes the *maximum* of n noisy step times, not their mean. With per-step
@@ -68,6 +71,9 @@ class Links:
     intra_meets: tuple = ()
     collectives: str = "ring"
     intra_hop: str = "nvlink"
+    # network links per node that one multi-node ring can spread its channels over (NCCL's model): None = one per
+    # GPU, the rail-optimised DGX/HGX norm; inter_bw is one link's
+    nics_per_node: int | None = None
 
     def intra(self, kind: str) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of one collective kind inside a node."""
@@ -94,9 +100,20 @@ class Links:
         for name in ("intra_latency_s", "inter_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.nics_per_node is not None and not (isinstance(self.nics_per_node, int) and self.nics_per_node >= 1):
+            raise ValueError(f"nics_per_node must be a whole number >= 1, got {self.nics_per_node!r}")
         if self.collectives not in COLLECTIVE_MODELS or self.intra_hop not in HOPS:
             raise ValueError(f"collectives must be one of {COLLECTIVE_MODELS} and intra_hop one of {HOPS}, got "
                              f"{self.collectives!r}, {self.intra_hop!r}")
+
+    def ring_inter_bw(self, ranks_per_node: float) -> float:
+        """The bus bandwidth per rank of a ring across nodes with this many of its ranks in each node, under NCCL's
+        model: each of a node's ranks leaves through its own NIC on its channels, so the node's egress is its links
+        together (at most the NVLink hops'). A send to one rank (a pipeline stage) has one link."""
+        rails = max(1, int(ranks_per_node))
+        if self.nics_per_node is not None:
+            rails = min(rails, self.nics_per_node)
+        return min(self.intra_bw, self.inter_bw * rails)
 
     def point_to_point(self, across_nodes: bool) -> tuple[float, float]:
         """(bandwidth, latency) of one send to a rank in this node or another (pipeline stages)."""
@@ -129,7 +146,7 @@ def nccl_collective(kind: str, size_bytes: float, ranks: int, nodes: int, links:
     of `size_bytes` over `ranks` GPUs on `nodes` nodes: latency + size / algorithm bandwidth, where the algorithm
     bandwidth is the bus bandwidth times the protocol's factor and the algorithm's ratio (ring: n/steps; tree: 1/2)."""
     per_node = ranks / nodes
-    bus = links.intra_bw if nodes == 1 else min(links.intra_bw, links.inter_bw)
+    bus = links.intra_bw if nodes == 1 else links.ring_inter_bw(per_node)
     log_nodes = int(math.log2(nodes))
     best = None
     for algorithm in (("ring", "tree") if kind == "all_reduce" else ("ring",)):
@@ -163,14 +180,15 @@ def nccl_collective(kind: str, size_bytes: float, ranks: int, nodes: int, links:
 GROUPS = ("world", "node", "replicas")
 
 
-def group_span(group: str, ranks: int, gpus_per_node: int) -> tuple[int, bool]:
-    """(ranks in the group, whether its ring crosses nodes: the world's does when it has more ranks than a node)."""
+def group_span(group: str, ranks: int, gpus_per_node: int) -> tuple[int, bool, int]:
+    """(ranks in the group, whether its ring crosses nodes - the world's does when it has more ranks than a node - and
+    the nodes it spans: the world's ranks fill whole nodes, the replicas are one GPU per node)."""
     per_node = min(ranks, gpus_per_node)
     if group == "node":
-        return per_node, False
+        return per_node, False, 1
     if group == "replicas":
-        return ranks // per_node, True
-    return ranks, ranks > gpus_per_node
+        return ranks // per_node, True, ranks // per_node
+    return ranks, ranks > gpus_per_node, math.ceil(ranks / gpus_per_node)
 
 
 def expected_max_std_normal(n: int, points: int = 4001) -> float:
@@ -226,7 +244,7 @@ class CommPattern:
         for c in self.collectives:
             if c.kind in RING:
                 times = grad_accum if c.per == "micro" else 1
-                n, _ = group_span(c.group, ranks, gpus_per_node or ranks)
+                n, _, _ = group_span(c.group, ranks, gpus_per_node or ranks)
                 total += times * RING[c.kind][0](n) * c.size_bytes if n > 1 else 0.0
         return total
 
@@ -478,16 +496,16 @@ def step_time(pattern: CommPattern, *, micro_compute_s: float, grad_accum: int, 
     (bytes/s). overlap=False: nothing hides (a CPU run: gloo's collectives run on the cores that compute).
     step_sd_s: the per-step noise of one rank's step time; adds straggler_s(step_sd_s, ranks)."""
     spans = [group_span(c.group, ranks, gpus_per_node) for c in pattern.collectives]
-    inside = [c.kind in RING and n > 1 and not across for c, (n, across) in zip(pattern.collectives, spans)]
+    inside = [c.kind in RING and n > 1 and not across for c, (n, across, _) in zip(pattern.collectives, spans)]
     pieces = sum(c.units * (grad_accum if c.per == "micro" else 1)
                  for c, meets in zip(pattern.collectives, inside) if meets)
     gap = grad_accum * micro_compute_s / pieces if pieces else 0.0  # the compute before each, spread evenly
     timed = []
-    for c, (n, across), meets in zip(pattern.collectives, spans, inside):
+    for c, (n, across, nodes), meets in zip(pattern.collectives, spans, inside):
         if c.kind in ("h2d", "d2h"):
             s = c.size_bytes / host_bw
         else:  # each piece pays its own latency, and inside a node its meeting
-            s = c.units * (collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across)
+            s = c.units * (collective_s(c.kind, c.size_bytes / c.units, n, gpus_per_node, links, across, nodes)
                            + (links.meet_s(c.kind, gap) if meets else 0.0))
         timed.append((c, s))
     micro = [(c, s) for c, s in timed if c.per == "micro"]

@@ -184,11 +184,11 @@ def from_runs(opts) -> int:
         check_writable_file(opts.out, "--out")
     links = argparse.Namespace(intra_bw=opts.intra_bw, inter_bw=f"{DEFAULT_INTER_GB_S:g}", collectives=None,
                                intra_hop="nvlink", intra_latency_us=None, inter_latency_us=None,
-                               bandwidth_file=opts.bandwidth_file)
+                               bandwidth_file=opts.bandwidth_file, nics_per_node=opts.nics_per_node)
     link = inter_node_from_runs(*opts.from_runs, links_from(links)[0])
-    print(describe(link))
+    print(describe(link, opts.nics_per_node))
     if opts.out is not None and link.at_bound is None:
-        write_inter_node(Path(opts.out), link, [str(p) for p in opts.from_runs])
+        write_inter_node(Path(opts.out), link, [str(p) for p in opts.from_runs], opts.nics_per_node)
     return 0
 
 
@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}",
                         help="with --from_runs: the intra-node bus bandwidth per GPU, GB/s (default "
                              f"{DEFAULT_INTRA_GB_S:g}, assumed)")
+    parser.add_argument("--nics_per_node", type=int, help="with --from_runs: the network links per node a ring across "
+                        "nodes spreads over (default: one per GPU); the figure found is one link's")
     parser.add_argument("--bandwidth_file", type=Path, help="with --from_runs: this node's links as measured by "
                         "`hfscale bandwidth --out` (instead of --intra_bw)")
     opts = parser.parse_args(argv)

@@ -82,19 +82,22 @@ def inter_node_from_runs(one_path: Path, many_path: Path, intra: Links) -> Inter
     return InterNode(typical, min(slowest_run, typical), max(fastest_run, typical), bound)
 
 
-def write_inter_node(path: Path, link: InterNode, runs: list[str]) -> None:
-    """The file `hfscale project --inter_bw FILE` reads (links.read_inter_node_file)."""
+def write_inter_node(path: Path, link: InterNode, runs: list[str], nics_per_node: int | None = None) -> None:
+    """The file `hfscale project --inter_bw FILE` reads (links.read_inter_node_file): one network link's figure, under
+    the NIC count it was solved with (project refuses the file beside another)."""
     atomic_write_text(path, json.dumps({"inter_bw_gb_s": link.bw / GB, "inter_bw_low_gb_s": link.low / GB,
                                         "inter_bw_high_gb_s": link.high / GB, "at_bound": link.at_bound,
-                                        "from_runs": runs}, indent=1) + "\n")
+                                        "nics_per_node": nics_per_node, "from_runs": runs}, indent=1) + "\n")
 
 
-def describe(link: InterNode) -> str:
+def describe(link: InterNode, nics_per_node: int | None = None) -> str:
     if link.at_bound == "fast":
         return ("the multi-node run is as fast as the one-node run's compute: the link hides under it, so it is at "
                 f"least as fast as any the model can tell apart (>= {link.bw / GB:,.0f} GB/s); nothing to calibrate")
     if link.at_bound == "slow":
         return f"the multi-node run is slower than even a {link.bw / GB:g} GB/s link explains: check that it ran alone"
-    return (f"inter-node bus bandwidth per GPU: {link.bw / GB:.3g} GB/s (band {link.low / GB:.3g}:{link.high / GB:.3g} "
+    nics = "one per GPU" if nics_per_node is None else f"{nics_per_node} per node"
+    return (f"inter-node bus bandwidth per GPU's network link (NICs: {nics}): {link.bw / GB:.3g} GB/s (band "
+            f"{link.low / GB:.3g}:{link.high / GB:.3g} "
             f"from the multi-node run's fastest and slowest intervals); hfscale project --inter_bw "
             f"{link.low / GB:.3g}:{link.high / GB:.3g}, or --inter_bw FILE with --out FILE")

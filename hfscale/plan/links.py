@@ -13,11 +13,11 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what `hfscale bandwidt
 DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given
 
 
-def _bandwidths(text: str, flag: str) -> tuple[float, float, float]:
+def _bandwidths(text: str, flag: str, nics_per_node: int | None = None) -> tuple[float, float, float]:
     """'150' or '100:200' (GB/s) -> (typical, high, low) bytes/s; typical is the middle of a range. --inter_bw also
     takes the file `hfscale bandwidth --from_runs --out` writes: its figure and its band."""
     if flag == "inter_bw" and str(text).endswith(".json"):
-        return read_inter_node_file(Path(text))
+        return read_inter_node_file(Path(text), nics_per_node)
     try:
         parts = [float(x) for x in str(text).split(":")]
     except ValueError:
@@ -33,9 +33,12 @@ def add_link_flags(p) -> None:
     p.add_argument("--gpus_per_node", type=int, default=8)
     p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
                    f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
-    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth per GPU, GB/s or "
-                   f"LOW:HIGH, or a FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, "
-                   "assumed)")
+    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth of one GPU's network "
+                   "link (what nccl-tests' all_reduce_perf reports over one GPU per node), GB/s or LOW:HIGH, or a "
+                   f"FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, assumed)")
+    p.add_argument("--nics_per_node", type=int, help="network links per node a ring across nodes can spread over: a "
+                   "ring with p GPUs in each node runs at --inter_bw x min(p, this), NCCL's model (default: one per "
+                   "GPU, as on DGX/HGX nodes)")
     p.add_argument("--collectives", choices=COLLECTIVE_MODELS, help="how a collective is timed: nccl (NCCL's own "
                    "cost model: ring or tree, LL/LL128/Simple, NVLink and network hop latencies; the default) or ring "
                    "(every ring step pays --intra/--inter_latency_us: gloo's way, the default for a --bandwidth_file "
@@ -49,13 +52,16 @@ def add_link_flags(p) -> None:
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
-LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--collectives", "--intra_hop", "--intra_latency_us",
+LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--nics_per_node", "--collectives", "--intra_hop", "--intra_latency_us",
               "--inter_latency_us", "--bandwidth_file")
 RING_LATENCY_US = (5.0, 20.0)  # the ring model's assumed latency per step inside and across nodes
 
 
 def links_from(opts) -> tuple[Links, Links, Links]:
-    intra, inter = _bandwidths(opts.intra_bw, "intra_bw"), _bandwidths(opts.inter_bw, "inter_bw")
+    nics = getattr(opts, "nics_per_node", None)
+    if nics is not None and nics < 1:
+        raise HfscaleError(f"--nics_per_node must be a whole number >= 1, got {nics}")
+    intra, inter = _bandwidths(opts.intra_bw, "intra_bw"), _bandwidths(opts.inter_bw, "inter_bw", nics)
     measured = read_bandwidth_file(opts.bandwidth_file) if opts.bandwidth_file else {}
     # gloo runs no NCCL algorithm: a file measured over it is timed the way it was fitted, step by step
     model = opts.collectives or ("ring" if measured.get("backend") == "gloo" else "nccl")
@@ -92,7 +98,7 @@ def links_from(opts) -> tuple[Links, Links, Links]:
                 raise HfscaleError(f"{opts.bandwidth_file}: malformed rows (no all_reduce row with its time_s, or no "
                                    "ranks > 1); write it again with `hfscale bandwidth --out`")
         intra = (bw, bw, bw)
-    return tuple(Links(intra[i], inter[i], intra_lat, latencies[1] * 1e-6, fits, meets, model, opts.intra_hop)
+    return tuple(Links(intra[i], inter[i], intra_lat, latencies[1] * 1e-6, fits, meets, model, opts.intra_hop, nics)
                  for i in range(3))
 
 
@@ -120,9 +126,11 @@ def meeting_curves(measured: dict, path) -> tuple:
 def collectives_line(links: Links) -> str:
     if links.collectives == "ring":
         return (f"collectives timed as rings: {links.intra_latency_s * 1e6:g}/{links.inter_latency_s * 1e6:g} us per "
-                "step inside/across nodes")
+                "step inside/across nodes, at the inter-node bandwidth once a ring leaves its node")
+    nics = "one per GPU" if links.nics_per_node is None else f"{links.nics_per_node} per node"
     return (f"collectives timed by NCCL's cost model (ring or tree, LL/LL128/Simple, the fastest; {links.intra_hop} "
-            "hops inside a node, network hops across, at NCCL's latencies)"
+            "hops inside a node, network hops across, at NCCL's latencies); a ring across nodes with p of its GPUs in "
+            f"each node spreads over p network links (NICs: {nics}), at most the intra-node bandwidth"
             + ("; inside a node as measured" if links.intra_fits else ""))
 
 
@@ -147,9 +155,15 @@ def read_bandwidth_file(path) -> dict:
     return data
 
 
-def read_inter_node_file(path: Path) -> tuple[float, float, float]:
-    """(typical, high, low) bytes/s from a file `hfscale bandwidth --from_runs --out` wrote."""
+def read_inter_node_file(path: Path, nics_per_node: int | None = None) -> tuple[float, float, float]:
+    """(typical, high, low) bytes/s from a file `hfscale bandwidth --from_runs --out` wrote, solved under the same
+    NIC count (one link's figure means nothing beside another count)."""
     data = load_json(path, "inter-node bandwidth file")
+    if isinstance(data, dict) and data.get("nics_per_node") != nics_per_node:
+        def said(n):
+            return "one per GPU" if n is None else f"{n} per node"
+        raise HfscaleError(f"{path}: solved for {said(data.get('nics_per_node'))} network links, not "
+                           f"{said(nics_per_node)}: pass the same --nics_per_node to both commands")
     try:
         values = [float(data[k]) * GB for k in ("inter_bw_gb_s", "inter_bw_high_gb_s", "inter_bw_low_gb_s")]
     except (KeyError, TypeError, ValueError):

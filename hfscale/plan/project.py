@@ -241,8 +241,9 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
     return [f"from {base.source}: {plan.strategy.name} with {plan.optimizer.name} on {plan.world_size} GPU(s), MBS "
             f"{plan.per_device_train_batch_size}, GAS {plan.gradient_accumulation_steps}, seq {plan.seq_len}, "
             f"{plan.precision}, {base.s_per_iter[0]:.4g} s/it (spread {base.s_per_iter[1]:.4g}–{base.s_per_iter[2]:.4g})",
-            f"links: intra-node {links[0].intra_bw / GB:g} GB/s, inter-node {links[0].inter_bw / GB:g} GB/s "
-            f"bus bandwidth per GPU (band {links[2].inter_bw / GB:g}–{links[1].inter_bw / GB:g}); "
+            f"links: intra-node {links[0].intra_bw / GB:g} GB/s bus bandwidth per GPU, inter-node "
+            f"{links[0].inter_bw / GB:g} GB/s per GPU's network link (band {links[2].inter_bw / GB:g}–"
+            f"{links[1].inter_bw / GB:g}); "
             + collectives_line(links[0]),
             meeting_line(links[0]),
             (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "

@@ -301,10 +301,12 @@ def published_error(strategy: str, path: Path | None = None) -> dict | None:
 
 def published_band(family: str, path: Path | None = None) -> tuple[float, float] | None:
     """(lowest, highest) projected / published throughput over a family's rows of the published record (its sets'
-    baseline rows left out: they match by construction), or None when none is checked (or the file is unreadable)."""
+    baseline rows left out: they match by construction; so are the sets whose recipe changes with the scale, which a
+    projection never does), or None when none is checked (or the file is unreadable)."""
     try:
         rows = json.loads((path or PUBLISHED_FILE).read_text())["rows"]
-        ratios = [1 + r["error"] for r in rows if r["family"] == family and not r["baseline"]]
+        ratios = [1 + r["error"] for r in rows
+                  if r["family"] == family and not r["baseline"] and not r.get("left_out")]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return (min(ratios), max(ratios)) if ratios else None
