@@ -179,8 +179,8 @@ def main() -> None:
         print(f"{family:>8}: mean |error| {s['mean_abs_error']:.1%}, worst {s['max_abs_error']:.1%} over {s['rows']} rows")
     print("\nnccl-tests all_reduce_perf across nodes (measured / NCCL's model at one link's line rate):")
     for row, model in nccl_tests(data):
-        print(f"  {row['nodes']} nodes x {row['gpus_per_node']}, {row['nics_per_node']} x {row['link_gb_s']:g} GB/s links: "
-              f"{row['busbw_gb_s']:g} / {model:.1f} GB/s = {row['busbw_gb_s'] / model:.2f}")
+        print(f"  {row['nodes']} nodes x {row['gpus_per_node']}, {row['nics_per_node']} x {row['link_gb_s']:g} GB/s "
+              f"links: {row['busbw_gb_s']:g} / {model:.1f} GB/s = {row['busbw_gb_s'] / model:.2f}")
     if opts.out:
         atomic_write_text(opts.out, json.dumps({"rows": rows, "summary": totals}, indent=1) + "\n")
 

@@ -33,8 +33,8 @@ def add_link_flags(p) -> None:
     p.add_argument("--gpus_per_node", type=int, default=8)
     p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
                    f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
-    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth of one GPU's network "
-                   "link (what nccl-tests' all_reduce_perf reports over one GPU per node), GB/s or LOW:HIGH, or a "
+    p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth of one GPU's "
+                   "network link (what nccl-tests' all_reduce_perf reports over one GPU per node), GB/s or LOW:HIGH, or a "
                    f"FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, assumed)")
     p.add_argument("--nics_per_node", type=int, help="network links per node a ring across nodes can spread over: a "
                    "ring with p GPUs in each node runs at --inter_bw x min(p, this), NCCL's model (default: one per "
@@ -52,8 +52,8 @@ def add_link_flags(p) -> None:
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
 
 
-LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--nics_per_node", "--collectives", "--intra_hop", "--intra_latency_us",
-              "--inter_latency_us", "--bandwidth_file")
+LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--nics_per_node", "--collectives", "--intra_hop",
+              "--intra_latency_us", "--inter_latency_us", "--bandwidth_file")
 RING_LATENCY_US = (5.0, 20.0)  # the ring model's assumed latency per step inside and across nodes
 
 
@@ -130,7 +130,7 @@ def collectives_line(links: Links) -> str:
     nics = "one per GPU" if links.nics_per_node is None else f"{links.nics_per_node} per node"
     return (f"collectives timed by NCCL's cost model (ring or tree, LL/LL128/Simple, the fastest; {links.intra_hop} "
             "hops inside a node, network hops across, at NCCL's latencies); a ring across nodes with p of its GPUs in "
-            f"each node spreads over p network links (NICs: {nics}), at most the intra-node bandwidth"
+            f"each node spreads over min(p, NICs) network links (NICs: {nics}), at most the intra-node bandwidth"
             + ("; inside a node as measured" if links.intra_fits else ""))
 
 
