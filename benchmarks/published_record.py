@@ -139,9 +139,11 @@ def nccl_tests(data: dict) -> list[tuple[dict, float]]:
     """(row, the bus bandwidth NCCL's model gives it in GB/s) for every published nccl-tests row."""
     from hfscale.formulas.comm import Links, nccl_collective
 
+    tests = data.get("nccl_tests", {})
     out = []
-    for row in data.get("nccl_tests", {}).get("rows", []):
-        links = Links(230e9, row["link_gb_s"] * 1e9, collectives="nccl", nics_per_node=row["nics_per_node"])
+    for row in tests.get("rows", []):
+        links = Links(tests["intra_busbw_gb_s"] * 1e9, row["link_gb_s"] * 1e9, collectives="nccl",
+                      nics_per_node=row["nics_per_node"])
         ranks, size = row["nodes"] * row["gpus_per_node"], row["size_bytes"]
         seconds = nccl_collective("all_reduce", size, ranks, row["nodes"], links)[0]
         out.append((row, 2 * (ranks - 1) / ranks * size / seconds / 1e9))

@@ -3,6 +3,7 @@ figures and against hfscale's independently checked counts, and `hfscale estimat
 
 import json
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,7 @@ def _table_run(row, mbs=1) -> p3d.GridRun:
     return p3d.GridRun(shape, grid, 2048, mbs, row["global_batch"] // (mbs * grid.dp), "fp16", "full")
 
 
+@cache
 def _selene() -> Links:
     """Selene's links as the published record gives them (one home: its rows and these are checked at the same)."""
     record = load_benchmark("published_record")

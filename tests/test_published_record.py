@@ -74,7 +74,7 @@ def test_project_prints_the_check_for_the_strategies_it_projects():
     assert "ddp not yet checked" in line
 
 
-def test_nccls_model_bounds_the_published_nccl_tests_runs_across_nodes():
+def test_nccls_model_lands_on_the_published_nccl_tests_runs_across_nodes():
     """nccl-tests across nodes of 8 A100: the model at one link's line rate lands within 25% above and 5% below every
     published all-reduce bus bandwidth - four links give ~4x one, as the runs did (86 against 24 GB/s)."""
     checked = RECORD.nccl_tests(DATA)
