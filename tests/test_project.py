@@ -336,6 +336,21 @@ def test_fsdp_from_16_to_64_nodes_loses_what_nccl_loses_not_a_latency_per_ring_s
     assert nccl[1].efficiency > 0.95 and ring[1].efficiency < 0.8, (nccl[1], ring[1])
 
 
+def test_a_step_times_each_group_over_the_nodes_it_spans():
+    """step_time: the world's ranks fill whole nodes (16 on 2 nodes of 8: a hierarchical ring over 8 links a node), the
+    replicas are one GPU per node (one link each). Before 2026-11-28 a world group across nodes was timed as 16 nodes
+    of one GPU - every ring step a network hop, one link."""
+    gather = comm.Collective("all_gather", 1e9, "micro", "none", "the weights")
+    for group, ranks, nodes in (("world", 16, 2), ("replicas", 2, 2)):
+        c = replace(gather, group=group)
+        step = comm.step_time(comm.CommPattern((c,)), micro_compute_s=1.0, grad_accum=1, ranks=16, gpus_per_node=8,
+                              links=NCCL)
+        assert step.comm_s == pytest.approx(comm.nccl_collective("all_gather", 1e9, ranks, nodes, NCCL)[0])
+    world = comm.step_time(comm.CommPattern((gather,)), micro_compute_s=1.0, grad_accum=1, ranks=16, gpus_per_node=8,
+                           links=NCCL)
+    assert world.comm_s < comm.nccl_collective("all_gather", 1e9, 16, 16, NCCL)[0] / 5  # 8 links, not one
+
+
 def test_powersgd_compression_is_counted_per_matrix_and_timed_on_the_gpus_memory_bandwidth():
     """torch's hook per step: 8 elementwise passes over every gradient element (error feedback in, a copy, the error
     out), packing the uncompressed ones (6 more), and per compressed n x m matrix two products that read it and one
