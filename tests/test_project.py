@@ -255,6 +255,11 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
         {"strategy": "zero3", "processes": 4, "ratio": 0.5, "ratios": [0.5]}]}))  # oversubscribed: not in the band
     monkeypatch.setattr(projection, "CHECKS_FILE", fake)
     assert projection.model_error("zero3") == (0.8, 1.3) and projection.model_error("ddp") is None
+    # a family with published runs at cluster scale widens the band to them (fsdp has no CPU check in this file)
+    published = projection.published_band("ZeRO-3")
+    assert projection.strategy_error("zero3") == (min(0.8, published[0]), max(1.3, published[1]))
+    assert projection.strategy_error("fsdp") == projection.published_band("FSDP") != (1.0, 1.0)
+    assert projection.strategy_error("ddp") is None  # neither
     points = {p.gpus: p for p in project(_base(1, "zero3"), [get_strategy("zero3")], [8, 16], 8, (FAST,) * 3, 1e11,
                                          None)}
     assert points[8].days_low == points[8].days == points[8].days_high  # the measured count: no model in between

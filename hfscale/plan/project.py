@@ -33,8 +33,8 @@ from .grid import FAMILIES, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
-from .projection import (Point, best, grid_model_error, knee, model_error, powersgd_step_s, project, project_grids,
-                         published_error, with_float8)
+from .projection import (Point, best, grid_model_error, knee, powersgd_step_s, project, project_grids,
+                         published_error, strategy_error, with_float8)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -214,10 +214,11 @@ def error_line(strategies: list[str]) -> str:
     """What the model's own checks against real runs measured, for each strategy projected."""
     parts = []
     for name in strategies:
-        error = grid_model_error() if name.startswith(tuple(FAMILIES)) else model_error(name)
+        error = grid_model_error() if name.startswith(tuple(FAMILIES)) else strategy_error(name)
         parts.append(f"{name} {error[0]:.2f}–{error[1]:.2f}" if error else f"{name} not checked")
     return ("model error, projected / measured tokens/s of real runs projected from 1 process on a CPU machine "
-            "(benchmarks/projection_vs_real.py; docs/project.md): " + ", ".join(parts)
+            "(benchmarks/projection_vs_real.py) and of the published runs at cluster scale of the strategy's family "
+            "(benchmarks/published_record.py), the wider; docs/project.md: " + ", ".join(parts)
             + "; the band beyond the measured count is widened by it")
 
 

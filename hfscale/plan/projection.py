@@ -163,7 +163,7 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
     for strategy in strategies:
         computes = [micro_compute_s(base.plan, base, s, link) * base.compute_factor
                     for s, link in zip(base.s_per_iter, links)]
-        error = model_error(strategy.name)
+        error = strategy_error(strategy.name)
         reference_tps = None
         for n in gpus:
             plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
@@ -316,6 +316,14 @@ def grid_model_error() -> tuple[float, float]:
     """The band around the 3D layouts' days: the published record's 3D rows (Megatron-LM 2019 and 2021, BigScience's
     layouts), 1.0 both ways when the record cannot be read."""
     return published_band("3D") or (1.0, 1.0)
+
+
+def strategy_error(strategy: str) -> tuple[float, float] | None:
+    """The band around a data-parallel strategy's days: its checks against real runs (model_error, on a CPU machine)
+    and its family's rows of the published record at cluster scale (published_band), whichever reach further; None
+    when neither has checked it."""
+    bands = [band for band in (model_error(strategy), published_band(PUBLISHED_FAMILIES.get(strategy, ""))) if band]
+    return (min(b[0] for b in bands), max(b[1] for b in bands)) if bands else None
 
 
 def model_error(strategy: str, checks_file: Path | None = None) -> tuple[float, float] | None:
