@@ -343,8 +343,8 @@ def test_fsdp_from_16_to_64_nodes_loses_what_nccl_loses_not_a_latency_per_ring_s
 
 def test_a_step_times_each_group_over_the_nodes_it_spans():
     """step_time: the world's ranks fill whole nodes (16 on 2 nodes of 8: a hierarchical ring over 8 links a node), the
-    replicas are one GPU per node (one link each). Before 2026-11-28 a world group across nodes was timed as 16 nodes
-    of one GPU - every ring step a network hop, one link."""
+    replicas are one GPU per node (one link each) - not a world group timed as 16 nodes of one GPU, every ring step a
+    network hop over one link."""
     gather = comm.Collective("all_gather", 1e9, "micro", "none", "the weights")
     for group, ranks, nodes in (("world", 16, 2), ("replicas", 2, 2)):
         c = replace(gather, group=group)
