@@ -13,6 +13,7 @@ from ..files import atomic_write_text
 from ..formulas.comm import Links
 from ..formulas.metrics import GB
 from .baseline import Baseline, baseline_from_results
+from .links import nics_phrase
 from .projection import micro_compute_s, pattern_of, step_of
 
 # what makes two runs one recipe: everything but the nodes (and so the world size)
@@ -96,8 +97,8 @@ def describe(link: InterNode, nics_per_node: int | None = None) -> str:
                 f"least as fast as any the model can tell apart (>= {link.bw / GB:,.0f} GB/s); nothing to calibrate")
     if link.at_bound == "slow":
         return f"the multi-node run is slower than even a {link.bw / GB:g} GB/s link explains: check that it ran alone"
-    nics = "one per GPU" if nics_per_node is None else f"{nics_per_node} per node"
-    return (f"inter-node bus bandwidth per GPU's network link (NICs: {nics}): {link.bw / GB:.3g} GB/s (band "
+    return (f"inter-node bus bandwidth per GPU's network link (NICs: {nics_phrase(nics_per_node)}): "
+            f"{link.bw / GB:.3g} GB/s (band "
             f"{link.low / GB:.3g}:{link.high / GB:.3g} "
             f"from the multi-node run's fastest and slowest intervals); hfscale project --inter_bw "
             f"{link.low / GB:.3g}:{link.high / GB:.3g}, or --inter_bw FILE with --out FILE")

@@ -123,14 +123,19 @@ def meeting_curves(measured: dict, path) -> tuple:
     return curves
 
 
+def nics_phrase(nics_per_node: int | None) -> str:
+    """How the printouts and refusals name a NIC count (None: one per GPU, the default)."""
+    return "one per GPU" if nics_per_node is None else f"{nics_per_node} per node"
+
+
 def collectives_line(links: Links) -> str:
     if links.collectives == "ring":
         return (f"collectives timed as rings: {links.intra_latency_s * 1e6:g}/{links.inter_latency_s * 1e6:g} us per "
                 "step inside/across nodes, at the inter-node bandwidth once a ring leaves its node")
-    nics = "one per GPU" if links.nics_per_node is None else f"{links.nics_per_node} per node"
     return (f"collectives timed by NCCL's cost model (ring or tree, LL/LL128/Simple, the fastest; {links.intra_hop} "
             "hops inside a node, network hops across, at NCCL's latencies); a ring across nodes with p of its GPUs in "
-            f"each node spreads over min(p, NICs) network links (NICs: {nics}), at most the intra-node bandwidth"
+            f"each node spreads over min(p, NICs) network links (NICs: {nics_phrase(links.nics_per_node)}), at most "
+            "the intra-node bandwidth"
             + ("; inside a node as measured" if links.intra_fits else ""))
 
 
@@ -160,10 +165,8 @@ def read_inter_node_file(path: Path, nics_per_node: int | None = None) -> tuple[
     NIC count (one link's figure means nothing beside another count)."""
     data = load_json(path, "inter-node bandwidth file")
     if isinstance(data, dict) and data.get("nics_per_node") != nics_per_node:
-        def said(n):
-            return "one per GPU" if n is None else f"{n} per node"
-        raise HfscaleError(f"{path}: solved for {said(data.get('nics_per_node'))} network links, not "
-                           f"{said(nics_per_node)}: pass the same --nics_per_node to both commands")
+        raise HfscaleError(f"{path}: solved for {nics_phrase(data.get('nics_per_node'))} network links, not "
+                           f"{nics_phrase(nics_per_node)}: pass the same --nics_per_node to both commands")
     try:
         values = [float(data[k]) * GB for k in ("inter_bw_gb_s", "inter_bw_high_gb_s", "inter_bw_low_gb_s")]
     except (KeyError, TypeError, ValueError):
