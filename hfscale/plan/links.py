@@ -34,8 +34,8 @@ def add_link_flags(p) -> None:
     p.add_argument("--intra_bw", default=f"{DEFAULT_INTRA_GB_S:g}", help="intra-node bus bandwidth per GPU, GB/s or "
                    f"LOW:HIGH (default {DEFAULT_INTRA_GB_S:g}, assumed)")
     p.add_argument("--inter_bw", default=f"{DEFAULT_INTER_GB_S:g}", help="inter-node bus bandwidth of one GPU's "
-                   "network link (what nccl-tests' all_reduce_perf reports over one GPU per node), GB/s or LOW:HIGH, or a "
-                   f"FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, assumed)")
+                   "network link (what nccl-tests' all_reduce_perf reports over one GPU per node), GB/s or LOW:HIGH, "
+                   f"or a FILE.json from `hfscale bandwidth --from_runs` (default {DEFAULT_INTER_GB_S:g}, assumed)")
     p.add_argument("--nics_per_node", type=int, help="network links per node a ring across nodes can spread over: a "
                    "ring with p GPUs in each node runs at --inter_bw x min(p, this), NCCL's model (default: one per "
                    "GPU, as on DGX/HGX nodes)")
