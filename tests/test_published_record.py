@@ -81,8 +81,7 @@ def test_nccls_model_lands_on_the_published_nccl_tests_runs_across_nodes():
     assert len(checked) == len(DATA["nccl_tests"]["rows"]) >= 4
     for row, model_busbw in checked:
         assert 0.75 <= row["busbw_gb_s"] / model_busbw <= 1.05, (row["source"], model_busbw)
-    one, four = \
-        sorted(model for row, model in checked if "issue 1048" in row["source"])
+    one, four = sorted(model for row, model in checked if "issue 1048" in row["source"])
     assert 3.5 < four / one < 4.1  # the runs: 86 / 24
 
 
