@@ -80,6 +80,26 @@ def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
     return [tflops(row, rate) for row in dataset["rows"]]
 
 
+def engine_pattern(dataset: dict, plan):
+    """What a row moves: hfscale's pattern for the plan, or, for a set whose engine reduced its gradients otherwise than
+    the strategy's (its `reduce`), one all-reduce of the gradients in the set's dtype, issued in its `pieces` (1: after
+    the backward, with nothing left to hide under)."""
+    from hfscale.formulas.comm import comm_pattern
+    from hfscale.formulas.memory import DTYPE_BYTES
+    from hfscale.formulas.metrics import param_count
+    from hfscale.plan.projection import pattern_of
+
+    reduce = dataset.get("reduce")
+    if reduce is None:
+        return pattern_of(plan)
+    if plan.strategy.engine != "ddp":
+        raise ValueError(f"{dataset['name']}: `reduce` describes a DDP engine's all-reduce, not {plan.strategy.name}'s")
+    params = param_count(plan.shape)
+    return comm_pattern("ddp", None, param_bytes=DTYPE_BYTES[plan.dtypes.parameters] * params,
+                        grad_bytes=DTYPE_BYTES[reduce["dtype"]] * params, ranks=plan.world_size,
+                        reduce_buckets=reduce["pieces"])
+
+
 def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str) -> list[float]:
     """TFLOPs per GPU of every row under the set's strategy (hfscale's projection: the baseline row's compute with its
     own exposed communication taken out, at the same FLOPs rate for every row's micro-batch)."""
@@ -87,7 +107,7 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
     from hfscale.parallel.optimizers import get_optimizer
     from hfscale.parallel.strategies import get_strategy
     from hfscale.plan.baseline import Baseline
-    from hfscale.plan.projection import micro_compute_s, pattern_of, step_of
+    from hfscale.plan.projection import micro_compute_s, step_of
     from hfscale.runplan import RunPlan
 
     seq = dataset["model"]["seq"]
@@ -107,11 +127,13 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
     s = flops_per_sample(base_row) * base_row["global_batch"] / (published_tflops(dataset, base_row) * 1e12
                                                                  * base_row["gpus"])
     base = Baseline(base_plan, [s] * 3, dataset["name"], device=device)
-    rate = flops_per_sample(base_row) * base_row["micro_batch"] / micro_compute_s(base_plan, base, s, links)
+    compute = micro_compute_s(base_plan, base, s, links, engine_pattern(dataset, base_plan))
+    rate = flops_per_sample(base_row) * base_row["micro_batch"] / compute
     out = []
     for row in dataset["rows"]:
         plan = plan_of(row)
-        step = step_of(plan, base, flops_per_sample(row) * row["micro_batch"] / rate, links, pattern_of(plan))
+        step = step_of(plan, base, flops_per_sample(row) * row["micro_batch"] / rate, links,
+                       engine_pattern(dataset, plan))
         out.append(flops_per_sample(row) * row["global_batch"] / step.total_s / row["gpus"] / 1e12)
     return out
 

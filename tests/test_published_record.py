@@ -25,6 +25,9 @@ def test_the_transcription_is_consistent():
                 assert row["tflops_per_gpu"] * row["gpus"] / 1e3 == pytest.approx(row["aggregate_pflops"], rel=0.01)
             if "tokens_per_s" in row:  # the total the source printed, per GPU
                 assert row["tokens_per_s_per_gpu"] * row["gpus"] == pytest.approx(row["tokens_per_s"], rel=1e-4)
+            if "sequences_per_s" in row:
+                tokens = row["sequences_per_s"] * dataset["model"]["seq"]
+                assert row["tokens_per_s_per_gpu"] * row["gpus"] == pytest.approx(tokens, rel=1e-4)
             if "micro_batch" in row:  # a whole number of micro-batches per data-parallel rank
                 data_parallel = row["gpus"] // (row.get("tp", 1) * row.get("pp", 1))
                 assert row["global_batch"] % (row["micro_batch"] * data_parallel) == 0
@@ -40,7 +43,7 @@ def test_no_rows_error_grows_past_the_committed_one():
     totals = RECORD.summary(rows)
     # the issue's goal: mean |error| <= 10% per family, none beyond 25%
     assert all(s["mean_abs_error"] <= 0.10 and s["max_abs_error"] <= 0.25 for s in totals.values()), totals
-    assert set(totals) == {"3D", "ZeRO-3", "FSDP", "all"}
+    assert set(totals) == {"3D", "DDP", "ZeRO-3", "FSDP", "all"}
 
 
 def test_zero3_at_1536_gpus_needs_nccls_hierarchical_rings():
@@ -68,10 +71,11 @@ def test_the_3d_band_is_the_records_3d_rows():
 def test_project_prints_the_check_for_the_strategies_it_projects():
     from hfscale.plan.project import published_line
 
-    zero3 = COMMITTED["summary"]["ZeRO-3"]
-    line = published_line(["zero3", "ddp"])
+    zero3, ddp = COMMITTED["summary"]["ZeRO-3"], COMMITTED["summary"]["DDP"]
+    line = published_line(["zero3", "ddp", "zero1"])
     assert f"zero3 mean |error| {zero3['mean_abs_error']:.1%} (worst {zero3['max_abs_error']:.1%}" in line
-    assert "ddp not yet checked" in line
+    assert f"ddp mean |error| {ddp['mean_abs_error']:.1%} (worst {ddp['max_abs_error']:.1%}" in line
+    assert "zero1 not yet checked" in line
 
 
 def test_nccls_model_lands_on_the_published_nccl_tests_runs_across_nodes():
@@ -98,3 +102,17 @@ def test_fsdp_flat_across_64_h100_needs_a_nodes_links_together():
     for row, projected, single in zip(dataset["rows"][1:], rails[1:], one[1:]):
         published = RECORD.published_tflops(dataset, row)
         assert abs(projected / published - 1) < 0.01 and single / published - 1 < -0.4
+
+
+def test_ddp_across_64_dgx2h_is_its_engines_one_fp16_all_reduce_after_the_backward():
+    """NVIDIA's BERT-large on 64 DGX-2H (GAS 1 at sequence 128): its engine all-reduces one flat fp16 buffer after the
+    backward, 33 ms that nothing hides on a 0.3 s step. The set's `reduce` projects that within 3%; as torch DDP
+    (fp32 buckets overlapped with the backward) the row would come out over 10% fast."""
+    dataset = next(d for d in DATA["sets"] if d["name"] == "nvidia-2019-bert-large-ddp-seq128")
+    links = RECORD.links_of(DATA["systems"][dataset["system"]])
+    engine = RECORD.project_data_parallel(dataset, links, 16, "v100")[-1]
+    as_ddp = RECORD.project_data_parallel({k: v for k, v in dataset.items() if k != "reduce"}, links, 16, "v100")[-1]
+    published = RECORD.published_tflops(dataset, dataset["rows"][-1])
+    assert abs(engine / published - 1) < 0.03 and as_ddp / published - 1 > 0.10
+    with pytest.raises(ValueError, match="DDP engine"):  # the description is DDP's; another strategy is refused
+        RECORD.project_data_parallel({**dataset, "strategy": "zero1"}, links, 16, "v100")

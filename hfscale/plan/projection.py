@@ -129,13 +129,15 @@ def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, p
     return replace(st, compute_s=st.compute_s + extra, total_s=st.total_s + extra) if extra else st
 
 
-def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links) -> float:
+def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links, pattern=None) -> float:
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
     configuration itself, and less PowerSGD's compression where it ran (solved by fixed-point iteration: the exposed
-    part depends on the compute that hides it)."""
+    part depends on the compute that hides it). pattern: what the run moved, where it is not the plan's pattern_of
+    (a published run whose engine reduced otherwise)."""
     gas = plan.gradient_accumulation_steps
     compute = s_per_iter / gas
-    pattern = pattern_of(plan, base.powersgd_rank)  # what moves does not depend on the compute that hides it
+    if pattern is None:  # what moves does not depend on the compute that hides it
+        pattern = pattern_of(plan, base.powersgd_rank)
     ran_it = base.plan.strategy.comm_hook == "powersgd" and plan.world_size > 1  # the measured step holds it
     own = powersgd_step_s(base.plan, base.device, base.powersgd_rank) if ran_it else 0.0
     for _ in range(50):
@@ -286,7 +288,8 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
 
 CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
 PUBLISHED_FILE = Path(__file__).with_name("published_record_checks.json")  # benchmarks/published_record.py --out
-PUBLISHED_FAMILIES = {"zero3": "ZeRO-3", "zero3_offload": "ZeRO-3", "fsdp": "FSDP", **{f: "3D" for f in FAMILIES}}
+PUBLISHED_FAMILIES = {"ddp": "DDP", "zero3": "ZeRO-3", "zero3_offload": "ZeRO-3", "fsdp": "FSDP",
+                      **{f: "3D" for f in FAMILIES}}
 
 
 def published_error(strategy: str, path: Path | None = None) -> dict | None:
