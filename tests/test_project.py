@@ -47,6 +47,33 @@ def test_with_infinite_bandwidth_days_halve_when_gpus_double():
             assert days[2 * n] == pytest.approx(days[n] / 2, rel=1e-9), name
 
 
+def test_the_optimizer_step_is_paid_once_a_step_by_what_each_rank_steps():
+    """projection.optimizer_step_s (formulas/memory.optimizer_step_bytes at the GPU's bandwidth): ddp steps the whole
+    fp32 model on every rank, fsdp its 1/N shards, ZeRO its 1/N master partition and casts it back to bf16, an offloaded
+    optimizer nothing on the device; the same once a step at any accumulation; nothing from a CPU run. A GPU baseline
+    projected at its own configuration gives back its measured step, and with the GPUs at a fixed per-GPU recipe the
+    sharded strategies gain the optimizer's step the others keep paying."""
+    from hfscale.formulas.memory import MASTER_BYTES, OPTIMIZER_STEP_BYTES
+    from hfscale.formulas.peaks import MEMORY_BW_GB_S
+    from hfscale.plan.projection import optimizer_step_s
+
+    P, bw = param_count(_plan(1).shape), MEMORY_BW_GB_S["h100"] * 1e9
+    ddp = optimizer_step_s(_plan(1), "h100")
+    assert ddp == pytest.approx(P * OPTIMIZER_STEP_BYTES["adamw"] / bw, rel=1e-9)
+    assert optimizer_step_s(_plan(16), "h100") == ddp and optimizer_step_s(_plan(1), None) == 0.0
+    assert optimizer_step_s(_plan(1, "fsdp"), "h100") == pytest.approx(ddp / 8, rel=0.01)
+    zero = (OPTIMIZER_STEP_BYTES["adamw"] + 2) * P / 8 / bw  # the fp32 partition, then its bf16 copy
+    assert optimizer_step_s(_plan(1, "zero1"), "h100") == pytest.approx(zero, rel=0.01)
+    assert MASTER_BYTES == 4 and optimizer_step_s(_plan(1, "zero2_offload"), "h100") == 0.0
+    for name in ("ddp", "zero1", "fsdp"):
+        base = replace(_base(1, name), device="h100")
+        point = project(base, [get_strategy(name)], [8, 64], 8, (FAST,) * 3, 1e11, None)
+        assert point[0].s_per_iter == pytest.approx(1.1, rel=1e-9)
+        gained = point[0].s_per_iter - point[1].s_per_iter  # 64 ranks share what 8 stepped
+        step = optimizer_step_s(_plan(1, name), "h100")
+        assert gained == pytest.approx(0.0 if name == "ddp" else step * 7 / 8, abs=1e-6), name
+
+
 def test_slow_inter_node_link_without_accumulation_makes_two_nodes_slower_and_gas_256_recovers():
     """The BigScience observation on bloom-7b: crossing nodes without gradient accumulation halved speed."""
     ddp = [get_strategy("ddp")]

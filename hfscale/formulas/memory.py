@@ -32,6 +32,15 @@ TORCHAO_QMAP_BYTES = 256 * 4  # quantized state keeps its own 256-entry fp32 map
 ADAFACTOR_STATE_BYTES = 4  # transformers Adafactor: fp32 row/col statistics (>= 2-D) or one per element (1-D);
 # the Trainer passes no beta1, so there is no first moment.
 
+# ---- the optimizer step: device bytes read and written per element it steps (one step, each kernel's passes) -------
+# torch's fused AdamW and DeepSpeed's FusedAdam: one pass reading the fp32 weight, gradient, exp_avg and exp_avg_sq
+# and writing weight and both states; bitsandbytes' 8-bit kernel and torchao's compiled AdamW8bit the same pass over
+# 1-byte states (their per-block scales are 1/64 of that); transformers' Adafactor is elementwise torch ops over a
+# matrix: the weight's RMS, grad**2 + eps (two), the row and column means, their outer product, its product with the
+# gradient, the update's RMS, the clip division, the lr scaling, the negation and the weight update. Counted op by op
+# on the real optimizers: tests/test_memory.py.
+OPTIMIZER_STEP_BYTES = {"adamw": 28, "bnb_8bit": 16, "torchao_8bit": 16, "adafactor": 84}
+
 # ---- engines ---------------------------------------------------------------------------------------------------
 MASTER_BYTES = 4  # DeepSpeed ZeRO keeps an fp32 partition of the weights for the optimizer, in fp32 runs too
 # (stage_1_and_2.py single_partition_of_fp32_groups, stage3.py fp32_partitioned_groups_flat).
@@ -242,6 +251,16 @@ def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, pr
     if optimizer_rule == "bnb_8bit":
         mem.optimizer_states += BNB_QMAP_BYTES
     return mem
+
+
+def optimizer_step_bytes(mem: RankMemory, engine: str, optimizer_rule: str, precision: str) -> int:
+    """Device bytes one optimizer step reads and writes on a rank (OPTIMIZER_STEP_BYTES per element it steps): DDP's
+    whole fp32 model, FSDP's fp32 shards, DeepSpeed's fp32 master partition - which it then casts back into the module's
+    training dtype. What an engine steps on the host (ZeRO-Offload's CPU Adam, FSDP's CPU offload) reads none."""
+    if engine == "deepspeed":
+        stepped = mem.master_weights // MASTER_BYTES
+        return stepped * (OPTIMIZER_STEP_BYTES[optimizer_rule] + DTYPE_BYTES[precision])
+    return mem.parameters // 4 * OPTIMIZER_STEP_BYTES[optimizer_rule]
 
 
 def comm_buffer_bytes(shape: ModelShape, layout: Layout, precision: str, on_cuda: bool = False, replicas: int = 2,

@@ -33,8 +33,8 @@ from .grid import FAMILIES, GridOptions
 from .links import add_link_flags, collectives_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
-from .projection import (Point, best, grid_model_error, knee, powersgd_step_s, project, project_grids,
-                         published_error, strategy_error, with_float8)
+from .projection import (Point, best, grid_model_error, knee, optimizer_step_s, powersgd_step_s, project,
+                         project_grids, published_error, strategy_error, with_float8)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -253,7 +253,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "compute per micro-batch is the same for every strategy and GPU count (the measured one, less its "
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
-            memory, error_line(strategies), published_line(strategies)] + float8_lines(base, strategies) + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
+            optimizer_line(base), memory, error_line(strategies), published_line(strategies)] + float8_lines(base, strategies) + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
                 "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
@@ -285,6 +285,16 @@ def float8_lines(base: Baseline, strategies: list[str]) -> list[str]:
         lines.append(f"not projected with --fp8: {', '.join(base.float8_left_out)} (e.g. "
                      f"{next(iter(base.float8_left_out.values()))})")
     return lines
+
+
+def optimizer_line(base: Baseline) -> str:
+    seconds = optimizer_step_s(base.plan, base.device)
+    if not seconds:
+        return ("the optimizer's step is not modelled apart: no GPU with a known memory bandwidth, so the measured "
+                "micro-batches keep it at the measured accumulation (pass --device)")
+    return (f"the optimizer's step: {seconds * 1e3:.3g} ms per step of the measured run on the {base.device} (what each "
+            f"rank steps, read and written at {MEMORY_BW_GB_S[base.device]:g} GB/s: the whole model under ddp, 1/N "
+            "under ZeRO and fsdp, none on the device when offloaded), paid once per optimizer step")
 
 
 def powersgd_line(base: Baseline) -> str:

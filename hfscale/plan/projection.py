@@ -16,7 +16,8 @@ from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute
 from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
 from ..formulas.precision import block_linears, float8_block_elements
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
-from ..formulas.memory import DTYPE_BYTES
+from ..formulas.memory import DTYPE_BYTES, model_state_bytes, optimizer_step_bytes
+from ..formulas.precision import storage_dtype
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
@@ -118,28 +119,48 @@ def _powersgd_s(shape, rank: int, element_bytes: int, device: str) -> float:
                               PEAK_TFLOPS[device]["fp32"] * 1e12, MEMORY_BW_GB_S[device] * 1e9)
 
 
+def optimizer_step_s(plan: RunPlan, device: str | None) -> float:
+    """Seconds of one rank's optimizer step on the baseline's GPU, at its datasheet memory bandwidth (the step is
+    elementwise passes over what the rank steps: formulas/memory.optimizer_step_bytes), once per optimizer step - so
+    it weighs more per token at less accumulation, and less per GPU where the strategy shards it. 0 for a CPU run or
+    an unknown GPU, whose measured micro-batches keep it at the measured accumulation."""
+    if device not in MEMORY_BW_GB_S:
+        return 0.0
+    return _optimizer_bytes(plan.shape, plan.memory_layout, plan.optimizer_memory_rule, storage_dtype(plan.precision),
+                            plan.shard_ranks, plan.gradient_accumulation_steps, plan.tp) / (MEMORY_BW_GB_S[device] * 1e9)
+
+
+@lru_cache(maxsize=256)
+def _optimizer_bytes(shape, layout, rule: str, precision: str, ranks: int, grad_accum: int, tp: int) -> int:
+    mem = model_state_bytes(shape, layout, rule, precision, ranks, grad_accum, tp)
+    return optimizer_step_bytes(mem, layout.engine, rule, precision)
+
+
 def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern):
-    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors). Under PowerSGD the
-    compression's compute runs once per step, on the compute stream (powersgd_step_s)."""
+    """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors). Once per step, on
+    the compute stream: the optimizer's step (optimizer_step_s) and, under PowerSGD, the compression's compute
+    (powersgd_step_s)."""
     st = step_time(pattern, micro_compute_s=micro_compute,
                    grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
                    gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
                    step_sd_s=base.step_sd_s)
     extra = powersgd_step_s(plan, base.device, base.powersgd_rank) if plan.world_size > 1 else 0.0
+    extra += optimizer_step_s(plan, base.device)
     return replace(st, compute_s=st.compute_s + extra, total_s=st.total_s + extra) if extra else st
 
 
 def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Links, pattern=None) -> float:
     """Compute seconds per micro-batch: the measured step less the exposed communication the model gives the measured
     configuration itself, and less PowerSGD's compression where it ran (solved by fixed-point iteration: the exposed
-    part depends on the compute that hides it). pattern: what the run moved, where it is not the plan's pattern_of
-    (a published run whose engine reduced otherwise)."""
+    part depends on the compute that hides it), and less its optimizer's step (optimizer_step_s). pattern: what the
+    run moved, where it is not the plan's pattern_of (a published run whose engine reduced otherwise)."""
     gas = plan.gradient_accumulation_steps
     compute = s_per_iter / gas
     if pattern is None:  # what moves does not depend on the compute that hides it
         pattern = pattern_of(plan, base.powersgd_rank)
     ran_it = base.plan.strategy.comm_hook == "powersgd" and plan.world_size > 1  # the measured step holds it
     own = powersgd_step_s(base.plan, base.device, base.powersgd_rank) if ran_it else 0.0
+    own += optimizer_step_s(plan, base.device)
     for _ in range(50):
         st = step_of(plan, base, compute, links, pattern)
         compute = max(s_per_iter - st.exposed_s - st.straggler_s - own, 1e-3 * s_per_iter) / gas
