@@ -287,15 +287,15 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     assert projection.strategy_error("zero3") == (min(0.8, published[0]), max(1.3, published[1]))
     assert projection.strategy_error("fsdp") == projection.published_band("FSDP") != (1.0, 1.0)
     assert projection.strategy_error("ddp") == projection.published_band("DDP")  # no CPU check in this file
-    assert projection.strategy_error("zero1") is None  # neither
+    assert projection.strategy_error("zero2") is None  # neither
     points = {p.gpus: p for p in project(_base(1, "zero3"), [get_strategy("zero3")], [8, 16], 8, (FAST,) * 3, 1e11,
                                          None)}
     assert points[8].days_low == points[8].days == points[8].days_high  # the measured count: no model in between
     assert points[16].days_low == pytest.approx(0.8 * points[16].days)
     assert points[16].days_high == pytest.approx(1.3 * points[16].days)
-    line = project_mod.error_line(["zero3", "ddp", "zero1"])
+    line = project_mod.error_line(["zero3", "ddp", "zero2"])
     low, high = projection.published_band("DDP")
-    assert "zero3 0.80–1.30" in line and f"ddp {low:.2f}–{high:.2f}" in line and "zero1 not checked" in line
+    assert "zero3 0.80–1.30" in line and f"ddp {low:.2f}–{high:.2f}" in line and "zero2 not checked" in line
 
 
 def test_ring_collective_time():
