@@ -14,10 +14,9 @@ from ..errors import HfscaleError
 from ..flags import comma_list
 from ..formulas.comm import Links, bucket_pieces, comm_pattern, powersgd_compute_s, powersgd_elements, step_time
 from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
-from ..formulas.precision import block_linears, float8_block_elements
+from ..formulas.precision import block_linears, float8_block_elements, storage_dtype
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES, model_state_bytes, optimizer_step_bytes
-from ..formulas.precision import storage_dtype
 from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
