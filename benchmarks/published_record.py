@@ -60,9 +60,11 @@ def _bisect(tflops_at, target: float) -> float:
     return (low * high) ** 0.5
 
 
-def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
-    """TFLOPs per GPU of every row's 3D layout, at the rate that gives the baseline row its published figure."""
+def project_3d(dataset: dict, links, gpus_per_node: int, device: str) -> list[float]:
+    """TFLOPs per GPU of every row's 3D layout, at the rate that gives the baseline row its published figure (the
+    busiest stage's Adam step timed apart at the GPU's memory bandwidth, as the data-parallel projection times it)."""
     from hfscale.formulas import parallel3d as p3d
+    from hfscale.formulas.peaks import MEMORY_BW_GB_S
 
     seq, recompute = dataset["model"]["seq"], dataset["recompute"]
 
@@ -71,7 +73,8 @@ def project_3d(dataset: dict, links, gpus_per_node: int) -> list[float]:
         grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"]))
         run = p3d.GridRun(shape_of(dataset, row), grid, seq, mbs, row["global_batch"] // (mbs * grid.dp),
                           dataset["precision"], recompute)
-        step = p3d.grid_step_time(run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node)
+        step = p3d.grid_step_time(run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node,
+                                  memory_bw=MEMORY_BW_GB_S[device] * 1e9)
         flops = p3d.hardware_flops_per_sequence(run.shape, seq, recompute) * run.global_batch
         return flops / step.total_s / row["gpus"] / 1e12
 
@@ -146,8 +149,9 @@ def evaluate(data: dict) -> list[dict]:
     for dataset in data["sets"]:
         system = data["systems"][dataset["system"]]
         links, per_node = links_of(system), system["gpus_per_node"]
-        projected = (project_3d(dataset, links, per_node) if dataset["family"] == "3D" else
-                     project_data_parallel(dataset, links, per_node, device_key(system["device"])))
+        device = device_key(system["device"])
+        projected = (project_3d(dataset, links, per_node, device) if dataset["family"] == "3D" else
+                     project_data_parallel(dataset, links, per_node, device))
         for i, (row, tflops) in enumerate(zip(dataset["rows"], projected)):
             published = published_tflops(dataset, row)
             rows.append({"set": dataset["name"], "family": dataset["family"], "gpus": row["gpus"],

@@ -112,6 +112,28 @@ def test_the_bubble_is_pp_minus_one_slots_of_m_plus_pp_minus_one():
         assert st.bubble_s / st.total_s == pytest.approx((pp - 1) / (m + pp - 1))
 
 
+def test_a_stage_steps_the_adam_states_its_memory_holds_once_a_step():
+    """The Adam step of the busiest stage reads and writes what stage_memory says that GPU holds - its fp32 masters and
+    Adam's two states, 1/DP of them under ZeRO-1 - at fused AdamW's traffic per element (the gradient in main_grad's
+    dtype, the 16-bit weight written back), once per step at any accumulation; memory_bw 0 leaves it out."""
+    shape = PRESETS["bloom-7b1"]
+    for zero1, precision in ((False, "bf16"), (True, "bf16"), (False, "fp32"), (True, "fp16")):
+        grid = p3d.Grid(2, 2, 4, zero1=zero1)
+        for m in (1, 16):
+            run = p3d.GridRun(shape, grid, 2048, 1, m, precision)
+            n = max(p3d.stage_parameters(shape, grid, k) for k in (0, 1))
+            mem = max((p3d.stage_memory(run, k) for k in (0, 1)), key=lambda x: x.optimizer_states)
+            elements = mem.optimizer_states // 8  # exp_avg + exp_avg_sq, fp32
+            assert elements == (-(-n // 4) if zero1 else n)
+            # the fp32 weight read and written, main_grad read, both states read and written, the 16-bit copy written
+            per_element = {"bf16": 8 + 4 + 16 + 2, "fp16": 8 + 2 + 16 + 2, "fp32": 8 + 4 + 16}[precision]
+            assert p3d.optimizer_step_bytes(grid, n, precision) == elements * per_element
+            timed = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8, memory_bw=2e12)
+            plain = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8)
+            assert timed.optimizer_s == pytest.approx(elements * per_element / 2e12) and plain.optimizer_s == 0
+            assert timed.total_s == pytest.approx(plain.total_s + timed.optimizer_s)
+
+
 def test_tp_all_reduces_four_times_per_block_and_six_under_full_recompute():
     shape = PRESETS["bloom-7b1"]
     links = Links(intra_bw=100e9, inter_bw=10e9, intra_latency_s=0, inter_latency_s=0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from math import ceil, prod
 
 from .comm import RING, Links, collective_s
-from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, RankMemory
+from .memory import ADAMW_STATE_BYTES, DTYPE_BYTES, MASTER_BYTES, OPTIMIZER_STEP_BYTES, RankMemory
 from .metrics import ModelShape, forward_flops_per_sequence, global_batch_size
 from .precision import storage_dtype
 from .tensors import parameter_tensors
@@ -127,6 +127,15 @@ def grad_bytes(precision: str) -> int:
     return 2 if precision == "fp16" else 4
 
 
+def optimizer_step_bytes(grid: Grid, parameters: int, precision: str) -> int:
+    """Device bytes one GPU's Adam step reads and writes (Megatron's fused Adam): its parameters - 1/DP of them under
+    ZeRO-1 - at fused AdamW's per-element traffic (formulas/memory.OPTIMIZER_STEP_BYTES, fp32 weight and gradient),
+    with the main_grad buffer's own dtype, and, under mixed precision, the 16-bit weight written back."""
+    stepped = ceil(parameters / grid.dp) if grid.zero1 else parameters
+    copy = DTYPE_BYTES[storage_dtype(precision)] if storage_dtype(precision) != "fp32" else 0
+    return stepped * (OPTIMIZER_STEP_BYTES["adamw"] - (4 - grad_bytes(precision)) + copy)
+
+
 # ---- one GPU, all together ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -221,13 +230,15 @@ class GridStep:
     dp_comm_s: float  # the gradient all-reduce over DP (ZeRO-1: reduce-scatter + all-gather), and the tied embedding's
     total_s: float
     comm_bytes: float = 0.0  # what one GPU sends per step over all three dimensions (ring volumes)
+    optimizer_s: float = 0.0  # the busiest stage's Adam step, once per step (in total_s)
 
 
-def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_node: int) -> GridStep:
+def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_node: int,
+                   memory_bw: float = 0.0) -> GridStep:
     """Time of one step at `flops_per_s` achieved per GPU on the matmuls (calibrated from a measured run):
     (M + P - 1) micro-batch slots of [the busiest stage's compute (its ceil(L/P) of the L blocks' share of the
-    FLOPs, over T) + TP all-reduces + 2 point-to-point sends], then the DP
-    gradient reduction, exposed. TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below
+    FLOPs, over T) + TP all-reduces + 2 point-to-point sends], then the DP gradient reduction, exposed, and the Adam
+    step at `memory_bw` bytes/s (optimizer_step_bytes; 0: not timed apart, as in a rate calibrated without it). TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below
     the calibrated rate are not modelled (docs/project.md: the check against Megatron's published table)."""
     shape, grid, b, s = run.shape, run.grid, run.micro_batch, run.seq
     act = DTYPE_BYTES[run.dtype]
@@ -263,4 +274,5 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
                            grid.tp * grid.dp * (grid.pp - 1) >= gpus_per_node)
         sent += grad_bytes(run.precision) * embedding
     bubble = (grid.pp - 1) * slot
-    return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp, sent)
+    optimizer = optimizer_step_bytes(grid, n, run.precision) / memory_bw if memory_bw else 0.0
+    return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp + optimizer, sent, optimizer)

@@ -257,8 +257,9 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
                 "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
                 "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
-                "are all exposed; they step Megatron's Adam; the global batch is the data-parallel strategies' at "
-                "each count (or --global_batch_size); the band is widened by the check against published 3D "
+                "are all exposed; they step Megatron's Adam (the busiest stage's parameters, timed as the optimizer's "
+                "step above); the global batch is the data-parallel strategies' at each count (or "
+                "--global_batch_size); the band is widened by the check against published 3D "
                 "throughput (Megatron-LM 2019 and 2021, BigScience's layouts: "
                 "{:.2f}–{:.2f}, docs/project.md)".format(*grid_model_error())]
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])

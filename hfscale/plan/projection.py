@@ -243,7 +243,8 @@ def calibrated_flops_per_s(base: Baseline, s_per_iter: float, links: Links) -> f
 def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_per_node: int, token_budget: float,
                series: str) -> Point:
     """One 3D layout's projected point (rates and links: typical, optimistic, pessimistic)."""
-    times = [grid_step_time(plan.run, flops_per_s=r, links=link, gpus_per_node=gpus_per_node)
+    bw = MEMORY_BW_GB_S.get(base.device, 0.0) * 1e9  # Adam's step timed apart where the rates were solved without it
+    times = [grid_step_time(plan.run, flops_per_s=r, links=link, gpus_per_node=gpus_per_node, memory_bw=bw)
              for r, link in zip(rates, links)]
     tokens = plan.tokens_per_step
     days = [days_to_train(token_budget, tokens / st.total_s, plan.world_size)[0] for st in times]
