@@ -15,6 +15,7 @@ are the rows of a set marked `left_out` (printed with its reason: a set whose re
 import argparse
 import json
 import sys
+from math import ceil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,23 +85,26 @@ def project_3d(dataset: dict, links, gpus_per_node: int, device: str) -> list[fl
 
 
 def engine_pattern(dataset: dict, plan):
-    """What a row moves: hfscale's pattern for the plan, or, for a set whose engine reduced its gradients otherwise than
-    the strategy's (its `reduce`), one all-reduce of the gradients in the set's dtype, issued in its `pieces` (1: after
-    the backward, with nothing left to hide under)."""
-    from hfscale.formulas.comm import comm_pattern
-    from hfscale.formulas.memory import DTYPE_BYTES
+    """What a row moves: hfscale's pattern for the plan, or - for a set whose engine communicates otherwise than
+    hfscale's strategy (its `collectives`) - what that engine issues: each collective of the whole model's
+    `bytes_per_param`, once a `step` or every `micro`-batch, beside the compute it `overlaps` ("none": after the
+    backward, nothing hides it), in `pieces` - or in buckets of `bucket_params` ({"min", "per_rank"}: Megatron's
+    max(min, per_rank x ranks) parameters a bucket)."""
+    from hfscale.formulas.comm import Collective, CommPattern
     from hfscale.formulas.metrics import param_count
     from hfscale.plan.projection import pattern_of
 
-    reduce = dataset.get("reduce")
-    if reduce is None:
+    described = dataset.get("collectives")
+    if described is None:
         return pattern_of(plan)
-    if plan.strategy.engine != "ddp":
-        raise ValueError(f"{dataset['name']}: `reduce` describes a DDP engine's all-reduce, not {plan.strategy.name}'s")
     params = param_count(plan.shape)
-    return comm_pattern("ddp", None, param_bytes=DTYPE_BYTES[plan.dtypes.parameters] * params,
-                        grad_bytes=DTYPE_BYTES[reduce["dtype"]] * params, ranks=plan.world_size,
-                        reduce_buckets=reduce["pieces"])
+    out = []
+    for c in described:
+        bucket = c.get("bucket_params")
+        pieces = c.get("pieces") or ceil(params / max(bucket["min"], bucket["per_rank"] * plan.world_size))
+        out.append(Collective(c["kind"], c["bytes_per_param"] * params, c["per"], c["overlaps"], c.get("what", ""),
+                              units=pieces))
+    return CommPattern(tuple(out))
 
 
 def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str) -> list[float]:
@@ -168,8 +172,8 @@ def nccl_tests(data: dict) -> list[tuple[dict, float]]:
     tests = data.get("nccl_tests", {})
     out = []
     for row in tests.get("rows", []):
-        links = Links(tests["intra_busbw_gb_s"] * 1e9, row["link_gb_s"] * 1e9, collectives="nccl",
-                      nics_per_node=row["nics_per_node"])
+        intra = row.get("intra_busbw_gb_s", tests["intra_busbw_gb_s"])  # the row's own GPUs' NVLink, where it says
+        links = Links(intra * 1e9, row["link_gb_s"] * 1e9, collectives="nccl", nics_per_node=row["nics_per_node"])
         ranks, size = row["nodes"] * row["gpus_per_node"], row["size_bytes"]
         seconds = nccl_collective("all_reduce", size, ranks, row["nodes"], links)[0]
         out.append((row, 2 * (ranks - 1) / ranks * size / seconds / 1e9))

@@ -109,13 +109,29 @@ def test_fsdp_flat_across_64_h100_needs_a_nodes_links_together():
 
 def test_ddp_across_64_dgx2h_is_its_engines_one_fp16_all_reduce_after_the_backward():
     """NVIDIA's BERT-large on 64 DGX-2H (GAS 1 at sequence 128): its engine all-reduces one flat fp16 buffer after the
-    backward, 33 ms that nothing hides on a 0.3 s step. The set's `reduce` projects that within 3%; as torch DDP
+    backward, 33 ms that nothing hides on a 0.3 s step. The set's `collectives` project that within 3%; as torch DDP
     (fp32 buckets overlapped with the backward) the row would come out ~10% fast."""
     dataset = next(d for d in DATA["sets"] if d["name"] == "nvidia-2019-bert-large-ddp-seq128")
     links = RECORD.links_of(DATA["systems"][dataset["system"]])
     engine = RECORD.project_data_parallel(dataset, links, 16, "v100")[-1]
-    as_ddp = RECORD.project_data_parallel({k: v for k, v in dataset.items() if k != "reduce"}, links, 16, "v100")[-1]
+    as_ddp = RECORD.project_data_parallel({k: v for k, v in dataset.items() if k != "collectives"}, links, 16,
+                                          "v100")[-1]
     published = RECORD.published_tflops(dataset, dataset["rows"][-1])
     assert abs(engine / published - 1) < 0.03 and as_ddp / published - 1 > 0.08
-    with pytest.raises(ValueError, match="DDP engine"):  # the description is DDP's; another strategy is refused
-        RECORD.project_data_parallel({**dataset, "strategy": "zero1"}, links, 16, "v100")
+
+
+def test_zero1_under_pressure_the_hidden_collectives_cost_what_the_accumulation_leaves_them():
+    """Together AI's Nemotron-4 15B on 256 B200 at 1, 2, 4 and 5 micro-batches a step (Megatron's distributed
+    optimizer, its collectives under the backward and the next forward): the model hides them, so it is fastest
+    against the run where they weigh most (one micro-batch, +16.6% when committed) and within 2% once four or more
+    micro-batches share them - the error falls as the accumulation grows. The slowdown overlapped collectives cause the
+    compute they run beside is not in the model (docs/project.md)."""
+    dataset = next(d for d in DATA["sets"] if d["name"] == "together-2026-b200-nemotron4-15b-fp8")
+    links = RECORD.links_of(DATA["systems"][dataset["system"]])
+    projected = RECORD.project_data_parallel(dataset, links, 8, "b200")
+    rows = [(row["global_batch"] // (row["micro_batch"] * row["gpus"]),
+             tflops / RECORD.published_tflops(dataset, row) - 1)
+            for row, tflops in zip(dataset["rows"], projected) if row["gpus"] == 256]
+    errors = [e for _, e in sorted(rows)]
+    assert [m for m, _ in sorted(rows)] == [1, 2, 4, 5] and errors == sorted(errors, reverse=True)
+    assert 0.10 < errors[0] < 0.25 and all(abs(e) < 0.02 for e in errors[2:])
