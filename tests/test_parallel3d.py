@@ -127,7 +127,7 @@ def test_a_stage_steps_the_adam_states_its_memory_holds_once_a_step():
             assert elements == (-(-n // 4) if zero1 else n)
             # the fp32 weight read and written, main_grad read, both states read and written, the 16-bit copy written
             per_element = {"bf16": 8 + 4 + 16 + 2, "fp16": 8 + 2 + 16 + 2, "fp32": 8 + 4 + 16}[precision]
-            assert p3d.optimizer_step_bytes(grid, n, precision) == elements * per_element
+            assert p3d.stage_optimizer_bytes(grid, n, precision) == elements * per_element
             timed = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8, memory_bw=2e12)
             plain = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8)
             assert timed.optimizer_s == pytest.approx(elements * per_element / 2e12) and plain.optimizer_s == 0

@@ -127,7 +127,7 @@ def grad_bytes(precision: str) -> int:
     return 2 if precision == "fp16" else 4
 
 
-def optimizer_step_bytes(grid: Grid, parameters: int, precision: str) -> int:
+def stage_optimizer_bytes(grid: Grid, parameters: int, precision: str) -> int:
     """Device bytes one GPU's Adam step reads and writes (Megatron's fused Adam): its parameters - 1/DP of them under
     ZeRO-1 - at fused AdamW's per-element traffic (formulas/memory.OPTIMIZER_STEP_BYTES, fp32 weight and gradient),
     with the main_grad buffer's own dtype, and, under mixed precision, the 16-bit weight written back."""
@@ -238,8 +238,9 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
     """Time of one step at `flops_per_s` achieved per GPU on the matmuls (calibrated from a measured run):
     (M + P - 1) micro-batch slots of [the busiest stage's compute (its ceil(L/P) of the L blocks' share of the
     FLOPs, over T) + TP all-reduces + 2 point-to-point sends], then the DP gradient reduction, exposed, and the Adam
-    step at `memory_bw` bytes/s (optimizer_step_bytes; 0: not timed apart, as in a rate calibrated without it). TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below
-    the calibrated rate are not modelled (docs/project.md: the check against Megatron's published table)."""
+    step at `memory_bw` bytes/s (stage_optimizer_bytes; 0: not timed apart, as in a rate calibrated without it).
+    TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below the calibrated rate are not
+    modelled (docs/project.md: the check against Megatron's published table)."""
     shape, grid, b, s = run.shape, run.grid, run.micro_batch, run.seq
     act = DTYPE_BYTES[run.dtype]
     padded = replace(shape, vocab=padded_vocab(shape.vocab, grid.tp))
@@ -274,5 +275,5 @@ def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_n
                            grid.tp * grid.dp * (grid.pp - 1) >= gpus_per_node)
         sent += grad_bytes(run.precision) * embedding
     bubble = (grid.pp - 1) * slot
-    optimizer = optimizer_step_bytes(grid, n, run.precision) / memory_bw if memory_bw else 0.0
+    optimizer = stage_optimizer_bytes(grid, n, run.precision) / memory_bw if memory_bw else 0.0
     return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp + optimizer, sent, optimizer)
