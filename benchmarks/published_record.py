@@ -1,10 +1,11 @@
 """hfscale's projection against the published record: throughput measured at cluster scale (8 to 3,072 GPUs).
 
-Each set of `benchmarks/published_record.json` is one recipe measured at several sizes, with its configuration and
-its source. Its baseline row calibrates the compute (the FLOPs per GPU it achieved once the modelled communication is
-taken out), and every row of the set is then projected from it with the model `hfscale project` uses - the 3D layouts
-by formulas/parallel3d, ZeRO and the other data-parallel strategies by formulas/comm through plan/projection - over the
-system's links timed by NCCL's cost model. Prints the error per row (projected / published - 1), the mean |error| per
+Each set of `benchmarks/published_record.json` is one recipe measured at several sizes (or accumulations), with its
+configuration and its source. Its baseline row calibrates the compute (the FLOPs per GPU it achieved once the modelled
+communication and optimizer step are taken out), and every row of the set is then projected from it with the model
+`hfscale project` uses - the 3D layouts by formulas/parallel3d, ZeRO and the other data-parallel strategies by
+formulas/comm through plan/projection, or, for a set whose engine communicates otherwise, by the `collectives` it
+describes (engine_pattern) - over the system's links timed by NCCL's cost model. Prints the error per row (projected / published - 1), the mean |error| per
 strategy family and over every row; the baseline rows are left out of the means (they match by construction), and so
 are the rows of a set marked `left_out` (printed with its reason: a set whose recipe changes with the scale).
 
