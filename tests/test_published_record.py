@@ -36,6 +36,21 @@ def test_the_transcription_is_consistent():
                 assert row["global_batch"] % (row["micro_batch"] * data_parallel) == 0
 
 
+def test_every_engine_description_is_one_the_step_model_reads():
+    """A set's `collectives` (an engine that is not hfscale's strategy): each a ring collective the model times, once a
+    step or every micro-batch, beside a phase of the compute or none, in pieces or Megatron's buckets. Every ZeRO-1 set
+    carries one: its rows ran Megatron's distributed optimizer, not DeepSpeed's ZeRO-1, which hfscale's zero1 is."""
+    from hfscale.formulas.comm import RING
+
+    described = {d["name"]: d["collectives"] for d in DATA["sets"] if "collectives" in d}
+    for name, collectives in described.items():
+        for c in collectives:
+            assert c["kind"] in RING and c["per"] in ("step", "micro"), (name, c)
+            assert c["overlaps"] in ("forward", "backward", "forward_backward", "none"), (name, c)
+            assert c["bytes_per_param"] in (2, 4) and (c.get("pieces") or c["bucket_params"]["min"] > 0), (name, c)
+    assert all(d["name"] in described for d in DATA["sets"] if d["family"] == "ZeRO-1")
+
+
 def test_no_rows_error_grows_past_the_committed_one():
     rows = RECORD.evaluate(DATA)
     committed = COMMITTED["rows"]  # row by row, in the record's order (a set's layouts may share a GPU count)
