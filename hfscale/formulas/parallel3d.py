@@ -127,11 +127,17 @@ def grad_bytes(precision: str) -> int:
     return 2 if precision == "fp16" else 4
 
 
+def optimizer_shard(grid: Grid, parameters: int) -> int:
+    """The parameters whose masters and Adam states one GPU keeps and steps: all it holds, or 1/DP of them under
+    ZeRO-1."""
+    return ceil(parameters / grid.dp) if grid.zero1 else parameters
+
+
 def stage_optimizer_bytes(grid: Grid, parameters: int, precision: str) -> int:
-    """Device bytes one GPU's Adam step reads and writes (Megatron's fused Adam): its parameters - 1/DP of them under
-    ZeRO-1 - at fused AdamW's per-element traffic (formulas/memory.OPTIMIZER_STEP_BYTES, fp32 weight and gradient),
-    with the main_grad buffer's own dtype, and, under mixed precision, the 16-bit weight written back."""
-    stepped = ceil(parameters / grid.dp) if grid.zero1 else parameters
+    """Device bytes one GPU's Adam step reads and writes (Megatron's fused Adam): its optimizer_shard at fused AdamW's
+    per-element traffic (formulas/memory.OPTIMIZER_STEP_BYTES, fp32 weight and gradient), with the main_grad buffer's
+    own dtype, and, under mixed precision, the 16-bit weight written back."""
+    stepped = optimizer_shard(grid, parameters)
     copy = DTYPE_BYTES[storage_dtype(precision)] if storage_dtype(precision) != "fp32" else 0
     return stepped * (OPTIMIZER_STEP_BYTES["adamw"] - (4 - grad_bytes(precision)) + copy)
 
@@ -177,7 +183,7 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     mem = RankMemory()
     mem.parameters = DTYPE_BYTES[precision] * n
     mem.gradients = grad_bytes(precision) * n
-    shard = ceil(n / grid.dp) if grid.zero1 else n
+    shard = optimizer_shard(grid, n)
     mem.master_weights = MASTER_BYTES * shard if precision != "fp32" else 0
     mem.optimizer_states = ADAMW_STATE_BYTES * shard
     sp = grid.sequence_parallel and grid.tp > 1
