@@ -25,10 +25,19 @@ DATA = REPO / "benchmarks" / "published_record.json"
 
 
 def links_of(system: dict):
+    """The system's links under NCCL's model, scaled by its own nccl-tests where the record has them (`fabric`)."""
     from hfscale.formulas.comm import Links
 
     return Links(system["intra_busbw_gb_s"] * 1e9, system["inter_busbw_gb_s"] * 1e9, collectives="nccl",
-                 nics_per_node=system.get("nics_per_node"))
+                 nics_per_node=system.get("nics_per_node"), fabric=fabric_of(system))
+
+
+def fabric_of(system: dict) -> tuple:
+    """Links.fabric from a system's published nccl-tests tables: {kind: {nodes: [busbw GB/s per size]}}."""
+    tables = system.get("fabric", {})
+    return tuple((kind, int(nodes), int(nodes) * system["gpus_per_node"], size, busbw * 1e9)
+                 for kind in ("all_reduce", "all_gather", "reduce_scatter") if kind in tables
+                 for nodes, row in tables[kind].items() for size, busbw in zip(tables["size_bytes"], row))
 
 
 def shape_of(dataset: dict, row: dict):

@@ -135,18 +135,36 @@ def test_ddp_across_64_dgx2h_is_its_engines_one_fp16_all_reduce_after_the_backwa
     assert abs(engine / published - 1) < 0.03 and as_ddp / published - 1 > 0.08
 
 
-def test_zero1_under_pressure_the_hidden_collectives_cost_what_the_accumulation_leaves_them():
+def test_zero1_under_pressure_the_hidden_collectives_cost_what_the_clusters_own_collectives_cost():
     """Together AI's Nemotron-4 15B on 256 B200 at 1, 2, 4 and 5 micro-batches a step (Megatron's distributed
-    optimizer, its collectives under the backward and the next forward): the model hides them, so it is fastest
-    against the run where they weigh most (one micro-batch, +16.6% when committed) and within 2% once four or more
-    micro-batches share them - the error falls as the accumulation grows. The slowdown overlapped collectives cause the
-    compute they run beside is not in the model (docs/project.md)."""
+    optimizer, its collectives under the backward and the next forward). At the cluster's own nccl-tests (its ring
+    loses up to a quarter of NCCL's model at 32 nodes for GB messages) every row lands within 3.5%; at NCCL's model
+    alone the collectives hide, and the row where they weigh most (one micro-batch, their profile's 53% NCCL) came out
+    16% fast."""
+    from dataclasses import replace
+
     dataset = next(d for d in DATA["sets"] if d["name"] == "together-2026-b200-nemotron4-15b-fp8")
     links = RECORD.links_of(DATA["systems"][dataset["system"]])
-    projected = RECORD.project_data_parallel(dataset, links, 8, "b200")
-    rows = [(row["global_batch"] // (row["micro_batch"] * row["gpus"]),
-             tflops / RECORD.published_tflops(dataset, row) - 1)
-            for row, tflops in zip(dataset["rows"], projected) if row["gpus"] == 256]
-    errors = [e for _, e in sorted(rows)]
-    assert [m for m, _ in sorted(rows)] == [1, 2, 4, 5] and errors == sorted(errors, reverse=True)
-    assert 0.10 < errors[0] < 0.25 and all(abs(e) < 0.02 for e in errors[2:])
+    assert links.fabric
+    for fabric, check in ((links.fabric, lambda e: all(abs(x) < 0.035 for x in e)),
+                          ((), lambda e: 0.10 < e[0] < 0.25 and e == sorted(e, reverse=True))):
+        projected = RECORD.project_data_parallel(dataset, replace(links, fabric=fabric), 8, "b200")
+        rows = sorted((row["global_batch"] // (row["micro_batch"] * row["gpus"]),
+                       tflops / RECORD.published_tflops(dataset, row) - 1)
+                      for row, tflops in zip(dataset["rows"], projected) if row["gpus"] == 256)
+        assert [m for m, _ in rows] == [1, 2, 4, 5] and check([e for _, e in rows]), (bool(fabric), rows)
+
+
+def test_fsdp_at_64_nodes_exposes_what_the_clusters_ring_lost_at_that_scale():
+    """Llama 3 70B under Megatron FSDP on 8 to 74 nodes of B200: a layer's 1.8 GB gather and 3.5 GB reduce-scatter
+    hide under its compute at NCCL's model (+16% and +20% at 64 and 74 nodes); at the cluster's nccl-tests (2 GB
+    all_gather 318 GB/s on 8 nodes, 205 on 64) they outgrow it and every row lands within 5%."""
+    from dataclasses import replace
+
+    dataset = next(d for d in DATA["sets"] if d["name"] == "together-2026-b200-llama3-70b-fsdp")
+    links = RECORD.links_of(DATA["systems"][dataset["system"]])
+    measured = RECORD.project_data_parallel(dataset, links, 8, "b200")
+    modelled = RECORD.project_data_parallel(dataset, replace(links, fabric=()), 8, "b200")
+    errors = [(a / RECORD.published_tflops(dataset, row) - 1, b / RECORD.published_tflops(dataset, row) - 1)
+              for row, a, b in zip(dataset["rows"], measured, modelled)]
+    assert all(abs(fabric) < 0.05 for fabric, _ in errors) and all(model > 0.15 for _, model in errors[-2:]), errors

@@ -22,7 +22,8 @@ noise of standard deviation sigma (measured on the baseline run) that costs sigm
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 # What each collective moves per rank, as a fraction of the full message S, and its ring steps, for n ranks.
 RING = {"all_reduce": (lambda n: 2 * (n - 1) / n, lambda n: 2 * (n - 1)),
@@ -74,6 +75,9 @@ class Links:
     # network links per node that one multi-node ring can spread its channels over (NCCL's model): None = one per
     # GPU, the rail-optimised DGX/HGX norm; inter_bw is one link's
     nics_per_node: int | None = None
+    # the cluster's own nccl-tests ((kind, nodes, ranks, size_bytes, busbw), `hfscale project --nccl_tests`): NCCL's
+    # model is scaled by measured / modelled at the nearest measured node counts and sizes (fabric_efficiency)
+    fabric: tuple = ()
 
     def intra(self, kind: str) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of one collective kind inside a node."""
@@ -105,6 +109,13 @@ class Links:
         if self.collectives not in COLLECTIVE_MODELS or self.intra_hop not in HOPS:
             raise ValueError(f"collectives must be one of {COLLECTIVE_MODELS} and intra_hop one of {HOPS}, got "
                              f"{self.collectives!r}, {self.intra_hop!r}")
+        for point in self.fabric:
+            kind, nodes, ranks, size, busbw = point
+            if not (kind in RING and 1 <= nodes <= ranks and ranks % nodes == 0 and size > 0 and busbw > 0):
+                raise ValueError(f"a fabric point is (kind in {tuple(RING)}, nodes, ranks a multiple of them, "
+                                 f"size_bytes > 0, busbw > 0), got {point!r}")
+        if self.fabric and self.collectives != "nccl":
+            raise ValueError("measured nccl-tests (fabric) scale NCCL's model; the ring model has none")
 
     def ring_inter_bw(self, ranks_per_node: float) -> float:
         """The bus bandwidth per rank of a ring across nodes with this many of its ranks in each node, under NCCL's
@@ -135,7 +146,9 @@ def collective_s(kind: str, size_bytes: float, ranks: int, gpus_per_node: int, l
     across_nodes = ranks > gpus_per_node if across_nodes is None else across_nodes
     if links.collectives == "nccl" and (across_nodes or not links.intra_fits):
         spanned = 1 if not across_nodes else nodes or (ranks if given else math.ceil(ranks / gpus_per_node))
-        return nccl_collective(kind, size_bytes, ranks, max(1, min(spanned, ranks)), links)[0]
+        spanned = max(1, min(spanned, ranks))
+        return nccl_collective(kind, size_bytes, ranks, spanned, links)[0] / fabric_efficiency(kind, size_bytes,
+                                                                                                spanned, links)
     volume, steps = RING[kind]
     bw, latency = (links.inter_bw, links.inter_latency_s) if across_nodes else links.intra(kind)
     return volume(ranks) * size_bytes / bw + steps(ranks) * latency
@@ -174,6 +187,55 @@ def nccl_collective(kind: str, size_bytes: float, ranks: int, nodes: int, links:
             if best is None or seconds < best[0]:
                 best = (seconds, algorithm, protocol)
     return best
+
+
+# A kind the cluster's nccl-tests did not measure borrows another's efficiency: NCCL's ring all-gather and
+# reduce-scatter move the same bytes over the same hops, and an all-reduce is the two in turn.
+FABRIC_STAND_INS = {"all_reduce": ("reduce_scatter", "all_gather"), "all_gather": ("reduce_scatter", "all_reduce"),
+                    "reduce_scatter": ("all_gather", "all_reduce")}
+
+
+def _interpolate(points, x: float) -> float:
+    """Linear between sorted (x, y) points, the nearest end's y outside them."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+@lru_cache(maxsize=64)
+def _fabric_curves(links: Links) -> dict:
+    """{(kind, across nodes): ((log2 nodes, ((log2 size, measured / modelled), ...)), ...)} from links.fabric, each
+    point's model over the same links without it (repeated points averaged)."""
+    model = replace(links, fabric=())
+    ratios: dict = {}
+    for kind, nodes, ranks, size, busbw in links.fabric:
+        modelled = RING[kind][0](ranks) * size / nccl_collective(kind, size, ranks, nodes, model)[0]
+        ratios.setdefault((kind, nodes > 1), {}).setdefault(nodes, {}).setdefault(size, []).append(busbw / modelled)
+    return {key: tuple((math.log2(n), tuple((math.log2(s), sum(r) / len(r)) for s, r in sorted(sizes.items())))
+                       for n, sizes in sorted(by_nodes.items()))
+            for key, by_nodes in ratios.items()}
+
+
+def fabric_efficiency(kind: str, size_bytes: float, nodes: int, links: Links) -> float:
+    """What the cluster's nccl-tests measured over what NCCL's model gives (1 where nothing was measured): the
+    fabric's own losses at scale - congestion, adaptive routing, stragglers in a long ring - that no cost model has.
+    Linear in log2 of the size between the measured sizes at each measured node count, and in log2 of the nodes
+    between node counts; beyond the measured range, the nearest measured size and node count. One node and several
+    are apart (NVLink and the network), and a kind not measured borrows another's (FABRIC_STAND_INS)."""
+    if not links.fabric:
+        return 1.0
+    curves = _fabric_curves(links)
+    for measured in (kind, *FABRIC_STAND_INS[kind]):
+        by_nodes = curves.get((measured, nodes > 1))
+        if by_nodes:
+            break
+    else:
+        return 1.0
+    size = math.log2(size_bytes)
+    return _interpolate([(n, _interpolate(sizes, size)) for n, sizes in by_nodes], math.log2(nodes))
 
 
 # Which ranks a collective runs over: all of them, the GPUs of one node, or one GPU per node (HSDP's replicas).

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from ..errors import HfscaleError
 from ..files import load_json
-from ..formulas.comm import COLLECTIVE_MODELS, HOPS, Links
+from ..formulas.comm import COLLECTIVE_MODELS, HOPS, Links, fabric_efficiency
 from ..formulas.metrics import GB
+from .nccl_tests import read_nccl_tests
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what `hfscale bandwidth` measures
 DEFAULT_INTRA_GB_S, DEFAULT_INTER_GB_S = 150.0, 12.5  # assumed bus bandwidths per GPU when none is measured or given
@@ -50,10 +51,14 @@ def add_link_flags(p) -> None:
     p.add_argument("--inter_latency_us", type=float, help=f"the ring model's latency per step across nodes (default "
                    f"{RING_LATENCY_US[1]:g})")
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
+    p.add_argument("--nccl_tests", type=Path, nargs="+", metavar="LOG", help="the cluster's own nccl-tests: the stdout "
+                   "of all_reduce_perf, all_gather_perf or reduce_scatter_perf on one node or several (whole nodes of "
+                   "--gpus_per_node); NCCL's model is scaled by measured / modelled at the nearest measured node count "
+                   "and message size, the fabric's losses at scale that no cost model has")
 
 
 LINK_FLAGS = ("--gpus_per_node", "--intra_bw", "--inter_bw", "--nics_per_node", "--collectives", "--intra_hop",
-              "--intra_latency_us", "--inter_latency_us", "--bandwidth_file")
+              "--intra_latency_us", "--inter_latency_us", "--bandwidth_file", "--nccl_tests")
 RING_LATENCY_US = (5.0, 20.0)  # the ring model's assumed latency per step inside and across nodes
 
 
@@ -69,6 +74,12 @@ def links_from(opts) -> tuple[Links, Links, Links]:
     if model == "nccl" and given:
         raise HfscaleError(f"--{given[0]} sets the ring model's latency per step; NCCL's model (--collectives nccl) "
                            "takes its hop latencies from NCCL's own table: pass --collectives ring to set them")
+    logs = getattr(opts, "nccl_tests", None)
+    if logs and model != "nccl":
+        why = "--collectives ring" if opts.collectives else "a gloo --bandwidth_file's"
+        raise HfscaleError(f"--nccl_tests scales NCCL's cost model by what the cluster's NCCL measured; the ring model "
+                           f"({why}) has none of NCCL's algorithms to scale: drop one of them")
+    fabric = read_nccl_tests(logs, getattr(opts, "gpus_per_node", None)) if logs else ()
     latencies = [RING_LATENCY_US[i] if getattr(opts, name) is None else getattr(opts, name)
                  for i, name in enumerate(("intra_latency_us", "inter_latency_us"))]
     for name, value in zip(("intra_latency_us", "inter_latency_us"), latencies):
@@ -98,8 +109,8 @@ def links_from(opts) -> tuple[Links, Links, Links]:
                 raise HfscaleError(f"{opts.bandwidth_file}: malformed rows (no all_reduce row with its time_s, or no "
                                    "ranks > 1); write it again with `hfscale bandwidth --out`")
         intra = (bw, bw, bw)
-    return tuple(Links(intra[i], inter[i], intra_lat, latencies[1] * 1e-6, fits, meets, model, opts.intra_hop, nics)
-                 for i in range(3))
+    return tuple(Links(intra[i], inter[i], intra_lat, latencies[1] * 1e-6, fits, meets, model, opts.intra_hop, nics,
+                       fabric) for i in range(3))
 
 
 def meeting_curves(measured: dict, path) -> tuple:
@@ -137,6 +148,28 @@ def collectives_line(links: Links) -> str:
             f"each node spreads over min(p, NICs) network links (NICs: {nics_phrase(links.nics_per_node)}), at most "
             "the intra-node bandwidth"
             + ("; inside a node as measured" if links.intra_fits else ""))
+
+
+def fabric_line(links: Links) -> str | None:
+    """What the cluster's nccl-tests (--nccl_tests) measured, against NCCL's model (None without them)."""
+    if not links.fabric:
+        return None
+    parts = []
+    for kind in dict.fromkeys(point[0] for point in links.fabric):
+        points = [p for p in links.fabric if p[0] == kind]
+        nodes, sizes = sorted({p[1] for p in points}), sorted({p[3] for p in points})
+        ratios = [fabric_efficiency(kind, p[3], p[1], links) for p in points]
+        where = f"{_span(nodes, '')} node{'s' if nodes[-1] > 1 else ''}, {_span([s / GB for s in sizes], ' GB', '.3g')}"
+        parts.append(f"{kind} on {where}: {min(ratios):.2f}-{max(ratios):.2f} of NCCL's model")
+    widest = max(p[1] for p in links.fabric)
+    return ("the network as the cluster's nccl-tests measured it (--nccl_tests), NCCL's model scaled by measured / "
+            "modelled: " + "; ".join(parts) + f"; beyond {widest} nodes, and past the sizes measured, the nearest "
+            "measured figures")
+
+
+def _span(values: list, unit: str, spec: str = "g") -> str:
+    low, high = format(values[0], spec), format(values[-1], spec)
+    return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
 
 
 def meeting_line(links: Links) -> str:

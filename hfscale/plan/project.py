@@ -30,7 +30,7 @@ from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES, GridOptions
-from .links import add_link_flags, collectives_line, links_from, meeting_line
+from .links import add_link_flags, collectives_line, fabric_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
 from .projection import (Point, best, grid_model_error, knee, optimizer_step_s, powersgd_step_s, project,
@@ -246,6 +246,7 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             f"{links[0].inter_bw / GB:g} GB/s per GPU's network link (band {links[2].inter_bw / GB:g}–"
             f"{links[1].inter_bw / GB:g}); "
             + collectives_line(links[0]),
+            *filter(None, [fabric_line(links[0])]),
             meeting_line(links[0]),
             (f"per-step noise {base.step_sd_s * 1e3:.3g} ms (sd, from the run's logging intervals): waiting for "
              "the slowest rank costs sd x E[max of n normals] per step" if base.step_sd_s else

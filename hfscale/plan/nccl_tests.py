@@ -1,0 +1,107 @@
+"""The cluster's own collectives (`hfscale project --nccl_tests LOG ...`): nccl-tests' stdout read into Links.fabric
+points, the bus bandwidth each collective reached per message size at the nodes it ran on, which scale NCCL's cost
+model where the fabric loses what no model has (formulas/comm.fabric_efficiency).
+
+A log is what `all_reduce_perf`, `all_gather_perf` or `reduce_scatter_perf` prints (nccl-tests 2.x, one run or
+several in a row, `srun --label` prefixes allowed): the collective from its "# Collective test starting:" line (or the
+binary's name in the log, or the file's), the ranks and nodes from its device list ("#  Rank  N ... on HOST device
+D"), and each size's out-of-place bus bandwidth, the column the header names busbw."""
+
+import re
+from pathlib import Path
+
+from ..errors import HfscaleError
+from ..formulas.comm import RING
+
+PERF = {f"{kind}_perf": kind for kind in RING}
+_LABEL = re.compile(r"^\s*\d+:\s?")  # srun --label
+_START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+_BINARY = re.compile(r"([a-z]+(?:_[a-z]+)*_perf)")  # all_gather_perf, in "./build/all_gather_perf -b 8" or a file name
+
+
+def _named(text: str, path: Path) -> str | None:
+    """The test a log's command line or file name names (a `*_perf` binary), when its header does not."""
+    for source in (text, path.name):
+        if found := _BINARY.search(source):
+            return found.group(1)
+    return None
+
+
+def _runs(text: str, path: Path) -> list[dict]:
+    """[{"binary", "ranks": {rank: host}, "rows": [(size, busbw GB/s, wrong)]}] in the order the log ran them."""
+    runs, run, column, counts_wrong = [], None, None, True
+    for raw in text.splitlines():
+        line = _LABEL.sub("", raw, count=1).strip()  # a results row's first number is never followed by ':'
+        if start := _START.match(line):
+            run, column = {"binary": start.group(1), "ranks": {}, "rows": []}, None
+            runs.append(run)
+            continue
+        if run is None and (line.startswith("# nThread") or _RANK.match(line)):
+            run, column = {"binary": None, "ranks": {}, "rows": []}, None  # nccl-tests before its start line
+            runs.append(run)
+        if run is None:
+            continue
+        if rank := _RANK.match(line):
+            run["ranks"][int(rank.group(1))] = rank.group(2)
+        elif line.startswith("#") and "busbw" in line.split():
+            header = line.lstrip("#").split()
+            column = header.index("busbw")
+            counts_wrong = header[column + 1:column + 2] == ["#wrong"]  # before 2.11: a max "error", not a count
+        elif column is not None and line[:1].isdigit():
+            fields = line.split()
+            try:
+                size, busbw = int(fields[0]), float(fields[column])
+                wrong = fields[column + 1] if counts_wrong else "0"
+            except (ValueError, IndexError):
+                continue
+            run["rows"].append((size, busbw, wrong))
+    for run in runs:
+        run["binary"] = run["binary"] or _named(text, path)
+    return [run for run in runs if run["rows"] or run["ranks"]]
+
+
+def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tuple:
+    """Links.fabric points ((kind, nodes, ranks, size_bytes, busbw bytes/s), ...) from nccl-tests logs; one line naming
+    the file and the problem for anything else (HfscaleError). gpus_per_node: the projection's nodes, which the logs
+    must have measured (a ring with fewer GPUs in each node spreads over fewer of its links)."""
+    points = []
+    for path in paths:
+        path = Path(path)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as e:
+            raise HfscaleError(f"--nccl_tests {path}: cannot read it ({e.strerror or e})") from None
+        runs = _runs(text, path)
+        if not runs or not any(run["rows"] for run in runs):
+            hint = (": a results file after --nccl_tests is read as a log - give it before the flag"
+                    if path.suffix == ".json" else "")
+            raise HfscaleError(f"--nccl_tests {path}: no nccl-tests results in it (the stdout of all_reduce_perf, "
+                               "all_gather_perf or reduce_scatter_perf, with its '#  Rank ... on HOST' lines and a "
+                               f"busbw column){hint}")
+        for run in runs:
+            kind = PERF.get(run["binary"] or "")
+            if kind is None:
+                raise HfscaleError(f"--nccl_tests {path}: a run of {run['binary'] or 'an unnamed test'}; hfscale reads "
+                                   f"{', '.join(PERF)} (the collectives its strategies issue)")
+            ranks, hosts = len(run["ranks"]), set(run["ranks"].values())
+            if ranks < 2 or sorted(run["ranks"]) != list(range(ranks)):
+                raise HfscaleError(f"--nccl_tests {path}: its {run['binary']} run lists {ranks} rank(s) "
+                                   f"{sorted(run['ranks'])[:4]}...; a log lists every rank 0..n-1 it ran on (n >= 2)")
+            if ranks % len(hosts):
+                raise HfscaleError(f"--nccl_tests {path}: {ranks} ranks over {len(hosts)} nodes is not the same number "
+                                   "on each node; measure whole nodes")
+            if gpus_per_node is not None and ranks // len(hosts) != gpus_per_node:
+                raise HfscaleError(f"--nccl_tests {path}: measured {ranks // len(hosts)} GPUs per node where the "
+                                   f"projection's nodes have {gpus_per_node} (--gpus_per_node): measure the nodes as "
+                                   "the run will use them")
+            for size, busbw, wrong in run["rows"]:
+                if wrong not in ("0", "N/A"):
+                    raise HfscaleError(f"--nccl_tests {path}: {run['binary']} at {size} bytes reports {wrong} wrong "
+                                       "values; a run that fails its own check measures nothing")
+                if size > 0 and busbw > 0:
+                    points.append((kind, len(hosts), ranks, float(size), busbw * 1e9))
+    if not points:
+        raise HfscaleError(f"--nccl_tests: no message above 0 bytes with a bus bandwidth above 0 in "
+                           f"{', '.join(str(p) for p in paths)}")
+    return tuple(points)
