@@ -131,6 +131,7 @@ def test_project_scales_its_network_by_the_logs_and_says_so(tmp_path, hfscale_cl
     assert speed["measured"][8] == speed["model"][8] and speed["measured"][64] < speed["model"][64]
     said = [a for a in reports["measured"]["assumptions"] if "--nccl_tests" in a]
     assert len(said) == 1 and "all_gather on 2-8 nodes, 1.07-4.29 GB" in said[0], said
+    assert "(lowest on 8 nodes at 1.07 GB); beyond 8 nodes" in said[0], said
     assert not any("--nccl_tests" in a for a in reports["model"]["assumptions"])
     for extra, expected in ((["--nccl_tests", tmp_path / "none.log"], "cannot read it"),
                             (["--nccl_tests", log, "--collectives", "ring"], "drop one of them")):

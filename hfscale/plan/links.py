@@ -158,9 +158,11 @@ def fabric_line(links: Links) -> str | None:
     for kind in dict.fromkeys(point[0] for point in links.fabric):
         points = [p for p in links.fabric if p[0] == kind]
         nodes, sizes = sorted({p[1] for p in points}), sorted({p[3] for p in points})
-        ratios = [fabric_efficiency(kind, p[3], p[1], links) for p in points]
+        ratios = sorted((fabric_efficiency(kind, p[3], p[1], links), p[1], p[3]) for p in points)
         where = f"{_span(nodes, '')} node{'s' if nodes[-1] > 1 else ''}, {_span([s / GB for s in sizes], ' GB', '.3g')}"
-        parts.append(f"{kind} on {where}: {min(ratios):.2f}-{max(ratios):.2f} of NCCL's model")
+        low, at_nodes, at_size = ratios[0]
+        parts.append(f"{kind} on {where}: {_span([low, ratios[-1][0]], '', '.2f')} of NCCL's model (lowest on "
+                     f"{at_nodes} node{'s' if at_nodes > 1 else ''} at {at_size / GB:.3g} GB)")
     widest = max(p[1] for p in links.fabric)
     return ("the network as the cluster's nccl-tests measured it (--nccl_tests), NCCL's model scaled by measured / "
             "modelled: " + "; ".join(parts) + f"; beyond {widest} nodes, and past the sizes measured, the nearest "
