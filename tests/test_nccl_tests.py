@@ -79,6 +79,14 @@ def test_a_fabric_point_must_be_whole_and_belongs_to_nccls_model():
         replace(B200, collectives="ring", fabric=(("all_gather", 2, 16, GB, 300e9),))
 
 
+def bandwidth_file(path, nodes: int, per_node: int, rows, backend: str = "nccl"):
+    """What `hfscale bandwidth --worker --out` writes (the fields read here) from a group across `nodes` nodes."""
+    ranks = nodes * per_node
+    path.write_text(json.dumps({"ranks": ranks, "ranks_per_node": per_node, "nodes": nodes, "backend": backend,
+                                "rows": [{"kind": k, "size_bytes": s, "time_s": 1.0, "busbw": b} for k, s, b in rows]}))
+    return path
+
+
 def test_logs_are_read_as_nccl_tests_writes_them(tmp_path):
     """Two runs in one file behind `srun --label`, an older header (no root column, a max error), and a log with no
     start line (older nccl-tests print none: the binary's name in the file's name): each size's out-of-place bus
@@ -90,10 +98,11 @@ def test_logs_are_read_as_nccl_tests_writes_them(tmp_path):
     old.write_text(nccl_log("reduce_scatter_perf", 4, 8, [(GB, 250.0)], old=True))
     unnamed = tmp_path / "all_gather_perf_64n.out"
     unnamed.write_text(nccl_log("all_gather_perf", 64, 8, [(2 * GB, 205.5)], start_line=False))
-    points = read_nccl_tests([both, old, unnamed], gpus_per_node=8)
+    ours = bandwidth_file(tmp_path / "bw-16n.json", 16, 8, [("reduce_scatter", GB, 280e9)])
+    points = read_nccl_tests([both, old, unnamed, ours], gpus_per_node=8)
     assert points == (("all_reduce", 2, 16, GB, 300e9), ("all_reduce", 2, 16, 2 * GB, 310.5e9),
                       ("all_gather", 2, 16, GB, 290.25e9), ("reduce_scatter", 4, 32, GB, 250e9),
-                      ("all_gather", 64, 512, 2 * GB, 205.5e9))
+                      ("all_gather", 64, 512, 2 * GB, 205.5e9), ("reduce_scatter", 16, 128, GB, 280e9))
 
 
 @pytest.mark.parametrize("log,expected", [
@@ -111,6 +120,17 @@ def test_a_bad_log_is_refused_in_one_line_naming_it(tmp_path, log, expected):
     with pytest.raises(HfscaleError, match="--nccl_tests .*nccl.log") as refused:
         read_nccl_tests([path], gpus_per_node=8)
     assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_bandwidth_file_counts_only_when_nccl_measured_it(tmp_path):
+    """gloo's figures say nothing of NCCL's, and a results file given after the flag is named as such."""
+    gloo = bandwidth_file(tmp_path / "bw.json", 2, 8, [("all_reduce", GB, 1e9)], backend="gloo")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"status": "ok", "model": {}}))
+    for path, expected in ((gloo, "measured over gloo, not NCCL"), (results, "a results file after --nccl_tests?")):
+        with pytest.raises(HfscaleError, match="--nccl_tests ") as refused:
+            read_nccl_tests([path], gpus_per_node=8)
+        assert expected in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_project_scales_its_network_by_the_logs_and_says_so(tmp_path, hfscale_cli):

@@ -51,8 +51,9 @@ def add_link_flags(p) -> None:
     p.add_argument("--inter_latency_us", type=float, help=f"the ring model's latency per step across nodes (default "
                    f"{RING_LATENCY_US[1]:g})")
     p.add_argument("--bandwidth_file", type=Path, help="measured by `hfscale bandwidth --out` (sets --intra_bw and the latency)")
-    p.add_argument("--nccl_tests", type=Path, nargs="+", metavar="LOG", help="the cluster's own nccl-tests: the stdout "
-                   "of all_reduce_perf, all_gather_perf or reduce_scatter_perf on one node or several (whole nodes of "
+    p.add_argument("--nccl_tests", type=Path, nargs="+", metavar="LOG", help="the cluster's own collectives: the "
+                   "stdout of nccl-tests' all_reduce_perf, all_gather_perf or reduce_scatter_perf, or a FILE.json of "
+                   "`hfscale bandwidth --worker --out` over NCCL, on one node or several (whole nodes of "
                    "--gpus_per_node); NCCL's model is scaled by measured / modelled at the nearest measured node count "
                    "and message size, the fabric's losses at scale that no cost model has")
 

@@ -1,6 +1,7 @@
-"""The cluster's own collectives (`hfscale project --nccl_tests LOG ...`): nccl-tests' stdout read into Links.fabric
-points, the bus bandwidth each collective reached per message size at the nodes it ran on, which scale NCCL's cost
-model where the fabric loses what no model has (formulas/comm.fabric_efficiency).
+"""The cluster's own collectives (`hfscale project --nccl_tests LOG ...`): nccl-tests' stdout, or what `hfscale
+bandwidth --worker --out` measured over NCCL across the nodes, read into Links.fabric points - the bus bandwidth each
+collective reached per message size at the nodes it ran on - which scale NCCL's cost model where the fabric loses what
+no model has (formulas/comm.fabric_efficiency).
 
 A log is what `all_reduce_perf`, `all_gather_perf` or `reduce_scatter_perf` prints (nccl-tests 2.x, one run or
 several in a row, `srun --label` prefixes allowed): the collective from its "# Collective test starting:" line (or the
@@ -11,6 +12,7 @@ import re
 from pathlib import Path
 
 from ..errors import HfscaleError
+from ..files import load_json
 from ..formulas.comm import RING
 
 PERF = {f"{kind}_perf": kind for kind in RING}
@@ -68,17 +70,18 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
     points = []
     for path in paths:
         path = Path(path)
+        if path.suffix == ".json":
+            points += _bandwidth_file(path, gpus_per_node)
+            continue
         try:
             text = path.read_text(errors="replace")
         except OSError as e:
             raise HfscaleError(f"--nccl_tests {path}: cannot read it ({e.strerror or e})") from None
         runs = _runs(text, path)
         if not runs or not any(run["rows"] for run in runs):
-            hint = (": a results file after --nccl_tests is read as a log - give it before the flag"
-                    if path.suffix == ".json" else "")
             raise HfscaleError(f"--nccl_tests {path}: no nccl-tests results in it (the stdout of all_reduce_perf, "
                                "all_gather_perf or reduce_scatter_perf, with its '#  Rank ... on HOST' lines and a "
-                               f"busbw column){hint}")
+                               "busbw column)")
         for run in runs:
             kind = PERF.get(run["binary"] or "")
             if kind is None:
@@ -91,10 +94,7 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
             if ranks % len(hosts):
                 raise HfscaleError(f"--nccl_tests {path}: {ranks} ranks over {len(hosts)} nodes is not the same number "
                                    "on each node; measure whole nodes")
-            if gpus_per_node is not None and ranks // len(hosts) != gpus_per_node:
-                raise HfscaleError(f"--nccl_tests {path}: measured {ranks // len(hosts)} GPUs per node where the "
-                                   f"projection's nodes have {gpus_per_node} (--gpus_per_node): measure the nodes as "
-                                   "the run will use them")
+            _same_nodes(path, ranks // len(hosts), gpus_per_node)
             for size, busbw, wrong in run["rows"]:
                 if wrong not in ("0", "N/A"):
                     raise HfscaleError(f"--nccl_tests {path}: {run['binary']} at {size} bytes reports {wrong} wrong "
@@ -105,3 +105,30 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
         raise HfscaleError(f"--nccl_tests: no message above 0 bytes with a bus bandwidth above 0 in "
                            f"{', '.join(str(p) for p in paths)}")
     return tuple(points)
+
+
+def _same_nodes(path: Path, measured: int, gpus_per_node: int | None) -> None:
+    if gpus_per_node is not None and measured != gpus_per_node:
+        raise HfscaleError(f"--nccl_tests {path}: measured {measured} GPUs per node where the projection's nodes have "
+                           f"{gpus_per_node} (--gpus_per_node): measure the nodes as the run will use them")
+
+
+def _bandwidth_file(path: Path, gpus_per_node: int | None) -> list:
+    """The points of a file `hfscale bandwidth --worker --out` wrote from a group launched across the nodes (its
+    rows: each collective's mean time per size, as nccl-tests times them), measured over NCCL."""
+    data = load_json(path, "bandwidth file")
+    try:
+        ranks, per_node, backend = int(data["ranks"]), int(data["ranks_per_node"]), data["backend"]
+        rows = [(r["kind"], float(r["size_bytes"]), float(r["busbw"])) for r in data["rows"]]
+    except (KeyError, TypeError, ValueError):
+        raise HfscaleError(f"--nccl_tests {path}: neither an nccl-tests log nor a file of `hfscale bandwidth --out` "
+                           "(a results file after --nccl_tests? give it before the flag)") from None
+    if backend != "nccl":
+        raise HfscaleError(f"--nccl_tests {path}: measured over {backend}, not NCCL: its figures say nothing of "
+                           "NCCL's (use it as --bandwidth_file)")
+    if ranks < 2 or per_node < 1 or ranks % per_node or not rows or any(k not in RING or s <= 0 or b <= 0 for k, s, b in rows):
+        raise HfscaleError(f"--nccl_tests {path}: malformed (ranks {ranks} over nodes of {per_node}, rows of a kind in "
+                           f"{', '.join(RING)} with a size and a bus bandwidth above 0); write it again with "
+                           "`hfscale bandwidth --out`")
+    _same_nodes(path, per_node, gpus_per_node)
+    return [(kind, ranks // per_node, ranks, size, busbw) for kind, size, busbw in rows]
