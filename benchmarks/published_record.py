@@ -128,10 +128,11 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
     from hfscale.runplan import RunPlan
 
     seq = dataset["model"]["seq"]
+    optimizer = get_optimizer(dataset.get("optimizer", "adamw"))  # the step the model times apart (AdamW unless named)
 
     def plan_of(row: dict) -> RunPlan:
         micro = row["global_batch"] // (row["micro_batch"] * row["gpus"])
-        return RunPlan(get_strategy(dataset["strategy"]), get_optimizer("adamw"), shape_of(dataset, row), seq,
+        return RunPlan(get_strategy(dataset["strategy"]), optimizer, shape_of(dataset, row), seq,
                        per_device_train_batch_size=row["micro_batch"], gradient_accumulation_steps=micro,
                        world_size=row["gpus"], processes_per_node=gpus_per_node, precision=dataset["precision"],
                        activation_checkpointing=dataset["recompute"] != "none", float8=dataset.get("float8"))
