@@ -100,6 +100,9 @@ def test_project_prints_the_check_for_the_strategies_it_projects():
     assert f"zero3 mean |error| {zero3['mean_abs_error']:.1%} (worst {zero3['max_abs_error']:.1%}" in line
     assert f"ddp_powersgd mean |error| {psgd['mean_abs_error']:.1%} (worst {psgd['max_abs_error']:.1%}" in line
     assert "zero2 not yet checked" in line
+    # the rows held out of a family's means are said beside them: the class a user projects may be one of them
+    held = [r["error"] for r in COMMITTED["rows"] if r["family"] == "PowerSGD" and r["left_out"] and not r["baseline"]]
+    assert held and f"{len(held)} more held out, worst {max(held, key=abs):+.0%}" in line.split("ddp_powersgd")[1]
 
 
 def test_nccls_model_lands_on_the_published_nccl_tests_runs_across_nodes():

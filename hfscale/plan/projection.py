@@ -309,8 +309,8 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
 
 CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
 PUBLISHED_FILE = Path(__file__).with_name("published_record_checks.json")  # benchmarks/published_record.py --out
-PUBLISHED_FAMILIES = {"ddp": "DDP", "ddp_powersgd": "PowerSGD", "zero1": "ZeRO-1", "zero3": "ZeRO-3", "zero3_offload": "ZeRO-3", "fsdp": "FSDP",
-                      **{f: "3D" for f in FAMILIES}}
+PUBLISHED_FAMILIES = {"ddp": "DDP", "ddp_powersgd": "PowerSGD", "zero1": "ZeRO-1", "zero3": "ZeRO-3",
+                      "zero3_offload": "ZeRO-3", "fsdp": "FSDP", **{f: "3D" for f in FAMILIES}}
 
 
 def published_error(strategy: str, path: Path | None = None) -> dict | None:
@@ -321,6 +321,17 @@ def published_error(strategy: str, path: Path | None = None) -> dict | None:
         return json.loads((path or PUBLISHED_FILE).read_text())["summary"][family] if family else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def published_held_out(strategy: str, path: Path | None = None) -> list[float]:
+    """The errors of this strategy's family's rows the published record prints but holds out of its means (`left_out`,
+    each set with its reason in benchmarks/published_record.json): a user projecting that class should see them."""
+    family = PUBLISHED_FAMILIES.get(strategy)
+    try:
+        rows = json.loads((path or PUBLISHED_FILE).read_text())["rows"]
+        return [r["error"] for r in rows if r["family"] == family and not r["baseline"] and r.get("left_out")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def published_band(family: str, path: Path | None = None) -> tuple[float, float] | None:
