@@ -15,10 +15,11 @@ GB = 2 ** 30
 
 
 def nccl_log(binary: str, nodes: int, per_node: int, rows, *, label: bool = False, old: bool = False,
-             start_line: bool = True) -> str:
-    """nccl-tests' stdout: (size_bytes, busbw GB/s[, wrong]) rows; `old`: the header before 2.11 (no root, a max
-    error where #wrong now counts); `label`: as `srun --label` prefixes each line."""
-    lines = ["# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807"]
+             start_line: bool = True, command: bool = False) -> str:
+    """nccl-tests' stdout: (size_bytes, busbw GB/s[, wrong]) rows; `old`: an older header (no root, a max error where
+    #wrong now counts); `label`: as `srun --label` prefixes each line; `command`: the command line echoed first."""
+    lines = [f"+ srun ./build/{binary} -b 1G -e 8G -f 2 -g 1"] if command else []
+    lines += ["# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807"]
     lines += [f"# Collective test starting: {binary}"] if start_line else []
     lines += [f"# nThread 1 nGpus 1 minBytes {rows[0][0]} maxBytes {rows[-1][0]} step: 2(factor) warmup iters: 5 "
               "iters: 20 agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
@@ -99,10 +100,14 @@ def test_logs_are_read_as_nccl_tests_writes_them(tmp_path):
     unnamed = tmp_path / "all_gather_perf_64n.out"
     unnamed.write_text(nccl_log("all_gather_perf", 64, 8, [(2 * GB, 205.5)], start_line=False))
     ours = bandwidth_file(tmp_path / "bw-16n.json", 16, 8, [("reduce_scatter", GB, 280e9)])
-    points = read_nccl_tests([both, old, unnamed, ours], gpus_per_node=8)
+    echoed = tmp_path / "suite-old.log"  # two runs of an older nccl-tests, each after its command line
+    echoed.write_text(nccl_log("all_reduce_perf", 8, 8, [(GB, 270.0)], start_line=False, command=True)
+                      + nccl_log("all_gather_perf", 8, 8, [(GB, 260.0)], start_line=False, command=True))
+    points = read_nccl_tests([both, old, unnamed, ours, echoed], gpus_per_node=8)
     assert points == (("all_reduce", 2, 16, GB, 300e9), ("all_reduce", 2, 16, 2 * GB, 310.5e9),
                       ("all_gather", 2, 16, GB, 290.25e9), ("reduce_scatter", 4, 32, GB, 250e9),
-                      ("all_gather", 64, 512, 2 * GB, 205.5e9), ("reduce_scatter", 16, 128, GB, 280e9))
+                      ("all_gather", 64, 512, 2 * GB, 205.5e9), ("reduce_scatter", 16, 128, GB, 280e9),
+                      ("all_reduce", 8, 64, GB, 270e9), ("all_gather", 8, 64, GB, 260e9))
 
 
 @pytest.mark.parametrize("log,expected", [

@@ -22,25 +22,22 @@ _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+
 _BINARY = re.compile(r"([a-z]+(?:_[a-z]+)*_perf)")  # all_gather_perf, in "./build/all_gather_perf -b 8" or a file name
 
 
-def _named(text: str, path: Path) -> str | None:
-    """The test a log's command line or file name names (a `*_perf` binary), when its header does not."""
-    for source in (text, path.name):
-        if found := _BINARY.search(source):
-            return found.group(1)
-    return None
-
-
 def _runs(text: str, path: Path) -> list[dict]:
-    """[{"binary", "ranks": {rank: host}, "rows": [(size, busbw GB/s, wrong)]}] in the order the log ran them."""
-    runs, run, column, counts_wrong = [], None, None, True
+    """[{"binary", "ranks": {rank: host}, "rows": [(size, busbw GB/s, wrong)]}] in the order the log ran them. A run
+    without nccl-tests' start line takes the last `*_perf` its log names before it (the command line), else the
+    file's name."""
+    runs, run, column, counts_wrong, named = [], None, None, True, None
     for raw in text.splitlines():
         line = _LABEL.sub("", raw, count=1).strip()  # a results row's first number is never followed by ':'
         if start := _START.match(line):
             run, column = {"binary": start.group(1), "ranks": {}, "rows": []}, None
             runs.append(run)
             continue
-        if run is None and (line.startswith("# nThread") or _RANK.match(line)):
-            run, column = {"binary": None, "ranks": {}, "rows": []}, None  # nccl-tests before its start line
+        if not line.startswith("#") and (binary := _BINARY.search(line)):
+            named = binary.group(1)
+        begins = line.startswith("# nThread") or (run is None and _RANK.match(line))
+        if begins and (run is None or run["ranks"] or run["rows"]):  # a run printed without a start line
+            run, column = {"binary": named, "ranks": {}, "rows": []}, None
             runs.append(run)
         if run is None:
             continue
@@ -49,7 +46,7 @@ def _runs(text: str, path: Path) -> list[dict]:
         elif line.startswith("#") and "busbw" in line.split():
             header = line.lstrip("#").split()
             column = header.index("busbw")
-            counts_wrong = header[column + 1:column + 2] == ["#wrong"]  # before 2.11: a max "error", not a count
+            counts_wrong = header[column + 1:column + 2] == ["#wrong"]  # older nccl-tests: a max "error"
         elif column is not None and line[:1].isdigit():
             fields = line.split()
             try:
@@ -59,7 +56,7 @@ def _runs(text: str, path: Path) -> list[dict]:
                 continue
             run["rows"].append((size, busbw, wrong))
     for run in runs:
-        run["binary"] = run["binary"] or _named(text, path)
+        run["binary"] = run["binary"] or (found.group(1) if (found := _BINARY.search(path.name)) else None)
     return [run for run in runs if run["rows"] or run["ranks"]]
 
 
