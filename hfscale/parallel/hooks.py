@@ -12,20 +12,21 @@ class PowerSGDConfig:
     rank: int  # matrix_approximation_rank: each n x m gradient travels as (n + m) x rank numbers
     warmup_steps: int  # start_powerSGD_iter: optimizer steps of plain all-reduce before compressing
 
+    @property
+    def start_iter(self) -> int:
+        """The optimizer steps the hook all-reduces uncompressed: with error feedback and warm start (torch's
+        defaults) torch requires at least 2 before compressing."""
+        return max(self.warmup_steps, 2)
+
 
 def apply_powersgd(ddp_model, config: PowerSGDConfig):
     """Register PowerSGD as the DDP comm hook; returns its state (iteration count, low-rank factors) for checks."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    # Error feedback and warm start are on (torch's defaults), and with them torch requires at least 2
-    # uncompressed iterations before compressing.
     import torch.distributed as dist
 
-    state = powerSGD_hook.PowerSGDState(
-        process_group=None,
-        matrix_approximation_rank=config.rank,
-        start_powerSGD_iter=max(config.warmup_steps, 2),
-    )
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=config.rank,
+                                        start_powerSGD_iter=config.start_iter)
     hook = powerSGD_hook.powerSGD_hook
     if dist.get_backend() != "nccl":
         hook = in_launch_order(hook)

@@ -14,6 +14,7 @@ from ..errors import HfscaleError, one_of
 from ..formulas.metrics import GB, ModelShape
 from ..formulas.precision import FLOAT8_NOT_FP16, float8_device_refusal
 from ..parallel.distributed import device_capability, on_accelerator
+from ..parallel.hooks import PowerSGDConfig
 from ..parallel.launch_env import (check_launcher_mesh, launcher_processes_per_node, launcher_world_size,
                                    read_launcher_deepspeed_json, resolve_strategy)
 from ..parallel.optimizers import get_optimizer
@@ -165,6 +166,11 @@ def _route_defaults(kw: dict, strategy: Strategy, explicit: set[str], gpu: bool)
             kw["torch_compile"] = True
         if "perf_warmup_steps" not in explicit:
             kw["perf_warmup_steps"] = gpu_perf_warmup_steps(kw["max_steps"])
+    if strategy.comm_hook == "powersgd" and "perf_warmup_steps" not in explicit:
+        # the hook all-reduces uncompressed until its start step: time PowerSGD's steps, not DDP's (a run timed
+        # across the switch reports neither; docs/metrics.md)
+        start = PowerSGDConfig(kw["powersgd_rank"], kw["powersgd_warmup_steps"]).start_iter
+        kw["perf_warmup_steps"] = max(kw["perf_warmup_steps"], start)
     _no_host_syncs(kw, explicit, gpu)
 
 
