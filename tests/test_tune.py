@@ -85,6 +85,25 @@ def test_a_trial_within_the_winners_noise_is_named_as_such():
     assert within_noise([cand("zero1", 100.0, 0.0), cand("ddp", 99.9, 0.0)]) == []
 
 
+def test_a_trial_that_finished_inside_its_warm_up_is_untimed_not_ranked(tmp_path):
+    """A trial whose steps all fell in its untimed warm-up (ddp_powersgd's covers the hook's uncompressed steps) has no
+    speed: it is said so with the way out, ranked below every timed trial, and never the winner."""
+    from hfscale.launching import RunSpec
+    from hfscale.plan.tune import Candidate, measured, table
+
+    cands = [Candidate(RunSpec(name, "adamw", 2, 4, 1, False), "planned") for name in ("ddp_powersgd", "ddp")]
+    for cand, perf in zip(cands, ({"measured_steps": 0, "warmup_steps": 10},
+                                  {"measured_steps": 6, "warmup_steps": 2, "s_per_iter": 0.1, "tokens_per_s": 5e3})):
+        folder = tmp_path / "trials" / cand.run.name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({"status": "ok", "perf": perf}))
+        measured(cand, tmp_path, 1e11)
+    assert [(c.status, c.tokens_per_s) for c in cands] == [("untimed", None), ("ok", 5e3)]
+    assert "no step timed after the 10 untimed" in cands[0].reason and "--max_steps" in cands[0].reason
+    rows = table(cands).splitlines()[2:]
+    assert rows[0].startswith("| 1 | ddp-") and "| untimed |" in rows[1]
+
+
 def test_second_tune_call_skips_finished_trials(tuned):
     out, report = tuned
     before = {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/results.json")}

@@ -60,7 +60,7 @@ AXES_SET_BY_TUNE = ("--strategy", "--optim", "--per_device_train_batch_size", "-
 @dataclass
 class Candidate:
     run: RunSpec
-    status: str  # planned | pruned | refused | ok | OOM | fail | timeout | skipped | projected (a 3D layout)
+    status: str  # planned | pruned | refused | ok | untimed | OOM | fail | timeout | skipped | projected (a 3D layout)
     reason: str | None = None
     estimate_gb: float | None = None  # the plan's whole GPU (states, step, buffers, runtime): what prunes a trial
     tokens_per_s: float | None = None
@@ -215,6 +215,10 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
     res = read_results(path)
     cand.status = res.status
     cand.reason = res.error if cand.status != "ok" else None
+    if cand.status == "ok" and not res.perf.tokens_per_s:  # finished inside its untimed warm-up: nothing to rank
+        cand.status = "untimed"
+        cand.reason = (f"no step timed after the {res.perf.warmup_steps} untimed (ddp_powersgd's: its uncompressed "
+                       "warm-up); give the trials more --max_steps")
     if cand.status == "ok" and res.perf.tokens_per_s:
         cand.tokens_per_s = res.perf.tokens_per_s
         cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.num_processes)[0]
