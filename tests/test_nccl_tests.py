@@ -90,14 +90,14 @@ def bandwidth_file(path, nodes: int, per_node: int, rows, backend: str = "nccl")
 
 def test_logs_are_read_as_nccl_tests_writes_them(tmp_path):
     """Two runs in one file behind `srun --label`, an older header (no root column, a max error), and a log with no
-    start line (older nccl-tests print none: the binary's name in the file's name): each size's out-of-place bus
+    start line (older nccl-tests print none: the test as the file's name says it): each size's out-of-place bus
     bandwidth."""
     both = tmp_path / "suite.log"
     both.write_text(nccl_log("all_reduce_perf", 2, 8, [(GB, 300.0), (2 * GB, 310.5)], label=True)
                     + nccl_log("all_gather_perf", 2, 8, [(GB, 290.25)], label=True))
     old = tmp_path / "old.log"
     old.write_text(nccl_log("reduce_scatter_perf", 4, 8, [(GB, 250.0)], old=True))
-    unnamed = tmp_path / "all_gather_perf_64n.out"
+    unnamed = tmp_path / "1_2_LOG_all_gather_env1_args1_job85317_iter1.txt"  # NVIDIA's dgxc-benchmarking names
     unnamed.write_text(nccl_log("all_gather_perf", 64, 8, [(2 * GB, 205.5)], start_line=False))
     ours = bandwidth_file(tmp_path / "bw-16n.json", 16, 8, [("reduce_scatter", GB, 280e9)])
     echoed = tmp_path / "suite-old.log"  # two runs of an older nccl-tests, each after its command line
@@ -113,6 +113,7 @@ def test_logs_are_read_as_nccl_tests_writes_them(tmp_path):
 @pytest.mark.parametrize("log,expected", [
     ("", "no nccl-tests results in it"),
     (nccl_log("sendrecv_perf", 2, 8, [(GB, 40.0)]), "a run of sendrecv_perf; hfscale reads all_reduce_perf"),
+    (nccl_log("all_gather_perf", 2, 8, [(GB, 300.0)], start_line=False), "name the file after it"),
     (nccl_log("all_gather_perf", 2, 8, [(GB, 300.0, "3")]), "reports 3 wrong values"),
     (nccl_log("all_gather_perf", 2, 4, [(GB, 300.0)]), "measured 4 GPUs per node where the projection's nodes have 8"),
     (nccl_log("all_gather_perf", 2, 8, [(GB, 300.0)]).replace("#  Rank  3 ", "#  Rank 99 "), "lists every rank"),

@@ -5,8 +5,9 @@ no model has (formulas/comm.fabric_efficiency).
 
 A log is what `all_reduce_perf`, `all_gather_perf` or `reduce_scatter_perf` prints (nccl-tests 2.x, one run or
 several in a row, `srun --label` prefixes allowed): the collective from its "# Collective test starting:" line (or the
-binary's name in the log, or the file's), the ranks and nodes from its device list ("#  Rank  N ... on HOST device
-D"), and each size's out-of-place bus bandwidth, the column the header names busbw."""
+command line echoed before it, or the file's name: all_gather_perf.log, NVIDIA's 1_2_LOG_all_gather_..._iter1.txt),
+the ranks and nodes from its device list ("#  Rank  N ... on HOST device D"), and each size's out-of-place bus
+bandwidth, the column the header names busbw."""
 
 import re
 from pathlib import Path
@@ -16,10 +17,15 @@ from ..files import load_json
 from ..formulas.comm import RING
 
 PERF = {f"{kind}_perf": kind for kind in RING}
+PERF_NAMES = {name.replace("_", ""): f"{name}_perf"
+              for name in (*RING, "alltoall", "sendrecv", "broadcast", "hypercube")}
 _LABEL = re.compile(r"^\s*\d+:\s?")  # srun --label
 _START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
-_BINARY = re.compile(r"([a-z]+(?:_[a-z]+)*_perf)")  # all_gather_perf, in "./build/all_gather_perf -b 8" or a file name
+_BINARY = re.compile(r"([a-z]+(?:_[a-z]+)*_perf)")  # all_gather_perf, in "./build/all_gather_perf -b 8"
+# a test as a file names it: all_gather_perf.log, allgather-16n.txt, NVIDIA's 1_2_LOG_all_gather_env1_..._iter1.txt
+_FILE_NAMED = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|hypercube)",
+                         re.IGNORECASE)
 
 
 def _runs(text: str, path: Path) -> list[dict]:
@@ -55,8 +61,9 @@ def _runs(text: str, path: Path) -> list[dict]:
             except (ValueError, IndexError):
                 continue
             run["rows"].append((size, busbw, wrong))
+    named = _FILE_NAMED.search(path.name)
     for run in runs:
-        run["binary"] = run["binary"] or (found.group(1) if (found := _BINARY.search(path.name)) else None)
+        run["binary"] = run["binary"] or (PERF_NAMES[named.group(1).lower().replace("_", "")] if named else None)
     return [run for run in runs if run["rows"] or run["ranks"]]
 
 
@@ -81,9 +88,12 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
                                "busbw column)")
         for run in runs:
             kind = PERF.get(run["binary"] or "")
+            if run["binary"] is None:
+                raise HfscaleError(f"--nccl_tests {path}: which test ran is not in it (no 'Collective test starting' "
+                                   "line, no command line naming it): name the file after it, e.g. all_gather_perf.log")
             if kind is None:
-                raise HfscaleError(f"--nccl_tests {path}: a run of {run['binary'] or 'an unnamed test'}; hfscale reads "
-                                   f"{', '.join(PERF)} (the collectives its strategies issue)")
+                raise HfscaleError(f"--nccl_tests {path}: a run of {run['binary']}; hfscale reads {', '.join(PERF)} "
+                                   "(the collectives its strategies issue)")
             ranks, hosts = len(run["ranks"]), set(run["ranks"].values())
             if ranks < 2 or sorted(run["ranks"]) != list(range(ranks)):
                 raise HfscaleError(f"--nccl_tests {path}: its {run['binary']} run lists {ranks} rank(s) "
@@ -123,7 +133,8 @@ def _bandwidth_file(path: Path, gpus_per_node: int | None) -> list:
     if backend != "nccl":
         raise HfscaleError(f"--nccl_tests {path}: measured over {backend}, not NCCL: its figures say nothing of "
                            "NCCL's (use it as --bandwidth_file)")
-    if ranks < 2 or per_node < 1 or ranks % per_node or not rows or any(k not in RING or s <= 0 or b <= 0 for k, s, b in rows):
+    malformed = not rows or any(k not in RING or s <= 0 or b <= 0 for k, s, b in rows)
+    if ranks < 2 or per_node < 1 or ranks % per_node or malformed:
         raise HfscaleError(f"--nccl_tests {path}: malformed (ranks {ranks} over nodes of {per_node}, rows of a kind in "
                            f"{', '.join(RING)} with a size and a bus bandwidth above 0); write it again with "
                            "`hfscale bandwidth --out`")
