@@ -129,11 +129,13 @@ def test_a_bad_log_is_refused_in_one_line_naming_it(tmp_path, log, expected):
 
 
 def test_a_bandwidth_file_counts_only_when_nccl_measured_it(tmp_path):
-    """gloo's figures say nothing of NCCL's, and a results file given after the flag is named as such."""
+    """gloo's figures say nothing of NCCL's, and a results file or a run folder given after the flag (which takes
+    every path after it) is named as such."""
     gloo = bandwidth_file(tmp_path / "bw.json", 2, 8, [("all_reduce", GB, 1e9)], backend="gloo")
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"status": "ok", "model": {}}))
-    for path, expected in ((gloo, "measured over gloo, not NCCL"), (results, "a results file after --nccl_tests?")):
+    for path, expected in ((gloo, "measured over gloo, not NCCL"), (results, "a results file after --nccl_tests?"),
+                           (tmp_path, "a run folder after --nccl_tests?")):
         with pytest.raises(HfscaleError, match="--nccl_tests ") as refused:
             read_nccl_tests([path], gpus_per_node=8)
         assert expected in str(refused.value) and "\n" not in str(refused.value)

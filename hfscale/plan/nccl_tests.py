@@ -74,6 +74,9 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
     points = []
     for path in paths:
         path = Path(path)
+        if path.is_dir():  # the flag takes every path after it: a run folder given after it lands here
+            raise HfscaleError(f"--nccl_tests {path}: a folder, not a log (a run folder after --nccl_tests? give it "
+                               "before the flag)")
         if path.suffix == ".json":
             points += _bandwidth_file(path, gpus_per_node)
             continue
