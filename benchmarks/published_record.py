@@ -5,9 +5,10 @@ configuration and its source. Its baseline row calibrates the compute (the FLOPs
 communication and optimizer step are taken out), and every row of the set is then projected from it with the model
 `hfscale project` uses - the 3D layouts by formulas/parallel3d, ZeRO and the other data-parallel strategies by
 formulas/comm through plan/projection, or, for a set whose engine communicates otherwise, by the `collectives` it
-describes (engine_pattern) - over the system's links timed by NCCL's cost model. Prints the error per row (projected / published - 1), the mean |error| per
+describes (engine_pattern) - over the system's links timed by NCCL's cost model, scaled by the system's own nccl-tests
+where the record has them (`fabric`). Prints the error per row (projected / published - 1), the mean |error| per
 strategy family and over every row; the baseline rows are left out of the means (they match by construction), and so
-are the rows of a set marked `left_out` (printed with its reason: a set whose recipe changes with the scale).
+are the rows of a set marked `left_out` (printed with its reason).
 
     python benchmarks/published_record.py
     python benchmarks/published_record.py --out hfscale/plan/published_record_checks.json   # what project prints

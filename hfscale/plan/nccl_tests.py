@@ -61,9 +61,10 @@ def _runs(text: str, path: Path) -> list[dict]:
             except (ValueError, IndexError):
                 continue
             run["rows"].append((size, busbw, wrong))
-    named = _FILE_NAMED.search(path.name)
+    from_file = _FILE_NAMED.search(path.name)
+    file_binary = PERF_NAMES[from_file.group(1).lower().replace("_", "")] if from_file else None
     for run in runs:
-        run["binary"] = run["binary"] or (PERF_NAMES[named.group(1).lower().replace("_", "")] if named else None)
+        run["binary"] = run["binary"] or file_binary
     return [run for run in runs if run["rows"] or run["ranks"]]
 
 
@@ -90,10 +91,10 @@ def read_nccl_tests(paths: list[Path], gpus_per_node: int | None = None) -> tupl
                                "all_gather_perf or reduce_scatter_perf, with its '#  Rank ... on HOST' lines and a "
                                "busbw column)")
         for run in runs:
-            kind = PERF.get(run["binary"] or "")
             if run["binary"] is None:
                 raise HfscaleError(f"--nccl_tests {path}: which test ran is not in it (no 'Collective test starting' "
                                    "line, no command line naming it): name the file after it, e.g. all_gather_perf.log")
+            kind = PERF.get(run["binary"])
             if kind is None:
                 raise HfscaleError(f"--nccl_tests {path}: a run of {run['binary']}; hfscale reads {', '.join(PERF)} "
                                    "(the collectives its strategies issue)")

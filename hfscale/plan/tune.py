@@ -216,10 +216,11 @@ def measured(cand: Candidate, out: Path, budget: float) -> None:
     cand.status = res.status
     cand.reason = res.error if cand.status != "ok" else None
     if cand.status == "ok" and not res.perf.tokens_per_s:  # finished inside its untimed warm-up: nothing to rank
+        why = " (ddp_powersgd's: its uncompressed warm-up)" if cand.run.strategy == "ddp_powersgd" else ""
         cand.status = "untimed"
-        cand.reason = (f"no step timed after the {res.perf.warmup_steps} untimed (ddp_powersgd's: its uncompressed "
-                       "warm-up); give the trials more --max_steps")
-    if cand.status == "ok" and res.perf.tokens_per_s:
+        cand.reason = (f"no step timed after the {res.perf.warmup_steps} untimed{why}; give the trials more "
+                       "--max_steps")
+    if cand.status == "ok":
         cand.tokens_per_s = res.perf.tokens_per_s
         cand.days = days_to_train(budget, cand.tokens_per_s, cand.run.num_processes)[0]
         held = res.states_and_step()  # like for like: neither side counts the runtime or the interpreter
