@@ -42,14 +42,16 @@ def fabric_of(system: dict) -> tuple:
 
 
 def shape_of(dataset: dict, row: dict):
-    """The row's model: a preset the set names (a Llama), or the GPT shape its row gives."""
+    """The row's model: a preset the set names (a Llama), or the shape its row gives (layers, hidden, heads) in the
+    set's family (GPT-2's unless it says; a Llama's MLP size, key/value heads and untied head from the set)."""
     from hfscale.formulas.metrics import ModelShape
     from hfscale.models.resolve import resolve_shape
 
     model = dataset["model"]
     if "preset" in model:
         return resolve_shape(model["preset"])
-    return ModelShape("gpt2", row["layers"], row["hidden"], row["heads"], model["vocab"], model["seq"])
+    return ModelShape(model.get("family", "gpt2"), row["layers"], row["hidden"], row["heads"], model["vocab"],
+                      model["seq"], ffn=model.get("ffn"), n_kv_head=model.get("kv_heads"), tied=model.get("tied"))
 
 
 def published_tflops(dataset: dict, row: dict) -> float:
@@ -82,7 +84,8 @@ def project_3d(dataset: dict, links, gpus_per_node: int, device: str) -> list[fl
 
     def tflops(row: dict, rate: float) -> float:
         mbs = row.get("micro_batch", dataset.get("micro_batch_assumed"))  # the row's own, where the source gives it
-        grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"]))
+        cp, vp = row.get("cp", 1), row.get("vp", 1)  # context parallel, model chunks a GPU (interleaved)
+        grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"] * cp), cp=cp, vp=vp)
         run = p3d.GridRun(shape_of(dataset, row), grid, seq, mbs, row["global_batch"] // (mbs * grid.dp),
                           dataset["precision"], recompute)
         step = p3d.grid_step_time(run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node,

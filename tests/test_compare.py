@@ -164,8 +164,9 @@ CP_ITERATION = (" [2024-05-14 10:00:{s:02d}] iteration {step:8d}/     100 | cons
 
 def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_gpus(tmp_path):
     """Megatron-LM's context parallelism splits each sequence over CP GPUs: DP = world / (TP x PP x CP), here 16 /
-    (2 x 1 x 2) = 4 (read as 8 before, with half the true accumulation). Its throughput is the log's; a projection
-    is refused, the 3D model timing no context-parallel exchanges."""
+    (2 x 1 x 2) = 4 (read as 8 before, with half the true accumulation). Its throughput is the log's, and it projects
+    as the layout it ran: its own step at its own size, exactly (the rate is solved from it); a log of the
+    interleaved schedule names its model chunks."""
     log = tmp_path / "7B-cp.out"
     log.write_text(CP_LOG + "\n".join(CP_ITERATION.format(s=i, step=10 * i, samples=640 * i) for i in (1, 2, 3)) + "\n")
     record = imported(log, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
@@ -176,8 +177,22 @@ def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_g
     write_results(tmp_path / "imported", Results.from_dict(record))
     rows = write_report([tmp_path / "imported"], tmp_path / "report", with_plots=False)[0]
     assert "TP 2 PP 1 CP 2 DP 4" in rows[0].notes, rows[0].notes
-    proc = hfscale("project", tmp_path / "imported" / "results.json", "--gpus", "16,32", launched=False)
-    assert proc.returncode == 2 and "the log ran context parallelism (CP 2)" in proc.stderr, proc.stderr
+    proc = hfscale("project", tmp_path / "imported" / "results.json", "--gpus", "16,32", "--json", launched=False)
+    assert proc.returncode == 0, proc.stderr
+    points = {p["gpus"]: p for p in json.loads(proc.stdout)["points"]}
+    assert {p["strategy"] for p in points.values()} == {"megatron-tp2-pp1-cp2"}
+    assert points[16]["layout"] == "tp2-pp1-cp2-dp4" and points[16]["s_per_iter"] == pytest.approx(3.2, rel=1e-6)
+    # Megatron prints the chunk count, or (older) the layers a chunk holds: 32 layers / PP 2 / 4 a chunk = VP 4
+    for argument in ("virtual_pipeline_model_parallel_size ..... 4", "num_layers_per_virtual_pipeline_stage .. 4"):
+        interleaved = tmp_path / f"7B-vp-{argument[:3]}.out"
+        interleaved.write_text(log.read_text().replace("  seq_length", f"  {argument}\n  seq_length")
+                               .replace("pipeline-model-parallel size: 1", "pipeline-model-parallel size: 2")
+                               .replace("data-parallel size: 4", "data-parallel size: 2"))
+        record = imported(interleaved, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
+        assert record["strategy"] == "megatron-tp2-pp2-vp4-cp2" and record["config"]["virtual_pipeline"] == 4
+    write_results(tmp_path / "interleaved", Results.from_dict(record))
+    rows = write_report([tmp_path / "interleaved"], tmp_path / "report-vp", with_plots=False)[0]
+    assert "TP 2 PP 2 VP 4 CP 2 DP 2" in rows[0].notes, rows[0].notes
 
 
 @pytest.mark.parametrize("edit,expected", [

@@ -112,6 +112,64 @@ def test_the_bubble_is_pp_minus_one_slots_of_m_plus_pp_minus_one():
         assert st.bubble_s / st.total_s == pytest.approx((pp - 1) / (m + pp - 1))
 
 
+def test_interleaving_cuts_the_bubble_v_times_for_v_times_the_sends():
+    """Narayanan et al. 2021, section 2.2.2: V model chunks a GPU make the bubble (P - 1)/V slots and send each
+    micro-batch's activations V times as often; with free links the step is (M + (P - 1)/V) slots."""
+    shape = PRESETS["bloom-7b1"]  # 30 layers
+    compute = p3d.hardware_flops_per_sequence(shape, 2048, "none") / 5 / 1e14
+    for vp, m in ((1, 8), (2, 8), (3, 64), (6, 5)):
+        run = p3d.GridRun(shape, p3d.Grid(1, 5, 1, vp=vp), 2048, 1, m, "bf16")
+        st = p3d.grid_step_time(run, flops_per_s=1e14, links=FAST, gpus_per_node=8)
+        assert st.total_s == pytest.approx((m + 4 / vp) * compute) and st.bubble_s == pytest.approx(4 / vp * compute)
+    slow = Links(intra_bw=100e9, inter_bw=10e9, intra_latency_s=0, inter_latency_s=0)
+    sends = {vp: p3d.grid_step_time(p3d.GridRun(shape, p3d.Grid(2, 5, 1, vp=vp), 2048, 1, 8, "bf16"), flops_per_s=1e14,
+                                    links=slow, gpus_per_node=8) for vp in (1, 3)}
+    assert sends[3].p2p_s == pytest.approx(3 * sends[1].p2p_s) and sends[1].p2p_s > 0
+    assert sends[3].comm_bytes - sends[1].comm_bytes == pytest.approx(8 * 2 * 2 * 2048 * shape.hidden * 2 / 2)
+
+
+def test_interleaving_keeps_megatrons_warm_up_in_flight():
+    """The first stage holds what Megatron-Core's interleaved warm-up leaves in flight - 2 (P - 1) + (V - 1) P chunk
+    forwards, then one more before the first backward, each through L/(PV) layers - which is 1 + (P - 1)/(PV) of
+    1F1B's P micro-batches (Korthikanti et al. 2022, section 4.2.3); the last stage holds V chunks' worth less."""
+    shape = ModelShape("gpt2", 48, 2048, 16, 51200, 2048)
+    for pp, vp in ((4, 2), (4, 3), (8, 2), (3, 4)):
+        interleaved = p3d.GridRun(shape, p3d.Grid(1, pp, 1, vp=vp), 2048, 1, 64, "bf16")
+        plain = replace(interleaved, grid=p3d.Grid(1, pp, 1))
+        assert interleaved.in_flight(0) == pytest.approx(plain.in_flight(0) * (1 + (pp - 1) / (pp * vp)))
+        assert interleaved.in_flight(pp - 1) == pytest.approx(((vp - 1) * pp + 1) / vp)
+        per_layer = p3d.activation_bytes_per_layer(2048, 1, 2048, 16)
+        extra = p3d.stage_memory(interleaved, 0).activations - p3d.stage_memory(plain, 0).activations
+        assert extra == pytest.approx((interleaved.in_flight(0) - pp) * 48 / pp * per_layer, abs=1)
+    few = p3d.GridRun(shape, p3d.Grid(1, 4, 1, vp=3), 2048, 1, 2, "bf16")  # all M V chunk forwards fit the warm-up
+    assert few.in_flight(0) == 2
+
+
+def test_context_parallelism_splits_each_sequence_and_reduces_over_dp_x_cp():
+    """CP 2 on twice the GPUs computes what DP 2 does on them, at the same global batch: half of every sequence a GPU
+    instead of half of the sequences; its activations hold half the tokens (attention scores: half the queries
+    against every key); its gradients are reduced, and ZeRO-1's states sharded, over DP x CP. The key/value ring is
+    charged only where the attention it overlaps does not hide it."""
+    shape = PRESETS["llama-3.1-8b"]
+    cp = p3d.GridRun(shape, p3d.Grid(2, 1, 2, cp=2, zero1=True), 8192, 1, 16, "bf16")
+    dp = replace(cp, grid=p3d.Grid(2, 1, 4, zero1=True), micro_batches=8)
+    assert cp.grid.gpus == dp.grid.gpus == 8 and cp.global_batch == dp.global_batch == 32
+    time = lambda run, links=FAST: p3d.grid_step_time(run, flops_per_s=4e14, links=links, gpus_per_node=8)  # noqa: E731
+    assert time(cp).compute_s == pytest.approx(time(dp).compute_s) and time(cp).cp_comm_s == 0
+    assert p3d.stage_memory(cp, 0).optimizer_states == p3d.stage_memory(dp, 0).optimizer_states
+    s, h, a = 8192, shape.hidden, shape.n_head
+    assert p3d.activation_bytes_per_layer(s, 1, h, a, 2, cp=2) == pytest.approx(s / 2 * h * (10 + 24 / 2)
+                                                                               + 5 * a * s / 2 * s / 2)
+    slow = Links(intra_bw=200e9, inter_bw=1e9, intra_latency_s=0, inter_latency_s=0)
+    assert time(cp, slow).dp_comm_s == pytest.approx(time(dp, slow).dp_comm_s)  # the same 4-GPU reduction
+    # across nodes (TP 8 x CP 2 spans two) on a link too thin for the attention to hide it, the ring is all exposed:
+    # a layer's forward sends one GPU's keys and values once, its backward them and their gradients
+    wide = p3d.GridRun(shape, p3d.Grid(8, 1, 1, cp=2), 8192, 1, 4, "bf16")
+    kv = 2 * 8192 / 2 * shape.kv_hidden / 8 * 2  # one GPU's keys and values of its half, bf16
+    st = time(wide, Links(intra_bw=200e9, inter_bw=1e6, intra_latency_s=0, inter_latency_s=0))
+    assert st.cp_comm_s == pytest.approx(4 * shape.n_layer * 3 * kv / 1e6, rel=1e-3)
+
+
 def test_a_stage_steps_the_adam_states_its_memory_holds_once_a_step():
     """The Adam step of the busiest stage reads and writes what stage_memory says that GPU holds - its fp32 masters and
     Adam's two states, 1/DP of them under ZeRO-1 - at fused AdamW's traffic per element (the gradient in main_grad's
@@ -201,17 +259,33 @@ def test_selective_recompute_with_sequence_parallelism_is_as_much_faster_as_publ
 def test_layouts_searched_are_the_ones_megatron_accepts():
     shape = PRESETS["bloom-7b1"]  # 32 heads, 30 layers
     layouts = grid_layouts(shape, 64, 8)
-    assert (8, 2) in layouts and (1, 1) in layouts and (4, 15) not in layouts  # 4 x 15 does not divide 64
-    assert all(t <= 8 and 32 % t == 0 and 30 % p == 0 and 64 % (t * p) == 0 for t, p in layouts)
+    assert (8, 2, 1) in layouts and (1, 1, 1) in layouts and (4, 15, 1) not in layouts  # 4 x 15 does not divide 64
+    assert all(t <= 8 and 32 % t == 0 and 30 % p == 0 and 64 % (t * p) == 0 and c == 1 for t, p, c in layouts)
+    # interleaved over 5 chunks: PP 2, 3 and 6 cut 30 layers into 5 equal chunks a stage; PP 1 (nothing to
+    # interleave), 5 (6 layers a stage) and 15 (2) do not; on 64 GPUs only PP 2 divides the GPUs
+    interleaved = grid_layouts(shape, 64, 8, vp=5)
+    assert {p for _, p, _ in interleaved} == {2} and all(30 % (p * 5) == 0 for _, p, _ in interleaved)
+    assert {p for _, p, _ in grid_layouts(shape, 480, 8, vp=5)} == {2, 3, 6}
+    # context parallelism multiplies into the replica: TP x PP x CP divides the GPUs
+    assert (4, 2, 2) in grid_layouts(shape, 64, 8, cps=[2]) and (8, 2, 4) not in grid_layouts(shape, 48, 8, cps=[4])
     # Megatron-DeepSpeed cuts stages unevenly (BLOOM: 70 layers on 12 stages); its busiest stage holds ceil(L / PP)
     bloom = PRESETS["bigscience-176b"]
-    assert (4, 12) in grid_layouts(bloom, 384, 8, uneven_stages=True) and (4, 12) not in grid_layouts(bloom, 384, 8)
+    assert (4, 12, 1) in grid_layouts(bloom, 384, 8, uneven_stages=True)
+    assert (4, 12, 1) not in grid_layouts(bloom, 384, 8)
     uneven = p3d.Grid(4, 12, 8, uneven_stages=True)
     assert p3d.stage_layers(bloom, uneven) == 6 and p3d.grid_refusal(bloom, uneven, 8) is None
     assert "does not divide the 70 layers" in p3d.grid_refusal(bloom, replace(uneven, uneven_stages=False), 8)
     plan = GridPlan("megatron", "adamw", shape, 2048, tp=3, pp=1, dp=1)
     assert "does not divide the 32 attention heads" in plan.refusal()
     assert "not a Megatron optimizer" in plan.but(tp=1, optimizer="adamw_8bit").refusal()
+    assert "PP 1 has none" in plan.but(tp=1, vp=2).refusal()
+    assert "does not cut each of the PP 2 stages' 15 layers" in plan.but(tp=1, pp=2, vp=2).refusal()
+    assert "seq 2047 does not divide" in plan.but(tp=1, cp=2, seq_len=2047).refusal()
+    deepspeed = plan.but(family="megatron-deepspeed", tp=1, pp=2)
+    assert "no context parallelism" in deepspeed.but(cp=2).refusal()
+    assert "no interleaved schedule" in deepspeed.but(vp=3).refusal()
+    assert plan.but(tp=1, pp=2, vp=3, cp=2).refusal() is None and plan.but(tp=4, pp=2, vp=3, cp=2).name == \
+        "megatron-tp4-pp2-vp3-cp2"
     with pytest.raises(HfscaleError, match="unknown 3D layout family 'megatron-lm'"):
         GridPlan("megatron-lm", "adamw", shape, 2048)
 
@@ -257,6 +331,35 @@ def test_project_all_includes_the_fastest_3d_layout_that_fits(capsys):
         project.main([*argv, "--strategy", "zero1", "--tp", "2"])
     with pytest.raises(HfscaleError, match="no 3D layout of this model for --gpus 8,64,512"):
         project.main([*argv, "--strategy", "megatron", "--pp", "7"])  # 30 layers
+
+
+def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
+    """--vp interleaves every megatron layout (its first stage holding 1 + (PP - 1)/(PP V) of 1F1B's activations, its
+    bubble 1/V), --cp splits each sequence; both are refused one line where they cannot be laid out."""
+    argv = ["--model", "llama-3.1-70b", "--strategy", "megatron", "--tp", "4", "--pp", "4", "--gpus", "64", "--bf16",
+            "--seq_len", "8192", "--gradient_accumulation_steps", "64", "--per_device_train_batch_size", "1", "--json"]
+    estimate.main(argv)
+    plain = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}["megatron-tp4-pp4"]
+    estimate.main([*argv, "--vp", "5", "--cp", "1,2"])
+    rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    interleaved, split = rows["megatron-tp4-pp4-vp5"]["memory"], rows["megatron-tp4-pp4-vp5-cp2"]["memory"]
+    assert "interleaved (VP 5): 4.6 micro-batch(es) in flight" in interleaved["activation_calibration"]
+    assert interleaved["activations"] > plain["memory"]["activations"] * (1 + 3 / 20) * 0.999
+    assert split["activations"] == pytest.approx(interleaved["activations"] / 2, rel=1e-6)  # every term: half the tokens
+    assert split["parameters"] == interleaved["parameters"]
+    estimate.main([*argv, "--vp", "3"])  # 20 layers a stage do not cut into 3 chunks
+    assert "VP 3 does not cut each of the PP 4 stages' 20 layers" in json.loads(capsys.readouterr().out)["rows"][0]["refused"]
+    with pytest.raises(HfscaleError, match="--cp describes Megatron-LM layouts"):
+        estimate.main([*argv[:3], "megatron-deepspeed", *argv[4:], "--cp", "2"])
+    with pytest.raises(HfscaleError, match="--vp must be at least 1"):
+        estimate.main([*argv, "--vp", "0"])
+    flags = ["--tflops_per_gpu", "400", "--device", "H100-80GB", "--gpus", "64,128", "--inter_bw", "40", "--intra_bw",
+             "360", "--json"]
+    project.main([*argv[:8], "--seq_len", "8192", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
+                  "2", *flags, "--vp", "5", "--cp", "2"])
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert {p["strategy"] for p in points} == {"megatron-tp4-pp4-vp5-cp2"}
+    assert [p["layout"] for p in points] == ["tp4-pp4-vp5-cp2-dp2", "tp4-pp4-vp5-cp2-dp4"]
 
 
 # ---- projecting from a Megatron log (hfscale import-logs, then hfscale project) ------------------------------------------

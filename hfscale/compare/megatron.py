@@ -112,8 +112,9 @@ def read_log(path: Path) -> tuple[dict, dict]:
 
 
 def logged_layout(path: Path, header: dict, name: dict, gpus: int | None, warnings: list[str]) -> dict:
-    """The run's parallel sizes {world, tp, pp, cp, dp}: the log's, else the flag's or the file name's. DP is what
-    the world leaves over one replica's TP x PP x CP GPUs (Megatron-LM's context parallelism splits each sequence)."""
+    """The run's parallel sizes {world, tp, pp, cp, dp, vp}: the log's, else the flag's or the file name's. DP is what
+    the world leaves over one replica's TP x PP x CP GPUs (Megatron-LM's context parallelism splits each sequence); VP
+    the model chunks a GPU holds under the interleaved schedule (1: plain 1F1B)."""
     tp, pp, cp = (_pick(key, header, name, None, path, warnings) or 1 for key in ("tp", "pp", "cp"))
     dp = _pick("dp", header, name, None, path, warnings)
     replica = tp * pp * cp  # the GPUs of one data-parallel replica
@@ -124,7 +125,10 @@ def logged_layout(path: Path, header: dict, name: dict, gpus: int | None, warnin
     if world % replica:
         raise HfscaleError(f"{path.name}: {world} GPUs is not a multiple of TP x PP"
                            + (f" x CP = {replica}" if cp > 1 else f" = {replica}"))
-    return {"world": world, "tp": tp, "pp": pp, "cp": cp, "dp": world // replica}
+    vp = header.get("vp") or 1  # model chunks per GPU (the interleaved schedule); older logs state layers per chunk
+    if "vp" not in header and header.get("layers_per_virtual_stage") and header.get("n_layer"):
+        vp = header["n_layer"] // pp // header["layers_per_virtual_stage"]
+    return {"world": world, "tp": tp, "pp": pp, "cp": cp, "dp": world // replica, "vp": vp}
 
 
 def logged_batch(path: Path, header: dict, name: dict, launches: list[dict], dp: int,
@@ -167,14 +171,16 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
     engine = "megatron-deepspeed" if header.get("deepspeed") else "megatron"
     record = Results(
         source="megatron-log", log_file=str(path.resolve()), run_name=path.stem,
-        strategy=f"{engine}-tp{sizes['tp']}-pp{sizes['pp']}" + (f"-cp{sizes['cp']}" if sizes["cp"] > 1 else ""),
+        strategy=(f"{engine}-tp{sizes['tp']}-pp{sizes['pp']}" + (f"-vp{sizes['vp']}" if sizes["vp"] > 1 else "")
+                  + (f"-cp{sizes['cp']}" if sizes["cp"] > 1 else "")),
         optim="?", model=ModelRecord(name=name.get("size") or size_label(n_params), params_model=n_params,
                                      **logged_shape(header)),
         config=ConfigRecord(world_size=sizes["world"], dp=sizes["dp"], tp=sizes["tp"], pp=sizes["pp"],
                             per_device_train_batch_size=mbs, gradient_accumulation_steps=gas, global_batch_size=gbs,
                             seq_len=seq, activation_checkpointing=ckpt, token_budget=token_budget, precision=header.get("precision"),
                             extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
-                                   "context_parallel": sizes["cp"], "recompute": header.get("recompute"),
+                                   "context_parallel": sizes["cp"], "virtual_pipeline": sizes["vp"],
+                                   "recompute": header.get("recompute"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}))
     record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))
     measured = measured_iterations(launches, gbs, skip_first)

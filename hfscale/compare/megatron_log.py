@@ -49,7 +49,10 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "context_par
                  "pipeline_model_parallel_size": "pp", "seq_length": "seq_len", "global_batch_size": "gbs",
                  "micro_batch_size": "mbs", "num_layers": "n_layer", "hidden_size": "hidden",
                  "num_attention_heads": "n_head", "ffn_hidden_size": "ffn", "max_position_embeddings": "positions",
-                 "padded_vocab_size": "vocab", "log_interval": "log_interval", "num_query_groups": "query_groups"}
+                 "padded_vocab_size": "vocab", "log_interval": "log_interval", "num_query_groups": "query_groups",
+                 # the interleaved schedule: Megatron prints both once either is given (None otherwise)
+                 "virtual_pipeline_model_parallel_size": "vp",
+                 "num_layers_per_virtual_pipeline_stage": "layers_per_virtual_stage"}
 # the arguments that make a Megatron model Llama-shaped (hfscale's llama family) when all are on
 LLAMA_ARGUMENTS = {"swiglu": "swiglu", "group_query_attention": "gqa",
                    "untie_embeddings_and_output_weights": "untied", "disable_bias_linear": "no_bias"}

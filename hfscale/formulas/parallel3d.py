@@ -11,7 +11,14 @@ Sources (docs/project.md says how close each check came):
 - the 1F1B pipeline schedule: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM" (arXiv 2104.04473): the first stage keeps P micro-batches in flight, the bubble is
   (P - 1) of the M + P - 1 micro-batch slots of a step, each block all-reduces its activations twice in the forward
-  and twice in the backward over TP.
+  and twice in the backward over TP. Its interleaved schedule (section 2.2.2: V model chunks a GPU) cuts the bubble
+  to (P - 1) / V slots for V times the point-to-point sends; its warm-up (Megatron-Core's
+  forward_backward_pipelining_with_interleaving: 2 (P - stage - 1) + (V - 1) P chunk forwards before the first
+  backward) keeps 1 + (P - 1) / (P V) of 1F1B's activations on the first stage (Korthikanti et al., section 4.2.3);
+- context parallelism (Megatron-Core's --context-parallel-size, CP): each sequence split over CP GPUs in 2 CP
+  load-balanced chunks, every GPU's queries attending to keys and values passed around a ring of the CP GPUs
+  (CP - 1 sends a layer in the forward, keys and values and their gradients in the backward) under its own
+  attention's compute; the gradients reduced over DP x CP.
 """
 
 from dataclasses import dataclass, replace
@@ -41,14 +48,23 @@ class Grid:
     # Megatron-LM needs PP to divide the layers; Megatron-DeepSpeed's PipelineModule also cuts them unevenly (BLOOM:
     # 70 layers on 12 stages), and its busiest stage then holds ceil(L / PP)
     uneven_stages: bool = False
+    cp: int = 1  # context parallelism: each sequence's tokens split over CP GPUs (ranks ordered TP, CP, DP, PP)
+    vp: int = 1  # model chunks per GPU: Megatron's interleaved 1F1B (--virtual-pipeline-model-parallel-size)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def reducers(self) -> int:
+        """The GPUs a gradient is reduced over (and ZeRO-1 shards the optimizer over): DP x CP."""
+        return self.dp * self.cp
 
     @property
     def label(self) -> str:
-        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}" + ("-sp" if self.sequence_parallel and self.tp > 1 else "")
+        return (f"tp{self.tp}-pp{self.pp}" + (f"-vp{self.vp}" if self.vp > 1 else "")
+                + (f"-cp{self.cp}" if self.cp > 1 else "") + f"-dp{self.dp}"
+                + ("-sp" if self.sequence_parallel and self.tp > 1 else ""))
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -59,8 +75,8 @@ def padded_vocab(vocab: int, tp: int) -> int:
 
 def grid_refusal(shape: ModelShape, grid: Grid, gpus_per_node: int) -> str | None:
     """Why Megatron cannot lay this model out on this grid, or None."""
-    if min(grid.tp, grid.pp, grid.dp) < 1:
-        return f"TP {grid.tp}, PP {grid.pp} and DP {grid.dp} must each be at least 1"
+    if min(grid.tp, grid.pp, grid.dp, grid.cp, grid.vp) < 1:
+        return f"TP {grid.tp}, PP {grid.pp}, VP {grid.vp}, CP {grid.cp} and DP {grid.dp} must each be at least 1"
     if grid.tp > gpus_per_node:
         return f"TP {grid.tp} spans more than one node of {gpus_per_node} GPUs (its all-reduces run every block)"
     if shape.n_head % grid.tp or shape.ffn_size % grid.tp:
@@ -71,6 +87,14 @@ def grid_refusal(shape: ModelShape, grid: Grid, gpus_per_node: int) -> str | Non
         return f"PP {grid.pp} is more stages than the {shape.n_layer} layers"
     if shape.n_layer % grid.pp and not grid.uneven_stages:
         return f"PP {grid.pp} does not divide the {shape.n_layer} layers into equal stages (Megatron-LM needs it)"
+    if grid.vp > 1:
+        if grid.uneven_stages:
+            return f"VP {grid.vp}: Megatron-DeepSpeed's pipeline engine has no interleaved schedule (Megatron-LM's has)"
+        if grid.pp == 1:
+            return f"VP {grid.vp} interleaves pipeline stages, and PP 1 has none"
+        if shape.n_layer % (grid.pp * grid.vp):
+            return (f"VP {grid.vp} does not cut each of the PP {grid.pp} stages' {shape.n_layer // grid.pp} layers "
+                    "into equal model chunks")
     return None
 
 
@@ -82,19 +106,20 @@ def stage_layers(shape: ModelShape, grid: Grid) -> int:
 # ---- activations (Korthikanti et al. 2022, Table 2) ------------------------------------------------------------------
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none") -> float:
+                               sequence_parallel: bool = False, recompute: str = "none", cp: int = 1) -> float:
     """Bytes one transformer layer keeps for its backward, per micro-batch, on one TP rank:
     none: sbh(10 + 24/t + 5as/(ht)) - the LayerNorms' and dropouts' 10sbh are replicated over TP, the 24sbh of the
     matmul inputs and the 5as^2b of the attention scores, softmax and its dropout are split; with sequence
     parallelism everything is split: sbh/t (34 + 5as/h). selective: the attention's 5as^2b is recomputed, not kept.
-    full: only the layer's input, 2sbh (split over TP with sequence parallelism)."""
+    full: only the layer's input, 2sbh (split over TP with sequence parallelism). Under context parallelism a GPU
+    keeps its s/CP tokens' share, and scores of its s/CP queries against all s keys."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"unknown recompute granularity {recompute!r}; choose one of: {', '.join(RECOMPUTE)}")
-    s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    s, b, h, a, t = seq / cp, micro_batch, hidden, heads, tp
     sp = sequence_parallel and t > 1
     if recompute == "full":
         return 2 * s * b * h / (t if sp else 1)
-    attention = 0 if recompute == "selective" else 5 * a * s * s * b / t
+    attention = 0 if recompute == "selective" else 5 * a * s * seq * b / t
     linear = 34 * s * b * h / t if sp else s * b * h * (10 + 24 / t)
     return linear + attention
 
@@ -128,9 +153,9 @@ def grad_bytes(precision: str) -> int:
 
 
 def optimizer_shard(grid: Grid, parameters: int) -> int:
-    """The parameters whose masters and Adam states one GPU keeps and steps: all it holds, or 1/DP of them under
-    ZeRO-1."""
-    return ceil(parameters / grid.dp) if grid.zero1 else parameters
+    """The parameters whose masters and Adam states one GPU keeps and steps: all it holds, or 1/(DP x CP) of them
+    under ZeRO-1 (Megatron's distributed optimizer shards over the GPUs that reduce a gradient)."""
+    return ceil(parameters / grid.reducers) if grid.zero1 else parameters
 
 
 def stage_optimizer_bytes(grid: Grid, parameters: int, precision: str) -> int:
@@ -165,15 +190,20 @@ class GridRun:
         """What weights and activations are stored in (TF32 computes in fp32 tensors)."""
         return storage_dtype(self.precision)
 
-    def in_flight(self, stage: int) -> int:
-        """Micro-batches stage `stage` holds activations for in 1F1B: P - stage in the steady state, at most M."""
-        return min(self.grid.pp - stage, self.micro_batches)
+    def in_flight(self, stage: int) -> float:
+        """Micro-batches stage `stage` holds activations for, in whole passes through its layers: in 1F1B P - stage,
+        at most M; interleaved, the chunk forwards of its warm-up plus the one before the first backward, 2 (P -
+        stage - 1) + (V - 1) P + 1 (at most all M V), each through 1/V of the stage's layers."""
+        pp, v, m = self.grid.pp, self.grid.vp, self.micro_batches
+        if v == 1:
+            return min(pp - stage, m)
+        return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v) / v
 
 
 def stage_memory(run: GridRun, stage: int) -> RankMemory:
     """Bytes on one GPU of pipeline stage `stage`, with Adam (Megatron's optimizer): 16-bit weights with fp32
     gradients, fp32 masters and Adam's two states (18 bytes per parameter under bf16); ZeRO-1 divides the masters and
-    states over DP. Activations: the stage's L/P layers for each micro-batch in flight; the first stage adds the
+    states over DP x CP. Activations: the stage's L/P layers for each micro-batch in flight (GridRun.in_flight); the first stage adds the
     embedding's dropout mask per micro-batch, the last the final LayerNorm's and LM head's inputs and the fp32 logits
     of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first peak. Under full
     recomputation the backward rebuilds one layer's activations at a time on top."""
@@ -188,21 +218,26 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     mem.optimizer_states = ADAMW_STATE_BYTES * shard
     sp = grid.sequence_parallel and grid.tp > 1
     split = grid.tp if sp else 1
+    tokens = s / grid.cp  # a GPU's share of each sequence under context parallelism
     layers = stage_layers(shape, grid)
-    per_layer = activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel, run.recompute)
-    kept = run.in_flight(stage) * layers * per_layer
+    per_layer = activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel, run.recompute,
+                                           grid.cp)
+    flight = run.in_flight(stage)
+    kept = flight * layers * per_layer
     peak_extra = 0.0
-    if stage == 0:
-        kept += run.in_flight(stage) * s * b * h / split  # the embedding's dropout mask, 1 byte per element
+    if stage == 0:  # the embedding's dropout mask, 1 byte per element, for each micro-batch its first chunk holds
+        kept += min(grid.pp, run.micro_batches) * tokens * b * h / split
     if stage == grid.pp - 1:
-        logits = 4 * s * b * padded_vocab(shape.vocab, grid.tp) / grid.tp
-        kept += 4 * s * b * h / split + logits
+        logits = 4 * tokens * b * padded_vocab(shape.vocab, grid.tp) / grid.tp
+        kept += 4 * tokens * b * h / split + logits
         peak_extra = logits  # the logits' gradient at the start of the backward
     if run.recompute == "full":
-        peak_extra = max(peak_extra, activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel))
+        peak_extra = max(peak_extra, activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel,
+                                                                cp=grid.cp))
     mem.activations, mem.activation_peak = int(kept), int(kept + peak_extra)
-    mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas, 1F1B: "
-                                  f"{run.in_flight(stage)} micro-batch(es) in flight on stage {stage}")
+    schedule = f"interleaved (VP {grid.vp})" if grid.vp > 1 else "1F1B"
+    mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas, "
+                                  f"{schedule}: {flight:g} micro-batch(es) in flight on stage {stage}")
     return mem
 
 
@@ -232,54 +267,82 @@ class GridStep:
     compute_s: float  # M micro-batches of one stage's share of the FLOPs
     tp_comm_s: float  # TP's all-reduces (not overlapped: Megatron runs them in the compute stream)
     p2p_s: float  # activations and their gradients sent between stages
-    bubble_s: float  # the P - 1 idle micro-batch slots of the 1F1B schedule's fill and drain
+    bubble_s: float  # the P - 1 idle slots of the pipeline's fill and drain (1/V of a micro-batch's each, interleaved)
     dp_comm_s: float  # the gradient all-reduce over DP (ZeRO-1: reduce-scatter + all-gather), and the tied embedding's
     total_s: float
-    comm_bytes: float = 0.0  # what one GPU sends per step over all three dimensions (ring volumes)
+    comm_bytes: float = 0.0  # what one GPU sends per step over every dimension (ring volumes)
     optimizer_s: float = 0.0  # the busiest stage's Adam step, once per step (in total_s)
+    cp_comm_s: float = 0.0  # context parallelism's key/value ring where the attention's compute does not hide it
+
+
+def cp_exchange_s(run: GridRun, flops_per_s: float, links: Links, gpus_per_node: int) -> tuple[float, float]:
+    """(exposed seconds, bytes sent) of one layer's context-parallel ring for one micro-batch on one GPU: the forward
+    passes its s/CP tokens' keys and values CP - 1 times, the backward keys, values and their gradients (twice the
+    bytes); each pass overlaps the attention scores and context it computes meanwhile (the backward's twice the
+    forward's), and only what outlasts them is charged. Full recomputation passes the forward's again."""
+    shape, grid = run.shape, run.grid
+    if grid.cp == 1:
+        return 0.0, 0.0
+    kv = 2 * run.micro_batch * run.seq / grid.cp * shape.kv_hidden / grid.tp * DTYPE_BYTES[run.dtype]
+    parts = forward_flops_per_sequence(shape, run.seq)
+    attention = ((parts["attention_scores"] + parts["attention_context"]) / shape.n_layer * run.micro_batch
+                 / grid.tp / grid.cp / flops_per_s)
+    bw, latency = links.point_to_point(grid.tp * grid.cp > gpus_per_node)  # CP ranks lie TP apart
+    forward = (grid.cp - 1) * (kv / bw + latency)
+    backward = (grid.cp - 1) * (2 * kv / bw + latency)
+    forwards = 2 if run.recompute == "full" else 1
+    exposed = forwards * max(0.0, forward - attention) + max(0.0, backward - 2 * attention)
+    return exposed, (grid.cp - 1) * kv * (forwards + 2)
 
 
 def grid_step_time(run: GridRun, *, flops_per_s: float, links: Links, gpus_per_node: int,
                    memory_bw: float = 0.0) -> GridStep:
     """Time of one step at `flops_per_s` achieved per GPU on the matmuls (calibrated from a measured run):
-    (M + P - 1) micro-batch slots of [the busiest stage's compute (its ceil(L/P) of the L blocks' share of the
-    FLOPs, over T) + TP all-reduces + 2 point-to-point sends], then the DP gradient reduction, exposed, and the Adam
-    step at `memory_bw` bytes/s (stage_optimizer_bytes; 0: not timed apart, as in a rate calibrated without it).
-    TP's efficiency loss is its all-reduces only: smaller per-GPU matmuls that run below the calibrated rate are not
-    modelled (docs/project.md: the check against Megatron's published table)."""
+    M micro-batch slots of [the busiest stage's compute (its ceil(L/P) of the L blocks' share of the FLOPs, over
+    T x CP) + TP all-reduces + 2V point-to-point sends + CP's exposed ring], the (P - 1)/V slots of the pipeline's
+    bubble, then the gradient reduction over DP x CP, exposed, and the Adam step at `memory_bw` bytes/s
+    (stage_optimizer_bytes; 0: not timed apart, as in a rate calibrated without it). TP's efficiency loss is its
+    all-reduces only: smaller per-GPU matmuls that run below the calibrated rate are not modelled (docs/project.md:
+    the check against Megatron's published table)."""
     shape, grid, b, s = run.shape, run.grid, run.micro_batch, run.seq
     act = DTYPE_BYTES[run.dtype]
     padded = replace(shape, vocab=padded_vocab(shape.vocab, grid.tp))
     layers = stage_layers(shape, grid)  # the busiest stage sets the pace
-    compute = hardware_flops_per_sequence(padded, s, run.recompute) * b * layers / shape.n_layer / grid.tp / flops_per_s
-    message = b * s * shape.hidden * act  # one layer's activations (or their gradient) for one micro-batch
+    compute = (hardware_flops_per_sequence(padded, s, run.recompute) * b * layers / shape.n_layer / grid.tp / grid.cp
+               / flops_per_s)
+    message = b * s / grid.cp * shape.hidden * act  # one layer's activations (or their gradient) for one micro-batch
     tp = layers * TP_ALL_REDUCES[run.recompute] * collective_s("all_reduce", message, grid.tp, gpus_per_node, links,
                                                                across_nodes=False)
     p2p = 0.0
-    if grid.pp > 1:  # one send forward, one back per micro-batch; split over TP (the scatter-gather optimisation)
-        across = grid.tp * grid.dp >= gpus_per_node  # the next stage's ranks are T x D ranks away
+    if grid.pp > 1:  # V sends forward, V back per micro-batch (one per model chunk), each split over TP (Megatron's
+        # scatter-gather optimisation)
+        across = grid.tp * grid.cp * grid.dp >= gpus_per_node  # the next stage's ranks are T x CP x D ranks away
         bw, latency = links.point_to_point(across)
-        p2p = 2 * (message / grid.tp / bw + latency)
-    slot = compute + tp + p2p
+        p2p = 2 * grid.vp * (message / grid.tp / bw + latency)
+    cp_layer, cp_bytes = cp_exchange_s(run, flops_per_s, links, gpus_per_node)
+    cp = layers * cp_layer
+    slot = compute + tp + p2p + cp
     m = run.micro_batches
     n = max(stage_parameters(shape, grid, k) for k in {0, grid.pp - 1})
-    span = grid.tp * grid.dp > gpus_per_node  # a DP group's ranks lie T apart within the stage's T x D ranks
-    spanned = ceil(grid.tp * grid.dp / gpus_per_node) if span else 1  # the nodes they lie on
+    ranks = grid.tp * grid.cp * grid.dp  # a stage's GPUs; a gradient's DP x CP reducers lie T apart among them
+    span = ranks > gpus_per_node
+    spanned = ceil(ranks / gpus_per_node) if span else 1  # the nodes they lie on
     g = grad_bytes(run.precision) * n
     sent = m * (layers * TP_ALL_REDUCES[run.recompute] * RING["all_reduce"][0](grid.tp) * message
-                                + (2 * message / grid.tp if grid.pp > 1 else 0))
-    sent += (RING["reduce_scatter"][0](grid.dp) * (g + act * n) if grid.zero1
-             else RING["all_reduce"][0](grid.dp) * g)
+                + (2 * grid.vp * message / grid.tp if grid.pp > 1 else 0) + layers * cp_bytes)
+    sent += (RING["reduce_scatter"][0](grid.reducers) * (g + act * n) if grid.zero1
+             else RING["all_reduce"][0](grid.reducers) * g)
     if grid.zero1:
-        dp = (collective_s("reduce_scatter", g, grid.dp, gpus_per_node, links, span, spanned)
-              + collective_s("all_gather", act * n, grid.dp, gpus_per_node, links, span, spanned))
+        dp = (collective_s("reduce_scatter", g, grid.reducers, gpus_per_node, links, span, spanned)
+              + collective_s("all_gather", act * n, grid.reducers, gpus_per_node, links, span, spanned))
     else:
-        dp = collective_s("all_reduce", g, grid.dp, gpus_per_node, links, span, spanned)
+        dp = collective_s("all_reduce", g, grid.reducers, gpus_per_node, links, span, spanned)
     if grid.pp > 1:  # the first and last stages' copies of the tied embedding sum their gradients
         embedding = padded_vocab(shape.vocab, grid.tp) * shape.hidden // grid.tp
         dp += collective_s("all_reduce", grad_bytes(run.precision) * embedding, 2, gpus_per_node, links,
-                           grid.tp * grid.dp * (grid.pp - 1) >= gpus_per_node)
+                           ranks * (grid.pp - 1) >= gpus_per_node)
         sent += grad_bytes(run.precision) * embedding
-    bubble = (grid.pp - 1) * slot
+    bubble = (grid.pp - 1) * slot / grid.vp
     optimizer = stage_optimizer_bytes(grid, n, run.precision) / memory_bw if memory_bw else 0.0
-    return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp + optimizer, sent, optimizer)
+    return GridStep(m * compute, m * tp, m * p2p, bubble, dp, m * slot + bubble + dp + optimizer, sent, optimizer,
+                    m * cp)

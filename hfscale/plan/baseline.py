@@ -99,9 +99,6 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
     except HfscaleError:
         raise HfscaleError(f"{path}: the log states no GPT-2/BLOOM/Llama model shape (num_layers, hidden_size, "
                            "num_attention_heads in its arguments block), so it cannot be projected") from None
-    if (cfg.extra.get("context_parallel") or 1) > 1:
-        raise HfscaleError(f"{path}: the log ran context parallelism (CP {cfg.extra['context_parallel']}), whose "
-                           "attention exchanges the 3D model does not time; it cannot be projected")
     if not (cfg.tp and cfg.pp and cfg.dp and cfg.per_device_train_batch_size and cfg.global_batch_size and cfg.seq_len):
         raise HfscaleError(f"{path}: the log does not state its TP, PP, DP, micro-batch and global batch")
     if cfg.global_batch_size % (cfg.per_device_train_batch_size * cfg.dp):
@@ -114,7 +111,8 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
                     gradient_accumulation_steps=cfg.global_batch_size // (cfg.per_device_train_batch_size * cfg.dp),
                     processes_per_node=min(cfg.world_size or gpus_per_node, gpus_per_node),
                     precision=cfg.precision or "bf16", recompute=recompute,
-                    sequence_parallel=bool(cfg.extra.get("sequence_parallel")))
+                    sequence_parallel=bool(cfg.extra.get("sequence_parallel")),
+                    cp=cfg.extra.get("context_parallel") or 1, vp=cfg.extra.get("virtual_pipeline") or 1)
 
 
 def solve_flops_per_s(plan: GridPlan, s_per_iter: float, links: Links, gpus_per_node: int) -> float:

@@ -76,7 +76,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
     check_attention(opts.attn_implementation)
     device_bytes = device_memory_bytes(opts.device, opts.device_memory_gb)
     host_bytes = opts.host_memory_gb * GB if opts.host_memory_gb else None
-    strategies, families = strategies_and_families(opts.strategy, with_3d=bool(opts.tp or opts.pp))
+    strategies, families = strategies_and_families(opts.strategy, with_3d=bool(opts.tp or opts.pp or opts.cp))
     check_grid_flags(opts, families, opts.activation_checkpointing)
     optimizers = optimizers_option(opts.optim)
     sizes = micro_batches(opts.per_device_train_batch_size)
@@ -109,30 +109,31 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
 
 def grid_rows(opts, shape: ModelShape, families: list[str], optimizers: list, sizes: list[int] | None,
               device_bytes: float) -> list[Row]:
-    """The rows of the 3D layouts: every family x optimizer x (TP, PP) x micro-batch."""
+    """The rows of the 3D layouts: every family x optimizer x (TP, PP, CP) x micro-batch."""
     tps = comma_list(opts.tp or "1", "--tp", int)
     pps = comma_list(opts.pp or "1", "--pp", int)
+    cps = comma_list(opts.cp or "1", "--cp", int)
     rows = []
     for family in families:
         for optimizer in optimizers:
-            for tp in tps:
-                for pp in pps:
-                    plan = grid_plan(opts, family, optimizer.name, tp=tp, pp=pp, gpus=opts.gpus,
-                                     gpus_per_node=opts.gpus_per_node, per_device_train_batch_size=1,
-                                     gradient_accumulation_steps=opts.gradient_accumulation_steps, shape=shape)
-                    reason = (f"TP x PP = {tp * pp} does not divide --gpus {opts.gpus}" if opts.gpus % (tp * pp)
-                              else plan.refusal())
-                    if reason:
-                        rows.append(Row(plan.name, optimizer.name, 0, refused=reason))
-                        continue
-                    best = max_micro_batch(lambda b: fit(plan.but(per_device_train_batch_size=b), device_bytes).fits)
-                    for b in sizes or [2 ** k for k in range(max(best.bit_length(), 1))]:
-                        sized = plan.but(per_device_train_batch_size=b)
-                        mem = sized.memory()
-                        verdict = fit(sized, device_bytes, None, mem)
-                        rows.append(Row(plan.name, optimizer.name, b, memory=mem.as_dict(), host_per_node=0,
-                                        fits=verdict.fits, max_per_device_train_batch_size=best, construction_per_node=0,
-                                        construction_per_node_full_copies=0))
+            for tp, pp, cp in ((t, p, c) for t in tps for p in pps for c in cps):
+                plan = grid_plan(opts, family, optimizer.name, tp=tp, pp=pp, gpus=opts.gpus,
+                                 gpus_per_node=opts.gpus_per_node, per_device_train_batch_size=1,
+                                 gradient_accumulation_steps=opts.gradient_accumulation_steps, shape=shape, cp=cp)
+                product = " x ".join(["TP", "PP"] + (["CP"] if cp > 1 else []))
+                reason = (f"{product} = {tp * pp * cp} does not divide --gpus {opts.gpus}"
+                          if opts.gpus % (tp * pp * cp) else plan.refusal())
+                if reason:
+                    rows.append(Row(plan.name, optimizer.name, 0, refused=reason))
+                    continue
+                best = max_micro_batch(lambda b: fit(plan.but(per_device_train_batch_size=b), device_bytes).fits)
+                for b in sizes or [2 ** k for k in range(max(best.bit_length(), 1))]:
+                    sized = plan.but(per_device_train_batch_size=b)
+                    mem = sized.memory()
+                    verdict = fit(sized, device_bytes, None, mem)
+                    rows.append(Row(plan.name, optimizer.name, b, memory=mem.as_dict(), host_per_node=0,
+                                    fits=verdict.fits, max_per_device_train_batch_size=best, construction_per_node=0,
+                                    construction_per_node_full_copies=0))
     return rows
 
 
@@ -175,12 +176,15 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         "host/node = offloaded states of every GPU on the node + building the model: one full fp32 copy per process, "
         "except fsdp* (rank 0 builds it and shards it out: one copy + a shard per other process; docs/estimate.md)",
         "not modelled: CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
-    ] + ([f"megatron* rows: TP x PP x DP = --gpus, the busiest pipeline stage with {opts.gradient_accumulation_steps} "
-          "micro-batch(es) per step (1F1B keeps min(PP, GAS) in flight on the first stage), 16-bit weights, fp32 "
-          "gradients, masters and Adam (megatron-deepspeed: ZeRO-1 over DP), activations per Korthikanti et al. 2022 "
-          f"(recompute {recompute_of(opts)}, sequence parallel {'on' if opts.sequence_parallel else 'off'}); "
+    ] + ([f"megatron* rows: TP x PP x CP x DP = --gpus, the busiest pipeline stage with "
+          f"{opts.gradient_accumulation_steps} micro-batch(es) per step ("
+          + ("1F1B keeps min(PP, GAS) in flight on the first stage" if opts.vp == 1 else
+             f"interleaved over {opts.vp} chunks: 1 + (PP - 1)/(PP x {opts.vp}) of 1F1B's on the first stage")
+          + "), 16-bit weights, fp32 gradients, masters and Adam (megatron-deepspeed: ZeRO-1 over DP), activations per "
+          f"Korthikanti et al. 2022 (recompute {recompute_of(opts)}, sequence parallel "
+          f"{'on' if opts.sequence_parallel else 'off'}; CP: a GPU's 1/CP of each sequence); "
           "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]
-         if opts.tp or opts.pp else [])
+         if opts.tp or opts.pp or opts.cp else [])
 
 
 def calibration_notes(rows: list[Row]) -> list[str]:

@@ -1,7 +1,7 @@
 """3D layouts (tensor x pipeline x data parallelism) as the planners see them: `hfscale estimate` and `hfscale project`
 weigh them beside the data-parallel strategies. They are what Megatron-LM and Megatron-DeepSpeed run - hfscale plans
 them, it does not launch them - and are named as `hfscale import-logs` names those runs: `megatron-tp4-pp16`,
-`megatron-deepspeed-tp4-pp16`. The formulas are hfscale/formulas/parallel3d.py; docs/project.md says how far they
+`megatron-deepspeed-tp4-pp16`, `megatron-tp4-pp4-vp5-cp2` (interleaved over 5 model chunks, context parallel 2). The formulas are hfscale/formulas/parallel3d.py; docs/project.md says how far they
 were checked."""
 
 from dataclasses import dataclass, replace
@@ -34,6 +34,8 @@ class GridPlan:
     precision: str = "bf16"
     recompute: str = "none"  # Megatron's --recompute-granularity: none | selective | full
     sequence_parallel: bool = False
+    cp: int = 1  # context parallelism: each sequence split over CP GPUs
+    vp: int = 1  # model chunks per GPU (Megatron's interleaved schedule)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -43,12 +45,14 @@ class GridPlan:
 
     @property
     def name(self) -> str:
-        return f"{self.family}-tp{self.tp}-pp{self.pp}"
+        return (f"{self.family}-tp{self.tp}-pp{self.pp}" + (f"-vp{self.vp}" if self.vp > 1 else "")
+                + (f"-cp{self.cp}" if self.cp > 1 else ""))
 
     @property
     def grid(self) -> Grid:
         deepspeed = FAMILIES[self.family]
-        return Grid(self.tp, self.pp, self.dp, self.sequence_parallel, zero1=deepspeed, uneven_stages=deepspeed)
+        return Grid(self.tp, self.pp, self.dp, self.sequence_parallel, zero1=deepspeed, uneven_stages=deepspeed,
+                    cp=self.cp, vp=self.vp)
 
     @property
     def world_size(self) -> int:
@@ -77,6 +81,11 @@ class GridPlan:
             return f"{self.family} layouts use Megatron's Adam (adamw); {self.optimizer} is not a Megatron optimizer"
         if self.world_size > self.processes_per_node and self.world_size % self.processes_per_node:
             return f"{self.world_size} GPUs do not fill whole nodes of {self.processes_per_node}"
+        if self.cp > 1 and FAMILIES[self.family]:
+            return f"CP {self.cp}: Megatron-DeepSpeed has no context parallelism (Megatron-LM has)"
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            return (f"CP {self.cp} cuts each sequence into {2 * self.cp} equal chunks (two a GPU, balancing the causal "
+                    f"mask), and seq {self.seq_len} does not divide into them")
         return grid_refusal(self.shape, self.grid, self.processes_per_node)
 
     def memory(self) -> RankMemory:
@@ -99,6 +108,8 @@ class GridOptions:
     pp: str | None = None
     recompute: str = "none"
     sequence_parallel: bool = False
+    cp: str | None = None  # comma-separated CP sizes; None: 1
+    vp: int = 1
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -106,14 +117,17 @@ def powers_of_two(limit: int) -> list[int]:
 
 
 def grid_layouts(shape: ModelShape, gpus: int, gpus_per_node: int, tps: list[int] | None = None,
-                 pps: list[int] | None = None, uneven_stages: bool = False) -> list[tuple[int, int]]:
-    """Every (TP, PP) this family can lay the model out with on `gpus` GPUs: TP a power of two inside a node dividing
-    the heads, PP dividing the layers (or any PP up to L with uneven stages), TP x PP dividing the GPUs (given lists
-    restrict the search)."""
+                 pps: list[int] | None = None, uneven_stages: bool = False, cps: list[int] | None = None,
+                 vp: int = 1) -> list[tuple[int, int, int]]:
+    """Every (TP, PP, CP) this family can lay the model out with on `gpus` GPUs: TP a power of two inside a node
+    dividing the heads, PP dividing the layers (or any PP up to L with uneven stages; into V chunks each when
+    interleaved), TP x PP x CP dividing the GPUs (given lists restrict the search; CP is 1 unless given)."""
     tps = tps or powers_of_two(min(gpus, gpus_per_node))
-    pps = pps or list(range(1, shape.n_layer + 1))
-    return [(t, p) for t in tps for p in pps if gpus % (t * p) == 0
-            and grid_refusal(shape, Grid(t, p, gpus // (t * p), uneven_stages=uneven_stages), gpus_per_node) is None]
+    pps = pps or list(range(2 if vp > 1 else 1, shape.n_layer + 1))
+    cps = cps or [1]
+    return [(t, p, c) for t in tps for p in pps for c in cps if gpus % (t * p * c) == 0
+            and grid_refusal(shape, Grid(t, p, gpus // (t * p * c), uneven_stages=uneven_stages, cp=c, vp=vp),
+                             gpus_per_node) is None]
 
 
 def split_strategy_names(names: list[str]) -> tuple[list[str], list[str]]:

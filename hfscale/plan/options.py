@@ -136,6 +136,11 @@ def add_grid_flags(p: ArgumentParser) -> None:
     """The 3D layout flags (TP x PP x DP), named as Megatron's are, for the megatron* families of --strategy."""
     p.add_argument("--tp", help="tensor-parallel sizes for the megatron* layouts, comma-separated (TP inside a node)")
     p.add_argument("--pp", help="pipeline-parallel sizes for the megatron* layouts, comma-separated")
+    p.add_argument("--cp", help="context-parallel sizes for the megatron layouts, comma-separated: each sequence split "
+                                "over CP GPUs (Megatron-Core's --context-parallel-size)")
+    p.add_argument("--vp", type=int, default=1, help="megatron layouts: model chunks per GPU, Megatron's interleaved "
+                                                     "pipeline schedule (--virtual-pipeline-model-parallel-size); "
+                                                     "needs PP > 1 and L/PP divisible by it (default 1: plain 1F1B)")
     p.add_argument("--sequence_parallel", action="store_true", help="megatron* layouts: sequence parallelism over TP")
     p.add_argument("--recompute_granularity", default="full", choices=("full", "selective"),
                    help="megatron* layouts with --activation_checkpointing: recompute whole layers (full, default) "
@@ -146,11 +151,18 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
     """The 3D layout flags describe the megatron* layouts: refused where none is weighed (--sequence_parallel and
     --recompute_granularity were ignored without a word), and a granularity without activation checkpointing (there
     is nothing to recompute)."""
-    given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--sequence_parallel", opts.sequence_parallel),
+    given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--cp", opts.cp), ("--vp", opts.vp != 1),
+                                   ("--sequence_parallel", opts.sequence_parallel),
                                    ("--recompute_granularity", opts.recompute_granularity != "full")) if on]
     if given and not families:
         raise HfscaleError(f"{given[0]} describe{'' if given[0] == '--tp/--pp' else 's'} the 3D layouts: add megatron "
                            "or megatron-deepspeed to --strategy")
+    if opts.vp < 1:
+        raise HfscaleError(f"--vp must be at least 1 (model chunks per GPU), got {opts.vp}")
+    if (opts.cp or opts.vp != 1) and "megatron" not in families:  # Megatron-DeepSpeed has neither
+        raise HfscaleError(f"{'--cp' if opts.cp else '--vp'} describes Megatron-LM layouts (Megatron-DeepSpeed's "
+                           "pipeline engine has no interleaved schedule or context parallelism): add megatron to "
+                           "--strategy")
     if opts.recompute_granularity != "full" and not checkpointing:
         raise HfscaleError(f"--recompute_granularity {opts.recompute_granularity} is what --activation_checkpointing "
                            "recomputes: turn that on, or leave the granularity out")
@@ -163,14 +175,14 @@ def recompute_of(opts) -> str:
 
 def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int, gpus_per_node: int,
               per_device_train_batch_size: int, gradient_accumulation_steps: int,
-              shape: ModelShape | None = None) -> GridPlan:
-    """The 3D layout the options describe on `gpus` GPUs (DP = GPUs / (TP x PP), which the caller has checked)."""
+              shape: ModelShape | None = None, cp: int = 1) -> GridPlan:
+    """The 3D layout the options describe on `gpus` GPUs (DP = GPUs / (TP x PP x CP), which the caller has checked)."""
     shape = shape or shape_from_options(opts)
     return GridPlan(family, optimizer, shape, resolve_seq_len(shape, opts.seq_len), tp=tp, pp=pp,
-                    dp=max(1, gpus // (tp * pp)), per_device_train_batch_size=per_device_train_batch_size,
+                    dp=max(1, gpus // (tp * pp * cp)), per_device_train_batch_size=per_device_train_batch_size,
                     gradient_accumulation_steps=gradient_accumulation_steps, processes_per_node=gpus_per_node,
                     precision=precision_from_options(opts), recompute=recompute_of(opts),
-                    sequence_parallel=opts.sequence_parallel)
+                    sequence_parallel=opts.sequence_parallel, cp=cp, vp=opts.vp)
 
 
 def optimizers_option(text: str) -> list:

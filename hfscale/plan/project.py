@@ -112,7 +112,7 @@ def run_projection(opts):
         base = replace(base, float8_left_out=refused)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
-                            else "none", opts.sequence_parallel)
+                            else "none", opts.sequence_parallel, opts.cp, opts.vp)
     points += project_grids(base, families, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size,
                             grid_opts)
     if not points and opts.global_batch_size:
@@ -120,7 +120,8 @@ def run_projection(opts):
                            f"--gpus {opts.gpus}")
     if not points:
         raise HfscaleError(f"no 3D layout of this model for --gpus {opts.gpus}: TP must divide the heads inside a "
-                           "node, PP at most the layers (dividing them for megatron), TP x PP the GPUs")
+                           "node, PP at most the layers (dividing them for megatron, into --vp chunks each), "
+                           "TP x PP x CP the GPUs")
     series = [s.name for s in strategies] + list(dict.fromkeys(p.strategy for p in points if p.layout))
     knees = {name: knee([p for p in points if p.strategy == name], opts.gain_threshold) for name in series}
     return base, links, points, knees
@@ -145,8 +146,9 @@ def projection_baseline(opts, links, device_bytes):
     if opts.results and read_results(opts.results).source == "megatron-log":
         base, logged = baseline_from_megatron_log(opts.results, links, opts.gpus_per_node, device_bytes)
         opts.global_batch_size = opts.global_batch_size or logged.global_batch_size  # the log's, by default
-        if not (opts.strategy or opts.tp or opts.pp):  # by default the log's own layout
+        if not (opts.strategy or opts.tp or opts.pp or opts.cp):  # by default the log's own layout
             opts.strategy, opts.tp, opts.pp = logged.family, str(logged.tp), str(logged.pp)
+            opts.cp, opts.vp = (str(logged.cp) if logged.cp > 1 else None), logged.vp
             opts.recompute_granularity = logged.recompute if logged.recompute != "none" else "full"
             opts.sequence_parallel = opts.sequence_parallel or logged.sequence_parallel
         return base
@@ -256,13 +258,14 @@ def assumptions_of(base: Baseline, links, strategies: list[str]) -> list[str]:
             "own exposed communication); docs/project.md lists what overlaps"
             + ("" if base.overlap else " - nothing here: a CPU run, whose collectives share the compute cores"),
             optimizer_line(base), memory, error_line(strategies), published_line(strategies)] + float8_lines(base, strategies) + ([powersgd_line(base)] if "ddp_powersgd" in strategies else []) + ([
-                "megatron* layouts: each pipeline stage computes 1/(TP x PP) of the step's FLOPs at the FLOPs per GPU "
+                "megatron* layouts: each GPU computes 1/(TP x PP x CP) of the step's FLOPs at the FLOPs per GPU "
                 "the measured run achieved; TP's all-reduces (2 + 2 per block per micro-batch, inside a node), the "
-                "point-to-point sends, the 1F1B bubble ((PP - 1) of M + PP - 1 slots) and the DP gradient reduction "
-                "are all exposed; they step Megatron's Adam (the busiest stage's parameters, timed as the optimizer's "
-                "step above); the global batch is the data-parallel strategies' at each count (or "
-                "--global_batch_size); the band is widened by the check against published 3D "
-                "throughput (Megatron-LM 2019 and 2021, BigScience's layouts: "
+                "point-to-point sends, the pipeline's bubble ((PP - 1) of M + PP - 1 slots, 1/VP of a slot each when "
+                "interleaved) and the gradient reduction over DP x CP are all exposed, CP's key/value ring where the "
+                "attention does not hide it; they step Megatron's Adam (the busiest stage's parameters, timed as the "
+                "optimizer's step above); the global batch is the data-parallel strategies' at each count (or "
+                "--global_batch_size); the band is widened by the check against published 3D throughput "
+                "(Megatron-LM, BigScience's layouts, NeMo's and NVIDIA's recipes to 3,072 GPUs: "
                 "{:.2f}–{:.2f}, docs/project.md)".format(*grid_model_error())]
                 if any(name.startswith(tuple(FAMILIES)) for name in strategies) else [])
 

@@ -254,39 +254,44 @@ def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_p
     st, n = times[0], plan.world_size
     tps = tokens / st.total_s
     return Point(series, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size, st.total_s, tps,
-                 days[0], days[0] * n, min(days), max(days), st.tp_comm_s + st.p2p_s + st.dp_comm_s, 0.0,
+                 days[0], days[0] * n, min(days), max(days), st.tp_comm_s + st.p2p_s + st.dp_comm_s + st.cp_comm_s, 0.0,
                  st.comm_bytes, float("nan"), verdict.fits, verdict.total_per_gpu,
                  verdict.reason if verdict.fits is False else None, plan.grid.label)
 
 
 def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per_node: int, links, token_budget: float,
                   global_batch: int | None, grid_opts) -> list[Point]:
-    """The 3D layouts' points: at each GPU count, the given (--tp, --pp) layouts as their own series, or - when none is
-    given - the fastest layout that fits, searched over every TP and PP Megatron allows (grid_layouts). Each runs the
-    global batch the data-parallel strategies run there (or --global_batch_size), at the measured run's FLOPs per GPU
-    (calibrated_flops_per_s): a stage computes 1/(TP x PP) of the model. They step Megatron's Adam whatever the
-    measured run's optimizer (Megatron offers no other)."""
+    """The 3D layouts' points: at each GPU count, the given (--tp, --pp, --cp) layouts as their own series, or - when
+    none is given - the fastest layout that fits, searched over every TP and PP Megatron allows (grid_layouts), each
+    interleaved over --vp model chunks (PP searched from 2 then, unless given). Each runs the global batch the
+    data-parallel strategies run there (or --global_batch_size), at the measured run's FLOPs per GPU
+    (calibrated_flops_per_s): a GPU computes 1/(TP x PP x CP) of the model's work. They step Megatron's Adam whatever
+    the measured run's optimizer (Megatron offers no other)."""
     rates = [calibrated_flops_per_s(base, s, link) for s, link in zip(base.s_per_iter, links)]
     plan0 = base.plan
     mbs = plan0.per_device_train_batch_size
-    fixed = bool(grid_opts.tp or grid_opts.pp)
+    fixed = bool(grid_opts.tp or grid_opts.pp or grid_opts.cp)
     tps = comma_list(grid_opts.tp, "--tp", int) if grid_opts.tp else None
     pps = comma_list(grid_opts.pp, "--pp", int) if grid_opts.pp else None
+    cps = comma_list(grid_opts.cp, "--cp", int) if grid_opts.cp else None
     points = []
     for family in families:
         by_series: dict[str, list[Point]] = {}
         for n in gpus:
             gbs = global_batch or mbs * plan0.gradient_accumulation_steps * n
             candidates = []
-            for tp, pp in grid_layouts(plan0.shape, n, gpus_per_node, tps or ([1] if pps else None),
-                                       pps or ([1] if tps else None), uneven_stages=FAMILIES[family]):
-                dp = n // (tp * pp)
+            given_tps = tps or ([1] if pps or cps else None)
+            given_pps = pps or ([1] if (tps or cps) and grid_opts.vp == 1 else None)  # interleaved: PP searched from 2
+            for tp, pp, cp in grid_layouts(plan0.shape, n, gpus_per_node, given_tps, given_pps,
+                                           uneven_stages=FAMILIES[family], cps=cps, vp=grid_opts.vp):
+                dp = n // (tp * pp * cp)
                 if gbs % (mbs * dp):
                     continue  # the global batch does not split into whole micro-batches per pipeline
                 plan = GridPlan(family, "adamw", plan0.shape, plan0.seq_len, tp=tp, pp=pp, dp=dp,  # Megatron's Adam
                                 per_device_train_batch_size=mbs, gradient_accumulation_steps=gbs // (mbs * dp),
                                 processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
-                                recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel)
+                                recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel,
+                                cp=cp, vp=grid_opts.vp)
                 if plan.refusal():
                     continue
                 series = plan.name if fixed else family
@@ -348,8 +353,8 @@ def published_band(family: str, path: Path | None = None) -> tuple[float, float]
 
 
 def grid_model_error() -> tuple[float, float]:
-    """The band around the 3D layouts' days: the published record's 3D rows (Megatron-LM 2019 and 2021, BigScience's
-    layouts), 1.0 both ways when the record cannot be read."""
+    """The band around the 3D layouts' days: the published record's 3D rows (Megatron-LM, BigScience's layouts,
+    NeMo's and NVIDIA's recipes), 1.0 both ways when the record cannot be read."""
     return published_band("3D") or (1.0, 1.0)
 
 
