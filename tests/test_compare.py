@@ -183,13 +183,17 @@ def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_g
     assert {p["strategy"] for p in points.values()} == {"megatron-tp2-pp1-cp2"}
     assert points[16]["layout"] == "tp2-pp1-cp2-dp4" and points[16]["s_per_iter"] == pytest.approx(3.2, rel=1e-6)
     # Megatron prints the chunk count, or (older) the layers a chunk holds: 32 layers / PP 2 / 4 a chunk = VP 4
+    assert not record["config"]["flash_attention"] and not record["config"]["distributed_optimizer"]  # it names neither
     for argument in ("virtual_pipeline_model_parallel_size ..... 4", "num_layers_per_virtual_pipeline_stage .. 4"):
         interleaved = tmp_path / f"7B-vp-{argument[:3]}.out"
-        interleaved.write_text(log.read_text().replace("  seq_length", f"  {argument}\n  seq_length")
+        interleaved.write_text(log.read_text().replace("  seq_length", f"  {argument}\n"
+                                                       "  attention_backend ..... AttnBackend.auto\n"
+                                                       "  use_distributed_optimizer ..... True\n  seq_length")
                                .replace("pipeline-model-parallel size: 1", "pipeline-model-parallel size: 2")
                                .replace("data-parallel size: 4", "data-parallel size: 2"))
         record = imported(interleaved, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
         assert record["strategy"] == "megatron-tp2-pp2-vp4-cp2" and record["config"]["virtual_pipeline"] == 4
+        assert record["config"]["flash_attention"] and record["config"]["distributed_optimizer"]
     write_results(tmp_path / "interleaved", Results.from_dict(record))
     rows = write_report([tmp_path / "interleaved"], tmp_path / "report-vp", with_plots=False)[0]
     assert "TP 2 PP 2 VP 4 CP 2 DP 2" in rows[0].notes, rows[0].notes

@@ -34,6 +34,9 @@ def test_activation_formulas_are_the_papers_table(s, b, h, a):
         assert per(t, False, "selective") == pytest.approx(s * b * h * (10 + 24 / t))  # + selective recompute
         assert per(t, True, "selective") == pytest.approx(34 * s * b * h / t)  # all three
         assert per(t, False, "full") == 2 * s * b * h and per(t, True, "full") == pytest.approx(2 * s * b * h / t)
+        # a fused (flash) attention kernel keeps no scores: what selective recomputation leaves
+        flash = p3d.activation_bytes_per_layer(s, b, h, a, t, False, "none", flash_attention=True)
+        assert flash == per(t, False, "selective")
 
 
 def test_selective_recompute_and_sequence_parallelism_cut_activations_about_5x():
@@ -353,6 +356,19 @@ def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
         estimate.main([*argv[:3], "megatron-deepspeed", *argv[4:], "--cp", "2"])
     with pytest.raises(HfscaleError, match="--vp must be at least 1"):
         estimate.main([*argv, "--vp", "0"])
+    # NVIDIA's recipe for it (TP 4, PP 4, VP 5, CP 2, MBS 1 on 64 H100 80GB) runs with sequence parallelism, a fused
+    # attention and Megatron's distributed optimizer (NeMo's defaults): so it fits 80 GB; with Adam whole on every
+    # GPU it would not, and with the attention's scores kept (eager) it would not by far
+    recipe = [*argv, "--vp", "5", "--cp", "2", "--sequence_parallel", "--device", "H100-80GB"]
+    sizes = {}
+    for extra in (["--use_distributed_optimizer"], [], ["--use_distributed_optimizer", "--attn_implementation", "eager"]):
+        estimate.main([*recipe, *extra])
+        row = json.loads(capsys.readouterr().out)["rows"][0]
+        sizes[" ".join(extra)] = row["memory"]
+        assert row["fits"] is (extra == ["--use_distributed_optimizer"]), (extra, row["memory"]["device_total"])
+    sharded, whole = sizes["--use_distributed_optimizer"], sizes[""]
+    assert sharded["optimizer_states"] == pytest.approx(whole["optimizer_states"] / 4, rel=1e-6)  # over DP 2 x CP 2
+    assert sizes["--use_distributed_optimizer --attn_implementation eager"]["activations"] > 5 * sharded["activations"]
     flags = ["--tflops_per_gpu", "400", "--device", "H100-80GB", "--gpus", "64,128", "--inter_bw", "40", "--intra_bw",
              "360", "--json"]
     project.main([*argv[:8], "--seq_len", "8192", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",

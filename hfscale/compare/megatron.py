@@ -180,6 +180,8 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                             seq_len=seq, activation_checkpointing=ckpt, token_budget=token_budget, precision=header.get("precision"),
                             extra={"rampup_batch_size": header.get("rampup"), "from_header": sorted(header),
                                    "context_parallel": sizes["cp"], "virtual_pipeline": sizes["vp"],
+                                   "flash_attention": bool(header.get("flash_attention")),
+                                   "distributed_optimizer": bool(header.get("distributed_optimizer")),
                                    "recompute": header.get("recompute"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}))
     record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))

@@ -113,6 +113,12 @@ def parse_header(text: str) -> dict:
             found.setdefault("precision", key)
         elif key == "sequence_parallel" and _truthy(value):
             found["sequence_parallel"] = True
+        elif key == "use_distributed_optimizer" and _truthy(value):
+            found["distributed_optimizer"] = True
+        elif key == "use_flash_attn" and _truthy(value):
+            found["flash_attention"] = True
+        elif key == "attention_backend":  # Megatron-Core's: AttnBackend.auto/flash/fused pick a fused kernel
+            found["flash_attention"] = not any(word in value.lower() for word in ("local", "unfused"))
         elif key == "position_embedding_type" and "alibi" in value.lower():
             found["alibi"] = True  # BLOOM's positions: no learned table
         elif key == "position_embedding_type" and "rope" in value.lower():

@@ -106,20 +106,23 @@ def stage_layers(shape: ModelShape, grid: Grid) -> int:
 # ---- activations (Korthikanti et al. 2022, Table 2) ------------------------------------------------------------------
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none", cp: int = 1) -> float:
+                               sequence_parallel: bool = False, recompute: str = "none", cp: int = 1,
+                               flash_attention: bool = False) -> float:
     """Bytes one transformer layer keeps for its backward, per micro-batch, on one TP rank:
     none: sbh(10 + 24/t + 5as/(ht)) - the LayerNorms' and dropouts' 10sbh are replicated over TP, the 24sbh of the
     matmul inputs and the 5as^2b of the attention scores, softmax and its dropout are split; with sequence
     parallelism everything is split: sbh/t (34 + 5as/h). selective: the attention's 5as^2b is recomputed, not kept.
     full: only the layer's input, 2sbh (split over TP with sequence parallelism). Under context parallelism a GPU
-    keeps its s/CP tokens' share, and scores of its s/CP queries against all s keys."""
+    keeps its s/CP tokens' share, and scores of its s/CP queries against all s keys. A fused (flash) attention
+    kernel - Megatron-Core's default through Transformer Engine - keeps no scores either: the 5as^2b goes, as under
+    selective recomputation (its softmax statistics, 4asb bytes, are left out as <1% of the rest)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"unknown recompute granularity {recompute!r}; choose one of: {', '.join(RECOMPUTE)}")
     s, b, h, a, t = seq / cp, micro_batch, hidden, heads, tp
     sp = sequence_parallel and t > 1
     if recompute == "full":
         return 2 * s * b * h / (t if sp else 1)
-    attention = 0 if recompute == "selective" else 5 * a * s * seq * b / t
+    attention = 0 if recompute == "selective" or flash_attention else 5 * a * s * seq * b / t
     linear = 34 * s * b * h / t if sp else s * b * h * (10 + 24 / t)
     return linear + attention
 
@@ -180,6 +183,7 @@ class GridRun:
     micro_batches: int  # M: micro-batches per optimizer step per pipeline (the accumulation)
     precision: str = "bf16"  # fp32 | bf16 | fp16 (tf32 is fp32 here)
     recompute: str = "none"
+    flash_attention: bool = False  # a fused attention kernel: no s x s scores kept (Korthikanti et al.'s runs kept them)
 
     @property
     def global_batch(self) -> int:
@@ -221,7 +225,7 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     tokens = s / grid.cp  # a GPU's share of each sequence under context parallelism
     layers = stage_layers(shape, grid)
     per_layer = activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel, run.recompute,
-                                           grid.cp)
+                                           grid.cp, run.flash_attention)
     flight = run.in_flight(stage)
     kept = flight * layers * per_layer
     peak_extra = 0.0
@@ -233,7 +237,7 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
         peak_extra = logits  # the logits' gradient at the start of the backward
     if run.recompute == "full":
         peak_extra = max(peak_extra, activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel,
-                                                                cp=grid.cp))
+                                                                cp=grid.cp, flash_attention=run.flash_attention))
     mem.activations, mem.activation_peak = int(kept), int(kept + peak_extra)
     schedule = f"interleaved (VP {grid.vp})" if grid.vp > 1 else "1F1B"
     mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas, "

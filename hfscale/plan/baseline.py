@@ -112,7 +112,9 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
                     processes_per_node=min(cfg.world_size or gpus_per_node, gpus_per_node),
                     precision=cfg.precision or "bf16", recompute=recompute,
                     sequence_parallel=bool(cfg.extra.get("sequence_parallel")),
-                    cp=cfg.extra.get("context_parallel") or 1, vp=cfg.extra.get("virtual_pipeline") or 1)
+                    cp=cfg.extra.get("context_parallel") or 1, vp=cfg.extra.get("virtual_pipeline") or 1,
+                    flash_attention=bool(cfg.extra.get("flash_attention")),  # a log that names none kept the scores
+                    distributed_optimizer=bool(cfg.extra.get("distributed_optimizer")))
 
 
 def solve_flops_per_s(plan: GridPlan, s_per_iter: float, links: Links, gpus_per_node: int) -> float:

@@ -180,9 +180,13 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
           f"{opts.gradient_accumulation_steps} micro-batch(es) per step ("
           + ("1F1B keeps min(PP, GAS) in flight on the first stage" if opts.vp == 1 else
              f"interleaved over {opts.vp} chunks: 1 + (PP - 1)/(PP x {opts.vp}) of 1F1B's on the first stage")
-          + "), 16-bit weights, fp32 gradients, masters and Adam (megatron-deepspeed: ZeRO-1 over DP), activations per "
+          + "), 16-bit weights, fp32 gradients, masters and Adam (megatron-deepspeed"
+          + (", and megatron with its distributed optimizer" if opts.use_distributed_optimizer else "")
+          + ": ZeRO-1 over DP x CP), activations per "
           f"Korthikanti et al. 2022 (recompute {recompute_of(opts)}, sequence parallel "
-          f"{'on' if opts.sequence_parallel else 'off'}; CP: a GPU's 1/CP of each sequence); "
+          f"{'on' if opts.sequence_parallel else 'off'}, attention scores "
+          f"{'kept (eager)' if opts.attn_implementation == 'eager' else 'not kept (a fused kernel)'}; "
+          "CP: a GPU's 1/CP of each sequence); "
           "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]
          if opts.tp or opts.pp or opts.cp else [])
 

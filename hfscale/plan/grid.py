@@ -36,6 +36,8 @@ class GridPlan:
     sequence_parallel: bool = False
     cp: int = 1  # context parallelism: each sequence split over CP GPUs
     vp: int = 1  # model chunks per GPU (Megatron's interleaved schedule)
+    flash_attention: bool = True  # a fused attention kernel keeps no scores (Megatron-Core's default)
+    distributed_optimizer: bool = False  # megatron: --use-distributed-optimizer, Adam sharded over DP x CP (ZeRO-1)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -51,8 +53,8 @@ class GridPlan:
     @property
     def grid(self) -> Grid:
         deepspeed = FAMILIES[self.family]
-        return Grid(self.tp, self.pp, self.dp, self.sequence_parallel, zero1=deepspeed, uneven_stages=deepspeed,
-                    cp=self.cp, vp=self.vp)
+        return Grid(self.tp, self.pp, self.dp, self.sequence_parallel, zero1=deepspeed or self.distributed_optimizer,
+                    uneven_stages=deepspeed, cp=self.cp, vp=self.vp)
 
     @property
     def world_size(self) -> int:
@@ -74,7 +76,7 @@ class GridPlan:
     @property
     def run(self) -> GridRun:
         return GridRun(self.shape, self.grid, self.seq_len, self.per_device_train_batch_size,
-                       self.gradient_accumulation_steps, self.precision, self.recompute)
+                       self.gradient_accumulation_steps, self.precision, self.recompute, self.flash_attention)
 
     def refusal(self) -> str | None:
         if self.optimizer not in OPTIMIZERS:
@@ -110,6 +112,7 @@ class GridOptions:
     sequence_parallel: bool = False
     cp: str | None = None  # comma-separated CP sizes; None: 1
     vp: int = 1
+    distributed_optimizer: bool = False
 
 
 def powers_of_two(limit: int) -> list[int]:

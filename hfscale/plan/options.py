@@ -142,6 +142,10 @@ def add_grid_flags(p: ArgumentParser) -> None:
                                                      "pipeline schedule (--virtual-pipeline-model-parallel-size); "
                                                      "needs PP > 1 and L/PP divisible by it (default 1: plain 1F1B)")
     p.add_argument("--sequence_parallel", action="store_true", help="megatron* layouts: sequence parallelism over TP")
+    p.add_argument("--use_distributed_optimizer", action="store_true",
+                   help="megatron layouts: Megatron's distributed optimizer (--use-distributed-optimizer, NeMo's "
+                        "default): fp32 masters and Adam sharded over DP x CP, gradients reduce-scattered and the "
+                        "weights all-gathered (ZeRO-1; megatron-deepspeed always runs it)")
     p.add_argument("--recompute_granularity", default="full", choices=("full", "selective"),
                    help="megatron* layouts with --activation_checkpointing: recompute whole layers (full, default) "
                         "or only the attention (selective)")
@@ -153,6 +157,7 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
     is nothing to recompute)."""
     given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--cp", opts.cp), ("--vp", opts.vp != 1),
                                    ("--sequence_parallel", opts.sequence_parallel),
+                                   ("--use_distributed_optimizer", opts.use_distributed_optimizer),
                                    ("--recompute_granularity", opts.recompute_granularity != "full")) if on]
     if given and not families:
         raise HfscaleError(f"{given[0]} describe{'' if given[0] == '--tp/--pp' else 's'} the 3D layouts: add megatron "
@@ -182,7 +187,9 @@ def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int,
                     dp=max(1, gpus // (tp * pp * cp)), per_device_train_batch_size=per_device_train_batch_size,
                     gradient_accumulation_steps=gradient_accumulation_steps, processes_per_node=gpus_per_node,
                     precision=precision_from_options(opts), recompute=recompute_of(opts),
-                    sequence_parallel=opts.sequence_parallel, cp=cp, vp=opts.vp)
+                    sequence_parallel=opts.sequence_parallel, cp=cp, vp=opts.vp,
+                    flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager",
+                    distributed_optimizer=opts.use_distributed_optimizer)
 
 
 def optimizers_option(text: str) -> list:

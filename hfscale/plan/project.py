@@ -112,7 +112,7 @@ def run_projection(opts):
         base = replace(base, float8_left_out=refused)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
-                            else "none", opts.sequence_parallel, opts.cp, opts.vp)
+                            else "none", opts.sequence_parallel, opts.cp, opts.vp, opts.use_distributed_optimizer)
     points += project_grids(base, families, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size,
                             grid_opts)
     if not points and opts.global_batch_size:
@@ -151,6 +151,7 @@ def projection_baseline(opts, links, device_bytes):
             opts.cp, opts.vp = (str(logged.cp) if logged.cp > 1 else None), logged.vp
             opts.recompute_granularity = logged.recompute if logged.recompute != "none" else "full"
             opts.sequence_parallel = opts.sequence_parallel or logged.sequence_parallel
+            opts.use_distributed_optimizer = opts.use_distributed_optimizer or logged.distributed_optimizer
         return base
     if opts.results:
         return baseline_from_results(opts.results, device_bytes)
