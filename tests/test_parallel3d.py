@@ -348,10 +348,12 @@ def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
     interleaved, split = rows["megatron-tp4-pp4-vp5"]["memory"], rows["megatron-tp4-pp4-vp5-cp2"]["memory"]
     assert "interleaved (VP 5): 4.6 micro-batch(es) in flight" in interleaved["activation_calibration"]
     assert interleaved["activations"] > plain["memory"]["activations"] * (1 + 3 / 20) * 0.999
-    assert split["activations"] == pytest.approx(interleaved["activations"] / 2, rel=1e-6)  # every term: half the tokens
+    assert split["activations"] == pytest.approx(interleaved["activations"] / 2, rel=1e-6)  # every term: half the
+    # tokens
     assert split["parameters"] == interleaved["parameters"]
     estimate.main([*argv, "--vp", "3"])  # 20 layers a stage do not cut into 3 chunks
-    assert "VP 3 does not cut each of the PP 4 stages' 20 layers" in json.loads(capsys.readouterr().out)["rows"][0]["refused"]
+    refused = json.loads(capsys.readouterr().out)["rows"][0]["refused"]
+    assert "VP 3 does not cut each of the PP 4 stages' 20 layers" in refused
     with pytest.raises(HfscaleError, match="--cp describes Megatron-LM layouts"):
         estimate.main([*argv[:3], "megatron-deepspeed", *argv[4:], "--cp", "2"])
     with pytest.raises(HfscaleError, match="--vp must be at least 1"):
@@ -361,7 +363,8 @@ def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
     # GPU it would not, and with the attention's scores kept (eager) it would not by far
     recipe = [*argv, "--vp", "5", "--cp", "2", "--sequence_parallel", "--device", "H100-80GB"]
     sizes = {}
-    for extra in (["--use_distributed_optimizer"], [], ["--use_distributed_optimizer", "--attn_implementation", "eager"]):
+    eager = ["--use_distributed_optimizer", "--attn_implementation", "eager"]
+    for extra in (["--use_distributed_optimizer"], [], eager):
         estimate.main([*recipe, *extra])
         row = json.loads(capsys.readouterr().out)["rows"][0]
         sizes[" ".join(extra)] = row["memory"]

@@ -3,6 +3,9 @@ models train exactly as the whole ones, every parameter is the DTensor the plan 
 table (formulas/tensors.tp_local_tensors) and the 3D memory formula (formulas/parallel3d.stage_parameters) count. Then
 the strategies that run it through the Trainer, tp and fsdp_tp: parity with ddp, the start-up proof, exact resume."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import assert_figures_count_the_loaders, assert_trains_as, probe, shared_run
@@ -180,6 +183,43 @@ def test_fsdp_tp_on_two_nodes_trains_as_ddp_and_proves_its_plan():
     assert_figures_count_the_loaders(res)
     assert res["config"]["dp"] == 2
     _parity_with_ddp(res)
+
+
+def test_a_fsdp_tp_run_projects_as_fsdp_tp_at_its_tp_degree(capsys):
+    """`hfscale project` of the 2-node fsdp_tp job: FSDP2's collectives run over the data-parallel ranks (one a node) and
+    move each rank's TP slices; TP's own all-reduces stay in the measured micro-batch, so the run projects only as TP
+    strategies at its own TP degree (a node's processes) - its own point coming back as measured - and anything else
+    is refused in one line."""
+    from conftest import fsdp_tp_job
+    from hfscale.errors import HfscaleError
+    from hfscale.formulas.memory import DTYPE_BYTES
+    from hfscale.plan import project
+    from hfscale.plan.baseline import baseline_from_results
+    from hfscale.plan.projection import pattern_of
+
+    res = fsdp_tp_job()
+    results = Path(res["output_dir"]) / "results.json"
+    base = baseline_from_results(results)
+    plan = base.plan
+    assert (plan.tp, plan.data_parallel_size, plan.shard_ranks) == (2, 2, 2)
+    # the blocks' gathers per micro-batch are the TP slices FSDP2 shards: what the estimate (checked against the live
+    # engine, test_multiprocess.py) holds per rank, times the data-parallel ranks
+    gathers = [c for c in pattern_of(plan).collectives if c.kind == "all_gather" and c.per == "micro"]
+    element = DTYPE_BYTES[plan.dtypes.parameters]
+    gathered = sum(c.size_bytes for c in gathers if "backward" not in c.what) / element  # blocks and root units
+    assert gathered == pytest.approx(plan.memory().parameters / element * plan.data_parallel_size, rel=0.02)
+    project.main([str(results), "--gpus", "2,4,8,16", "--gpus_per_node", "2", "--json"])
+    points = {p["gpus"]: p for p in json.loads(capsys.readouterr().out)["points"]}
+    assert set(points) == {4, 8, 16} and {p["strategy"] for p in points.values()} == {"fsdp_tp"}  # 2: below 2 nodes
+    assert points[4]["s_per_iter"] == pytest.approx(res["perf"]["s_per_iter"], rel=1e-6)
+    assert points[16]["tokens_per_s"] / 16 < points[4]["tokens_per_s"] / 4  # more ranks to gather from
+    project.main([str(results), "--gpus", "4,8", "--gpus_per_node", "2", "--strategy", "all", "--json"])
+    everything = json.loads(capsys.readouterr().out)["points"]
+    assert {p["strategy"] for p in everything if not p["layout"]} == {"fsdp_tp"}  # and the megatron layouts
+    with pytest.raises(HfscaleError, match="^ddp from a fsdp_tp run: its micro-batch holds TP's split compute"):
+        project.main([str(results), "--gpus", "4,8", "--gpus_per_node", "2", "--strategy", "ddp,fsdp_tp"])
+    with pytest.raises(HfscaleError, match="TP degree is its 2 processes per node.*--gpus_per_node 2$"):
+        project.main([str(results), "--gpus", "8,16"])
 
 
 @pytest.mark.parametrize("strategy", ["tp", "fsdp_tp"])

@@ -60,8 +60,8 @@ def _notes(results: Results) -> str:
         ramp = ", at the final GBS after ramp-up" if cfg.extra.get("rampup_batch_size") else ""
         launches = results.perf.extra.get("launches") or 1
         cp, vp = cfg.extra.get("context_parallel") or 1, cfg.extra.get("virtual_pipeline") or 1
-        layout = (f"TP {cfg.tp or 1} PP {cfg.pp or 1}" + (f" VP {vp}" if vp > 1 else "") + (f" CP {cp}" if cp > 1 else "")
-                  + f" DP {cfg.dp or '?'}")
+        layout = (f"TP {cfg.tp or 1} PP {cfg.pp or 1}" + (f" VP {vp}" if vp > 1 else "")
+                  + (f" CP {cp}" if cp > 1 else "") + f" DP {cfg.dp or '?'}")
         notes[-1] += (f", {layout}, "
                       f"{results.perf.extra.get('iterations_averaged')} iterations{ramp}"
                       + (f" of {launches} launches" if launches > 1 else ""))

@@ -183,7 +183,7 @@ class GridRun:
     micro_batches: int  # M: micro-batches per optimizer step per pipeline (the accumulation)
     precision: str = "bf16"  # fp32 | bf16 | fp16 (tf32 is fp32 here)
     recompute: str = "none"
-    flash_attention: bool = False  # a fused attention kernel: no s x s scores kept (Korthikanti et al.'s runs kept them)
+    flash_attention: bool = False  # a fused attention kernel: no s x s scores kept (Korthikanti et al.'s runs did)
 
     @property
     def global_batch(self) -> int:
@@ -207,10 +207,10 @@ class GridRun:
 def stage_memory(run: GridRun, stage: int) -> RankMemory:
     """Bytes on one GPU of pipeline stage `stage`, with Adam (Megatron's optimizer): 16-bit weights with fp32
     gradients, fp32 masters and Adam's two states (18 bytes per parameter under bf16); ZeRO-1 divides the masters and
-    states over DP x CP. Activations: the stage's L/P layers for each micro-batch in flight (GridRun.in_flight); the first stage adds the
-    embedding's dropout mask per micro-batch, the last the final LayerNorm's and LM head's inputs and the fp32 logits
-    of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first peak. Under full
-    recomputation the backward rebuilds one layer's activations at a time on top."""
+    states over DP x CP. Activations: the stage's L/P layers for each micro-batch in flight (GridRun.in_flight); the
+    first stage adds the embedding's dropout mask per micro-batch, the last the final LayerNorm's and LM head's inputs
+    and the fp32 logits of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first
+    peak. Under full recomputation the backward rebuilds one layer's activations at a time on top."""
     shape, grid, b, s, h = run.shape, run.grid, run.micro_batch, run.seq, run.shape.hidden
     precision = run.dtype
     n = stage_parameters(shape, grid, stage)

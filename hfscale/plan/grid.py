@@ -1,8 +1,8 @@
 """3D layouts (tensor x pipeline x data parallelism) as the planners see them: `hfscale estimate` and `hfscale project`
 weigh them beside the data-parallel strategies. They are what Megatron-LM and Megatron-DeepSpeed run - hfscale plans
 them, it does not launch them - and are named as `hfscale import-logs` names those runs: `megatron-tp4-pp16`,
-`megatron-deepspeed-tp4-pp16`, `megatron-tp4-pp4-vp5-cp2` (interleaved over 5 model chunks, context parallel 2). The formulas are hfscale/formulas/parallel3d.py; docs/project.md says how far they
-were checked."""
+`megatron-deepspeed-tp4-pp16`, `megatron-tp4-pp4-vp5-cp2` (interleaved over 5 model chunks, context parallel 2). The
+formulas are hfscale/formulas/parallel3d.py; docs/project.md says how far they were checked."""
 
 from dataclasses import dataclass, replace
 

@@ -34,7 +34,8 @@ from .links import add_link_flags, collectives_line, fabric_line, links_from, me
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
                       check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
 from .projection import (Point, best, grid_model_error, knee, optimizer_step_s, powersgd_step_s, project,
-                         project_grids, published_error, published_held_out, strategy_error, with_float8)
+                         project_grids, published_error, published_held_out, strategy_error, tp_projection_refusal,
+                         with_float8)
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024"
 
@@ -74,7 +75,8 @@ def tokens_per_s_at(results_path: Path, gpus: int, gpus_per_node: int, links) ->
     per token is unchanged), judged on the run's own GPU. HfscaleError when it cannot be projected there."""
     base = baseline_from_results(results_path)
     strategy = base.plan.strategy
-    reason = base.plan.but(world_size=gpus, processes_per_node=min(gpus, gpus_per_node)).refusal()
+    reason = (tp_projection_refusal(base.plan, strategy, gpus_per_node)
+              or base.plan.but(world_size=gpus, processes_per_node=min(gpus, gpus_per_node)).refusal())
     if reason:
         raise HfscaleError(reason)
     points = project(base, [strategy], [gpus], gpus_per_node, links, 1.0, base.plan.global_batch_size)
@@ -93,8 +95,13 @@ def run_projection(opts):
     device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
                     if opts.device or opts.device_memory_gb is not None else None)
     base = projection_baseline(opts, links, device_bytes)
-    strategies, families = (strategies_and_families(opts.strategy, with_3d=True, timed=True) if opts.strategy
+    strategies, families = (strategies_and_families(opts.strategy, with_3d=True) if opts.strategy
                             else ([base.plan.strategy], []))
+    refused = {s.name: tp_projection_refusal(base.plan, s, opts.gpus_per_node) for s in strategies}
+    if opts.strategy == ALL:  # every strategy this run can be projected to
+        strategies = [s for s in strategies if not refused[s.name]]
+    elif any(refused.values()):
+        raise HfscaleError(next(reason for reason in refused.values() if reason))
     check_grid_flags(opts, families, base.plan.activation_checkpointing)
     recipe = float8_of(opts)
     if recipe:

@@ -17,7 +17,7 @@ from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
 from ..formulas.precision import block_linears, float8_block_elements, storage_dtype
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES, model_state_bytes, optimizer_step_bytes
-from ..formulas.tensors import block_numel, parameter_tensors, zero3_gathers
+from ..formulas.tensors import parameter_tensors, tp_local_tensors, zero3_gathers
 from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..models.family import UNTIED_HEAD
@@ -54,31 +54,36 @@ DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: the gradient all-red
 
 
 def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
-    """What a plan moves per step (formulas.comm.comm_pattern), in the dtype each engine communicates, with the
-    pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change what moves."""
-    strategy, P, shape = plan.strategy, param_count(plan.shape), plan.shape
+    """What a plan moves per step over its data-parallel ranks (formulas.comm.comm_pattern), in the dtype each engine
+    communicates, with the pieces it issues them in and the engine's settings (the run's DeepSpeed JSON) that change
+    what moves. Under fsdp_tp FSDP2 shards each rank's TP slices over the data-parallel ranks (one a node): its
+    gathers and reductions are of those slices (formulas/tensors.tp_local_tensors); TP's own collectives are in the
+    measured micro-batch's compute (step_of)."""
+    strategy, shape = plan.strategy, plan.shape
+    tensors = tp_local_tensors(shape, plan.tp)  # the whole model's tensors without TP
+    P = sum(tp.numel for tp in tensors)
     t, g = DTYPE_BYTES[plan.dtypes.parameters], DTYPE_BYTES[plan.dtypes.gradients]
-    backward_order = [tp.numel for tp in reversed(parameter_tensors(shape))]
+    backward_order = [tp.numel for tp in reversed(tensors)]
     if strategy.engine == "ddp":  # fp32 weights and fp32 gradients under autocast
         psgd = None
         if strategy.comm_hook == "powersgd":
             rank = powersgd_rank or strategy.powersgd["rank"]
             psgd = g * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
-        return comm_pattern("ddp", None, param_bytes=t * P, grad_bytes=g * P, ranks=plan.world_size,
+        return comm_pattern("ddp", None, param_bytes=t * P, grad_bytes=g * P, ranks=plan.data_parallel_size,
                             powersgd_bytes=psgd,
                             reduce_buckets=bucket_pieces([g * n for n in backward_order], DDP_BUCKET_BYTES))
-    common = dict(param_bytes=t * P, grad_bytes=g * P, ranks=plan.world_size,
+    common = dict(param_bytes=t * P, grad_bytes=g * P, ranks=plan.data_parallel_size,
                   offload_optimizer=strategy.offloads_state("optimizer_states"),
                   offload_params=strategy.offloads_state("parameters"))
     if strategy.engine == "fsdp":
         # An untied head (Llama's) is a unit of its own, resharded after the forward and gathered again for the
         # backward as a block is (counted on a 2-process Llama run); the rest outside the blocks is FSDP2's root unit
-        head = sum(tp.numel for tp in parameter_tensors(shape) if tp.name == UNTIED_HEAD)
-        resharded = shape.n_layer * block_numel(shape) + head
-        root = P - resharded
         spec = shape.spec
+        head = sum(tp.numel for tp in tensors if tp.name == UNTIED_HEAD)
+        resharded = sum(tp.numel for tp in tensors if spec.is_block(tp.name)) + head
+        root = P - resharded
         tail = (spec.final_norm + ".", spec.embedding, UNTIED_HEAD)
-        leftover = sum(tp.numel for tp in parameter_tensors(shape)
+        leftover = sum(tp.numel for tp in tensors
                        if not (spec.is_block(tp.name) or tp.name.startswith(tail)))  # the model's own unit
         float8 = {}
         if plan.float8_all_gather:  # the converted weights gathered one byte an element, their scales all-reduced
@@ -135,13 +140,19 @@ def _optimizer_bytes(shape, layout, rule: str, precision: str, ranks: int, grad_
     return optimizer_step_bytes(mem, layout.engine, rule, precision)
 
 
+def dp_per_node(plan: RunPlan) -> int:
+    """The data-parallel ranks a node holds: its processes, over the TP degree (one under fsdp_tp)."""
+    return max(1, plan.processes_per_node // plan.tp)
+
+
 def step_of(plan: RunPlan, base: Baseline, micro_compute: float, links: Links, pattern):
     """pattern: the plan's pattern_of, computed once by the caller (it walks the model's tensors). Once per step, on
     the compute stream: the optimizer's step (optimizer_step_s) and, under PowerSGD, the compression's compute
-    (powersgd_step_s)."""
+    (powersgd_step_s). Under TP the measured micro-batch holds TP's own all-reduces, at the TP degree the run had and
+    every projected point keeps (tp_projection_refusal): they are not timed apart."""
     st = step_time(pattern, micro_compute_s=micro_compute,
-                   grad_accum=plan.gradient_accumulation_steps, ranks=plan.world_size,
-                   gpus_per_node=plan.processes_per_node, links=links, overlap=base.overlap,
+                   grad_accum=plan.gradient_accumulation_steps, ranks=plan.data_parallel_size,
+                   gpus_per_node=dp_per_node(plan), links=links, overlap=base.overlap,
                    step_sd_s=base.step_sd_s)
     extra = powersgd_step_s(plan, base.device, base.powersgd_rank) if plan.world_size > 1 else 0.0
     extra += optimizer_step_s(plan, base.device)
@@ -164,6 +175,24 @@ def micro_compute_s(plan: RunPlan, base: Baseline, s_per_iter: float, links: Lin
         st = step_of(plan, base, compute, links, pattern)
         compute = max(s_per_iter - st.exposed_s - st.straggler_s - own, 1e-3 * s_per_iter) / gas
     return compute
+
+
+def tp_projection_refusal(measured: RunPlan, strategy, gpus_per_node: int) -> str | None:
+    """Why `strategy` cannot be projected from the measured run, or None. A TP rank's micro-batch holds its 1/TP of
+    the compute and TP's all-reduces, which the data-parallel step model does not time apart: so a TP strategy
+    projects only from a run of one, at the run's TP degree (a node's processes), and a TP run only to TP strategies."""
+    ran = measured.strategy
+    if strategy.tensor_parallel and not ran.tensor_parallel:
+        return (f"{strategy.name} is projected only from a tp or fsdp_tp run (its micro-batch holds TP's split compute "
+                f"and all-reduces, which the step model does not time); from a {ran.name} run, project TP's costs "
+                "with the megatron layouts (--strategy megatron --tp N)")
+    if ran.tensor_parallel and not strategy.tensor_parallel:
+        return (f"{strategy.name} from a {ran.name} run: its micro-batch holds TP's split compute and all-reduces, "
+                f"which the step model does not time apart; project it as tp or fsdp_tp (or measure {strategy.name})")
+    if strategy.tensor_parallel and gpus_per_node != measured.processes_per_node:
+        return (f"a {ran.name} run's TP degree is its {measured.processes_per_node} processes per node, which every "
+                f"projected point keeps: project it with --gpus_per_node {measured.processes_per_node}")
+    return None
 
 
 def plan_at(base: Baseline, strategy, gpus: int, gpus_per_node: int, global_batch: int | None) -> RunPlan | None:
@@ -189,8 +218,8 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
         reference_tps = None
         for n in gpus:
             plan = plan_at(base, strategy, n, gpus_per_node, global_batch)
-            if plan is None or plan.refusal():
-                continue  # e.g. HSDP on one node, or a pair the strategy table refuses
+            if plan is None or plan.refusal() or plan.tp != base.plan.tp:
+                continue  # e.g. HSDP on one node, a pair the strategy table refuses, fewer GPUs than a TP group
             pattern = pattern_of(plan, base.powersgd_rank)
             times = [step_of(plan, base, c, link, pattern) for c, link in zip(computes, links)]
             tokens = plan.tokens_per_step
@@ -203,8 +232,8 @@ def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: in
             points.append(Point(strategy.name, n, plan.nodes, plan.gradient_accumulation_steps, plan.global_batch_size,
                                 times[0].total_s, tps, days[0], days[0] * n, min(days), max(days), times[0].exposed_s,
                                 times[0].straggler_s,
-                                pattern_of(plan, base.powersgd_rank).bytes_per_step(plan.gradient_accumulation_steps,
-                                                                                    n, gpus_per_node),
+                                pattern.bytes_per_step(plan.gradient_accumulation_steps, plan.data_parallel_size,
+                                                       dp_per_node(plan)),
                                 tps / n / reference_tps, verdict.fits, verdict.total_per_gpu,
                                 verdict.reason if verdict.fits is False else None))
     return points
@@ -235,9 +264,9 @@ def with_float8(base: Baseline, recipe: str) -> Baseline:
 def calibrated_flops_per_s(base: Baseline, s_per_iter: float, links: Links) -> float:
     """FLOPs per second one GPU achieved on the measured run's own compute (its exposed communication taken out):
     what a 3D layout's stages are assumed to run at."""
-    plan = base.plan
+    plan = base.plan  # a TP rank computes 1/TP of each sample (TP's all-reduces stay in its rate)
     _, hardware = training_flops_per_sequence(plan.shape, plan.seq_len, plan.activation_checkpointing)
-    return hardware * plan.per_device_train_batch_size / micro_compute_s(plan, base, s_per_iter, links)
+    return hardware * plan.per_device_train_batch_size / plan.tp / micro_compute_s(plan, base, s_per_iter, links)
 
 
 def grid_point(plan: GridPlan, rates: list[float], links, base: Baseline, gpus_per_node: int, token_budget: float,
