@@ -18,7 +18,7 @@ from ..formulas.precision import block_linears, float8_block_elements, storage_d
 from ..formulas.peaks import MEMORY_BW_GB_S, PEAK_TFLOPS
 from ..formulas.memory import DTYPE_BYTES, model_state_bytes, optimizer_step_bytes
 from ..formulas.tensors import parameter_tensors, tp_local_tensors, zero3_gathers
-from ..formulas.metrics import days_to_train, param_count, training_flops_per_sequence
+from ..formulas.metrics import days_to_train, training_flops_per_sequence
 from ..formulas.parallel3d import grid_step_time
 from ..models.family import UNTIED_HEAD
 from ..runplan import RunPlan, accumulation_steps
