@@ -135,8 +135,10 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
     optimizer = get_optimizer(dataset.get("optimizer", "adamw"))  # the step the model times apart (AdamW unless named)
 
     def plan_of(row: dict) -> RunPlan:
-        micro = row["global_batch"] // (row["micro_batch"] * row["gpus"])
-        return RunPlan(get_strategy(dataset["strategy"]), optimizer, shape_of(dataset, row), seq,
+        strategy = get_strategy(dataset["strategy"])
+        data_parallel = row["gpus"] // strategy.tp_size(row["gpus"], gpus_per_node)  # fsdp_tp: one rank a node
+        micro = row["global_batch"] // (row["micro_batch"] * data_parallel)
+        return RunPlan(strategy, optimizer, shape_of(dataset, row), seq,
                        per_device_train_batch_size=row["micro_batch"], gradient_accumulation_steps=micro,
                        world_size=row["gpus"], processes_per_node=gpus_per_node, precision=dataset["precision"],
                        activation_checkpointing=dataset["recompute"] != "none", float8=dataset.get("float8"))

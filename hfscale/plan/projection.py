@@ -347,7 +347,7 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
 CHECKS_FILE = Path(__file__).with_name("projection_checks.json")
 PUBLISHED_FILE = Path(__file__).with_name("published_record_checks.json")  # benchmarks/published_record.py --out
 PUBLISHED_FAMILIES = {"ddp": "DDP", "ddp_powersgd": "PowerSGD", "zero1": "ZeRO-1", "zero3": "ZeRO-3",
-                      "zero3_offload": "ZeRO-3", "fsdp": "FSDP", **{f: "3D" for f in FAMILIES}}
+                      "zero3_offload": "ZeRO-3", "fsdp": "FSDP", "fsdp_tp": "FSDP", **{f: "3D" for f in FAMILIES}}
 
 
 def published_error(strategy: str, path: Path | None = None) -> dict | None:
