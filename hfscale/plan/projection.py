@@ -60,7 +60,7 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
     gathers and reductions are of those slices (formulas/tensors.tp_local_tensors); TP's own collectives are in the
     measured micro-batch's compute (step_of)."""
     strategy, shape = plan.strategy, plan.shape
-    tensors = tp_local_tensors(shape, plan.tp)  # the whole model's tensors without TP
+    tensors = tp_local_tensors(shape, plan.tp)  # a rank's TP slices (without TP: the whole model's tensors)
     P = sum(tp.numel for tp in tensors)
     t, g = DTYPE_BYTES[plan.dtypes.parameters], DTYPE_BYTES[plan.dtypes.gradients]
     backward_order = [tp.numel for tp in reversed(tensors)]
@@ -68,7 +68,7 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
         psgd = None
         if strategy.comm_hook == "powersgd":
             rank = powersgd_rank or strategy.powersgd["rank"]
-            psgd = g * powersgd_elements([tp.shape for tp in parameter_tensors(shape)], rank)
+            psgd = g * powersgd_elements([tp.shape for tp in tensors], rank)
         return comm_pattern("ddp", None, param_bytes=t * P, grad_bytes=g * P, ranks=plan.data_parallel_size,
                             powersgd_bytes=psgd,
                             reduce_buckets=bucket_pieces([g * n for n in backward_order], DDP_BUCKET_BYTES))
