@@ -265,7 +265,7 @@ def test_every_strategy_has_its_measured_model_error_and_the_band_carries_it(tmp
     from hfscale.plan import project as project_mod, projection
 
     checks = json.loads(projection.CHECKS_FILE.read_text())["checks"]
-    # HSDP and fsdp_tp need 2 nodes (tests/test_multinode.py); the TP strategies are not timed (NOT_TIMED_TP)
+    # HSDP and fsdp_tp need 2 nodes (tests/test_multinode.py); the TP strategies project only from a TP run
     runnable = {n for n, s in all_strategies().items() if n != "fsdp_hybrid" and not s.tensor_parallel}
     assert {(c["strategy"], c["processes"]) for c in checks} == {(s, n) for s in runnable for n in (2, 4)}
     assert all(c["ratios"] and min(c["ratios"]) <= c["ratio"] <= max(c["ratios"]) for c in checks)

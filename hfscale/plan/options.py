@@ -110,16 +110,18 @@ def check_whole_nodes(gpus: list[int], gpus_per_node: int, flag: str = "--gpus")
         raise HfscaleError(f"{flag} {bad[0]} is not a multiple of --gpus_per_node {gpus_per_node}")
 
 
-NOT_TIMED_TP = ("{name} is not timed from a data-parallel run yet (the step model has no TP all-reduces for a runnable "
-                "strategy): project TP's costs with the megatron families' layouts (--strategy megatron --tp N), or "
-                "estimate its memory with `hfscale estimate --strategy {name}`")
+NOT_TIMED_TP = ("{name} is not timed from a data-parallel run (the step model has no TP all-reduces for a runnable "
+                "strategy): measure a {name} run and `hfscale project` it, project TP's costs with the megatron "
+                "families' layouts (--strategy megatron --tp N), or estimate its memory with `hfscale estimate "
+                "--strategy {name}`")
 
 
 def strategies_and_families(text: str, with_3d: bool, timed: bool = False) -> tuple[list, list[str]]:
     """--strategy of a planner that also weighs 3D layouts: (the data-parallel strategies, the 3D families named).
     `all` is every strategy, and every 3D family when `with_3d` (the user gave a TP/PP layout to weigh). A planner
-    that times steps (`timed`: project, tune) leaves out the runnable TP strategies, whose step it does not model
-    (NOT_TIMED_TP); named, they are refused."""
+    that times steps from a data-parallel run (`timed`: tune, a projection from flags) leaves out the runnable TP
+    strategies, whose step it does not model (NOT_TIMED_TP); named, they are refused. (`project` of a measured run
+    decides by the run: plan/projection.tp_projection_refusal.)"""
     if text == ALL:
         strategies = [s for s in all_strategies().values() if not (timed and s.tensor_parallel)]
         return strategies, list(FAMILIES) if with_3d else []
