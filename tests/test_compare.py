@@ -20,6 +20,8 @@ from hfscale.compare.plots import wide_range
 from hfscale.compare.report import COLUMNS, write_report
 from hfscale.compare.sweep import SweepSpec, expand
 from hfscale.launching import RunSpec, stub_results
+from hfscale.formulas.comm import Links
+from hfscale.plan.baseline import baseline_from_megatron_log
 from hfscale.run.results import Results, write_results
 
 DATA = REPO / "tests" / "data"
@@ -184,17 +186,26 @@ def test_a_context_parallel_log_counts_its_data_parallel_degree_without_the_cp_g
     assert points[16]["layout"] == "tp2-pp1-cp2-dp4" and points[16]["s_per_iter"] == pytest.approx(3.2, rel=1e-6)
     # Megatron prints the chunk count, or (older) the layers a chunk holds: 32 layers / PP 2 / 4 a chunk = VP 4
     assert not record["config"]["flash_attention"] and not record["config"]["distributed_optimizer"]  # it names neither
+    assert record["config"]["dropout"] is None  # nor its dropout: Megatron's default, whose masks the layers keep
+    links = [Links(300e9, 25e9, collectives="nccl")] * 3
+    plain = baseline_from_megatron_log(tmp_path / "imported" / "results.json", links, 8, None)[0]
+    assert plain.dropout and plain.plan.attention == "eager"  # what its projected layouts keep: masks and scores
     for argument in ("virtual_pipeline_model_parallel_size ..... 4", "num_layers_per_virtual_pipeline_stage .. 4"):
         interleaved = tmp_path / f"7B-vp-{argument[:3]}.out"
         interleaved.write_text(log.read_text().replace("  seq_length", f"  {argument}\n"
                                                        "  attention_backend ..... AttnBackend.auto\n"
-                                                       "  use_distributed_optimizer ..... True\n  seq_length")
+                                                       "  use_distributed_optimizer ..... True\n"
+                                                       "  hidden_dropout ..... 0.0\n  attention_dropout ... 0.0\n"
+                                                       "  seq_length")
                                .replace("pipeline-model-parallel size: 1", "pipeline-model-parallel size: 2")
                                .replace("data-parallel size: 4", "data-parallel size: 2"))
         record = imported(interleaved, gpus=None, seq_len=None, params=None, checkpointing=None, skip_first=1)
         assert record["strategy"] == "megatron-tp2-pp2-vp4-cp2" and record["config"]["virtual_pipeline"] == 4
         assert record["config"]["flash_attention"] and record["config"]["distributed_optimizer"]
+        assert record["config"]["dropout"] == 0.0
     write_results(tmp_path / "interleaved", Results.from_dict(record))
+    fused = baseline_from_megatron_log(tmp_path / "interleaved" / "results.json", links, 8, None)[0]
+    assert not fused.dropout and fused.plan.attention == "flash_attention_2"
     rows = write_report([tmp_path / "interleaved"], tmp_path / "report-vp", with_plots=False)[0]
     assert "TP 2 PP 2 VP 4 CP 2 DP 2" in rows[0].notes, rows[0].notes
 

@@ -39,6 +39,25 @@ def test_activation_formulas_are_the_papers_table(s, b, h, a):
         assert flash == per(t, False, "selective")
 
 
+def test_layer_terms_follow_the_models_widths():
+    """Korthikanti et al. count a GPT layer tensor by tensor; the same count at other widths: Llama's SwiGLU keeps
+    three ffn-wide tensors where GeLU keeps two, grouped-query attention's keys and values are kv_hidden wide, and
+    a model trained without dropout keeps no masks and no dropped-out scores."""
+    gpt = PRESETS["gpt2-1.3b"]
+    assert p3d.layer_activation_terms(gpt) == p3d.GPT_LAYER_TERMS == (10, 24, 5)  # the paper's 34sbh + 5as^2b
+    assert p3d.layer_activation_terms(gpt, dropout=False) == (8, 24, 2)
+    llama = PRESETS["llama-3.1-70b"]  # h 8192, ffn 28672 = 3.5h, 8 of 64 heads' keys and values
+    # split: Q 2 + K, V 2 x 2 x 1/8 + attention output 2 + 3 x 2 x 3.5 of SwiGLU
+    assert p3d.layer_activation_terms(llama, dropout=False) == (8, 2 + 0.5 + 2 + 21, 2)
+    s, b, t = 4096, 1, 8
+    run = p3d.GridRun(llama, p3d.Grid(t, 4, 2), s, b, 8, "bf16", dropout=False)
+    kept = p3d.stage_memory(run, 1).activations  # a middle stage: its layers alone, 3 micro-batches in flight
+    layers = p3d.stage_layers(llama, run.grid)
+    assert kept == int(3 * layers * s * b * llama.hidden * (8 + 25.5 / t) + 3 * layers * 2 * llama.n_head * s * s * b / t)
+    masks = p3d.stage_memory(replace(run, dropout=True), 1).activations - kept
+    assert masks == pytest.approx(3 * layers * (2 * s * b * llama.hidden + 3 * llama.n_head * s * s * b / t), rel=1e-9)
+
+
 def test_selective_recompute_and_sequence_parallelism_cut_activations_about_5x():
     """The paper's abstract: the two techniques reduce activation memory by 5x (its 530B model, TP 8)."""
     m = TABLE["selective_recompute"]["model"]
@@ -358,6 +377,15 @@ def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
         estimate.main([*argv[:3], "megatron-deepspeed", *argv[4:], "--cp", "2"])
     with pytest.raises(HfscaleError, match="--vp must be at least 1"):
         estimate.main([*argv, "--vp", "0"])
+    # Megatron-LM's default dropout keeps each layer's masks and dropped-out scores (eager; hfscale's runs train without)
+    for extra in ([], ["--dropout", "0.1"]):
+        estimate.main([*argv, "--attn_implementation", "eager", *extra])
+        sizes = json.loads(capsys.readouterr().out)["rows"][0]["memory"]
+        if extra:
+            s, b, t, layers, a = 8192, 1, 4, 20, 64
+            masks = 4 * layers * (2 * s * b * 8192 + 3 * a * s * s * b / t) + 4 * s * b * 8192  # 4 in flight; embedding
+            assert sizes["activations"] - eager_plain == pytest.approx(masks, rel=1e-6)
+        eager_plain = sizes["activations"]
     # NVIDIA's recipe for it (TP 4, PP 4, VP 5, CP 2, MBS 1 on 64 H100 80GB) runs with sequence parallelism, a fused
     # attention and Megatron's distributed optimizer (NeMo's defaults): so it fits 80 GB; with Adam whole on every
     # GPU it would not, and with the attention's scores kept (eager) it would not by far
@@ -371,7 +399,8 @@ def test_the_planners_weigh_interleaved_and_context_parallel_layouts(capsys):
         assert row["fits"] is (extra == ["--use_distributed_optimizer"]), (extra, row["memory"]["device_total"])
     sharded, whole = sizes["--use_distributed_optimizer"], sizes[""]
     assert sharded["optimizer_states"] == pytest.approx(whole["optimizer_states"] / 4, rel=1e-6)  # over DP 2 x CP 2
-    assert sizes["--use_distributed_optimizer --attn_implementation eager"]["activations"] > 5 * sharded["activations"]
+    # (without dropout an eager attention keeps its softmax's 2as^2b, no mask or dropout output)
+    assert sizes["--use_distributed_optimizer --attn_implementation eager"]["activations"] > 4 * sharded["activations"]
     flags = ["--tflops_per_gpu", "400", "--device", "H100-80GB", "--gpus", "64,128", "--inter_bw", "40", "--intra_bw",
              "360", "--json"]
     project.main([*argv[:8], "--seq_len", "8192", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",

@@ -182,7 +182,7 @@ def import_log(path: Path, *, gpus: int | None, seq_len: int | None, params: flo
                                    "context_parallel": sizes["cp"], "virtual_pipeline": sizes["vp"],
                                    "flash_attention": bool(header.get("flash_attention")),
                                    "distributed_optimizer": bool(header.get("distributed_optimizer")),
-                                   "recompute": header.get("recompute"),
+                                   "recompute": header.get("recompute"), "dropout": header.get("dropout"),
                                    "sequence_parallel": bool(header.get("sequence_parallel"))}))
     record.loss_history, record.eval_history = histories(log["launches"], seq, header.get("log_interval"))
     measured = measured_iterations(launches, gbs, skip_first)

@@ -76,6 +76,14 @@ def parse_name(name: str) -> dict:
     return fields
 
 
+def _fraction(value: str) -> float | None:
+    """A dropout probability as the arguments block prints it (None where it prints none)."""
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
 def _truthy(value: str) -> bool:
     return value.strip().lower() not in ("false", "none", "0", "", "[]")
 
@@ -119,6 +127,8 @@ def parse_header(text: str) -> dict:
             found["flash_attention"] = True
         elif key == "attention_backend":  # Megatron-Core's: AttnBackend.auto/flash/fused pick a fused kernel
             found["flash_attention"] = not any(word in value.lower() for word in ("local", "unfused"))
+        elif key in ("hidden_dropout", "attention_dropout") and _fraction(value) is not None:
+            found["dropout"] = max(found.get("dropout", 0.0), _fraction(value))  # masks kept where either is on
         elif key == "position_embedding_type" and "alibi" in value.lower():
             found["alibi"] = True  # BLOOM's positions: no learned table
         elif key == "position_embedding_type" and "rope" in value.lower():

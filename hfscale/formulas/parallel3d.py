@@ -8,6 +8,7 @@ pipeline. Megatron orders ranks TP fastest, then DP, then PP: a stage is T x D c
 Sources (docs/project.md says how close each check came):
 - activations per layer: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
   (arXiv 2205.05198), Table 2: sbh(34 + 5as/h) bytes without parallelism, 16-bit activations, 1-byte dropout masks;
+  counted tensor by tensor as the paper counts them, for other widths (SwiGLU, grouped-query attention, no dropout);
 - the 1F1B pipeline schedule: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM" (arXiv 2104.04473): the first stage keeps P micro-batches in flight, the bubble is
   (P - 1) of the M + P - 1 micro-batch slots of a step, each block all-reduces its activations twice in the forward
@@ -31,6 +32,7 @@ from .precision import storage_dtype
 from .tensors import parameter_tensors
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: no recomputation)
+MEGATRON_DROPOUT = 0.1  # Megatron-LM's --hidden-dropout and --attention-dropout defaults
 VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to 128 x TP
 TP_ALL_REDUCES = {"none": 4, "selective": 4, "full": 6}  # per block per micro-batch: 2 forward + 2 backward, and full
 # recomputation runs the forward (its 2) again
@@ -105,10 +107,33 @@ def stage_layers(shape: ModelShape, grid: Grid) -> int:
 
 # ---- activations (Korthikanti et al. 2022, Table 2) ------------------------------------------------------------------
 
+GPT_LAYER_TERMS = (10.0, 24.0, 5.0)  # Korthikanti et al.'s GPT layer: 10sbh replicated over TP, 24sbh split, 5as^2b
+
+
+def layer_activation_terms(shape: ModelShape, dropout: bool = True) -> tuple[float, float, float]:
+    """What one transformer layer keeps for its backward, in Korthikanti et al.'s units, for this model's widths:
+    (replicated, split, scores) - bytes = sbh x (replicated + split / t) + scores x as^2b / t. Counted as the paper
+    counts its GPT layer (16-bit tensors, 1-byte dropout masks):
+    replicated over TP (split only under sequence parallelism): the two norms' inputs 4, the QKV and MLP matmuls'
+    inputs 2 + 2, and - with dropout - the attention output's and the MLP output's masks 1 + 1;
+    split: Q 2, K and V 2 each at the key/value width (grouped-query attention: kv_hidden/h of it), the attention
+    output (the projection's input) 2, and the MLP's inner tensors - GeLU's input and output 2 + 2 at the ffn width,
+    SwiGLU's gate and up outputs and their product 2 + 2 + 2;
+    scores: the softmax output 2, and with attention dropout its mask 1 and output 2.
+    GPT (ffn 4h, dropout): (10, 24, 5), the paper's 34sbh + 5as^2b. Llama 3.1 70B (ffn 3.5h, 8 of 64 heads' keys and
+    values, no dropout): (8, 25.5, 2)."""
+    h = shape.hidden
+    kv = shape.kv_hidden / h
+    mlp = (6 if shape.spec.gated_mlp else 4) * shape.ffn_size / h
+    return 8.0 + (2.0 if dropout else 0.0), 2 + 4 * kv + 2 + mlp, 2.0 + (3.0 if dropout else 0.0)
+
+
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none", cp: int = 1,
-                               flash_attention: bool = False) -> float:
-    """Bytes one transformer layer keeps for its backward, per micro-batch, on one TP rank:
+                               flash_attention: bool = False,
+                               terms: tuple[float, float, float] = GPT_LAYER_TERMS) -> float:
+    """Bytes one transformer layer keeps for its backward, per micro-batch, on one TP rank, for a layer of `terms`
+    (layer_activation_terms; GPT's by default):
     none: sbh(10 + 24/t + 5as/(ht)) - the LayerNorms' and dropouts' 10sbh are replicated over TP, the 24sbh of the
     matmul inputs and the 5as^2b of the attention scores, softmax and its dropout are split; with sequence
     parallelism everything is split: sbh/t (34 + 5as/h). selective: the attention's 5as^2b is recomputed, not kept.
@@ -119,11 +144,12 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     if recompute not in RECOMPUTE:
         raise ValueError(f"unknown recompute granularity {recompute!r}; choose one of: {', '.join(RECOMPUTE)}")
     s, b, h, a, t = seq / cp, micro_batch, hidden, heads, tp
+    replicated, split, scores = terms
     sp = sequence_parallel and t > 1
     if recompute == "full":
         return 2 * s * b * h / (t if sp else 1)
-    attention = 0 if recompute == "selective" or flash_attention else 5 * a * s * seq * b / t
-    linear = 34 * s * b * h / t if sp else s * b * h * (10 + 24 / t)
+    attention = 0 if recompute == "selective" or flash_attention else scores * a * s * seq * b / t
+    linear = (replicated + split) * s * b * h / t if sp else s * b * h * (replicated + split / t)
     return linear + attention
 
 
@@ -184,6 +210,7 @@ class GridRun:
     precision: str = "bf16"  # fp32 | bf16 | fp16 (tf32 is fp32 here)
     recompute: str = "none"
     flash_attention: bool = False  # a fused attention kernel: no s x s scores kept (Korthikanti et al.'s runs did)
+    dropout: bool = True  # hidden and attention dropout masks kept (MEGATRON_DROPOUT; Korthikanti et al.'s runs)
 
     @property
     def global_batch(self) -> int:
@@ -207,8 +234,9 @@ class GridRun:
 def stage_memory(run: GridRun, stage: int) -> RankMemory:
     """Bytes on one GPU of pipeline stage `stage`, with Adam (Megatron's optimizer): 16-bit weights with fp32
     gradients, fp32 masters and Adam's two states (18 bytes per parameter under bf16); ZeRO-1 divides the masters and
-    states over DP x CP. Activations: the stage's L/P layers for each micro-batch in flight (GridRun.in_flight); the
-    first stage adds the embedding's dropout mask per micro-batch, the last the final LayerNorm's and LM head's inputs
+    states over DP x CP. Activations: the stage's L/P layers (layer_activation_terms: the model's widths) for each
+    micro-batch in flight (GridRun.in_flight); the first stage adds the embedding's dropout mask per micro-batch (with
+    dropout), the last the final LayerNorm's and LM head's inputs
     and the fp32 logits of the vocabulary-parallel cross-entropy (4sbv/t), whose gradient is the backward's first
     peak. Under full recomputation the backward rebuilds one layer's activations at a time on top."""
     shape, grid, b, s, h = run.shape, run.grid, run.micro_batch, run.seq, run.shape.hidden
@@ -224,12 +252,13 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     split = grid.tp if sp else 1
     tokens = s / grid.cp  # a GPU's share of each sequence under context parallelism
     layers = stage_layers(shape, grid)
+    terms = layer_activation_terms(shape, run.dropout)
     per_layer = activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel, run.recompute,
-                                           grid.cp, run.flash_attention)
+                                           grid.cp, run.flash_attention, terms)
     flight = run.in_flight(stage)
     kept = flight * layers * per_layer
     peak_extra = 0.0
-    if stage == 0:  # the embedding's dropout mask, 1 byte per element, for each micro-batch its first chunk holds
+    if stage == 0 and run.dropout:  # the embedding's dropout mask, 1 byte an element, per micro-batch its first chunk holds
         kept += min(grid.pp, run.micro_batches) * tokens * b * h / split
     if stage == grid.pp - 1:
         logits = 4 * tokens * b * padded_vocab(shape.vocab, grid.tp) / grid.tp
@@ -237,10 +266,12 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
         peak_extra = logits  # the logits' gradient at the start of the backward
     if run.recompute == "full":
         peak_extra = max(peak_extra, activation_bytes_per_layer(s, b, h, shape.n_head, grid.tp, grid.sequence_parallel,
-                                                                cp=grid.cp, flash_attention=run.flash_attention))
+                                                                cp=grid.cp, flash_attention=run.flash_attention,
+                                                                terms=terms))
     mem.activations, mem.activation_peak = int(kept), int(kept + peak_extra)
     schedule = f"interleaved (VP {grid.vp})" if grid.vp > 1 else "1F1B"
-    mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas, "
+    mem.activation_calibration = ("Korthikanti et al. 2022 per-layer formulas at this model's widths "
+                                  f"(sbh x ({terms[0]:g} + {terms[1]:g}/t) + {terms[2]:g} as^2b/t), "
                                   f"{schedule}: {flight:g} micro-batch(es) in flight on stage {stage}")
     return mem
 

@@ -9,7 +9,7 @@ from ..errors import HfscaleError
 from ..formulas.comm import Links
 from ..formulas.float8 import Float8Step
 from ..formulas.metrics import GB, training_flops_per_sequence
-from ..formulas.parallel3d import grid_step_time
+from ..formulas.parallel3d import MEGATRON_DROPOUT, grid_step_time
 from ..formulas.peaks import device_key, memory_of_device_name
 from ..parallel.optimizers import get_optimizer
 from ..parallel.strategies import get_strategy
@@ -34,6 +34,7 @@ class Baseline:
     float8: str | None = None  # --fp8 on a run measured without it: the recipe the projected points train with
     float8_step: Float8Step | None = None  # ... and what it does to their compute (formulas/float8)
     float8_left_out: dict[str, str] = field(default_factory=dict)  # strategies not projected with it: the reason
+    dropout: bool = False  # its layers kept dropout masks: a Megatron log's own (hfscale's runs train without)
 
     @property
     def compute_factor(self) -> float:
@@ -106,6 +107,7 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
                            f"of {cfg.per_device_train_batch_size} per pipeline over DP {cfg.dp}")
     family = "megatron-deepspeed" if str(data.strategy).startswith("megatron-deepspeed") else "megatron"
     recompute = (cfg.extra.get("recompute") or "full") if cfg.activation_checkpointing else "none"
+    dropout = cfg.extra.get("dropout")  # a log that names none ran Megatron's default
     return GridPlan(family, "adamw", shape, cfg.seq_len, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp,
                     per_device_train_batch_size=cfg.per_device_train_batch_size,
                     gradient_accumulation_steps=cfg.global_batch_size // (cfg.per_device_train_batch_size * cfg.dp),
@@ -114,7 +116,8 @@ def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
                     sequence_parallel=bool(cfg.extra.get("sequence_parallel")),
                     cp=cfg.extra.get("context_parallel") or 1, vp=cfg.extra.get("virtual_pipeline") or 1,
                     flash_attention=bool(cfg.extra.get("flash_attention")),  # a log that names none kept the scores
-                    distributed_optimizer=bool(cfg.extra.get("distributed_optimizer")))
+                    distributed_optimizer=bool(cfg.extra.get("distributed_optimizer")),
+                    dropout=(MEGATRON_DROPOUT if dropout is None else dropout) > 0)
 
 
 def solve_flops_per_s(plan: GridPlan, s_per_iter: float, links: Links, gpus_per_node: int) -> float:
@@ -148,12 +151,13 @@ def baseline_from_megatron_log(path: Path, links, gpus_per_node: int, device_byt
     one = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), plan.shape, plan.seq_len,
                   per_device_train_batch_size=plan.per_device_train_batch_size,
                   gradient_accumulation_steps=plan.gradient_accumulation_steps, precision=plan.precision,
-                  activation_checkpointing=plan.recompute != "none")
+                  activation_checkpointing=plan.recompute != "none",
+                  attention="flash_attention_2" if plan.flash_attention else "eager")  # scores kept or not
     _, hardware = training_flops_per_sequence(one.shape, one.seq_len, one.activation_checkpointing)
     s = hardware * one.per_device_train_batch_size * one.gradient_accumulation_steps / rate  # one GPU, compute only
     source = (f"{path}: {plan.name} on {plan.world_size} GPUs, {float(data.perf.s_per_iter):.4g} s/it logged -> "
               f"{rate / 1e12:.1f} TFLOPs per GPU of compute by the 3D model")
-    return Baseline(one, [s, s, s], source, device_memory_bytes=device_bytes), plan
+    return Baseline(one, [s, s, s], source, device_memory_bytes=device_bytes, dropout=plan.dropout), plan
 
 
 def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:

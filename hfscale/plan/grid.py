@@ -38,6 +38,7 @@ class GridPlan:
     vp: int = 1  # model chunks per GPU (Megatron's interleaved schedule)
     flash_attention: bool = True  # a fused attention kernel keeps no scores (Megatron-Core's default)
     distributed_optimizer: bool = False  # megatron: --use-distributed-optimizer, Adam sharded over DP x CP (ZeRO-1)
+    dropout: bool = False  # hidden/attention dropout masks kept (hfscale's runs train without; Megatron-LM's 0.1 with)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -76,7 +77,8 @@ class GridPlan:
     @property
     def run(self) -> GridRun:
         return GridRun(self.shape, self.grid, self.seq_len, self.per_device_train_batch_size,
-                       self.gradient_accumulation_steps, self.precision, self.recompute, self.flash_attention)
+                       self.gradient_accumulation_steps, self.precision, self.recompute, self.flash_attention,
+                       self.dropout)
 
     def refusal(self) -> str | None:
         if self.optimizer not in OPTIMIZERS:
@@ -113,6 +115,7 @@ class GridOptions:
     cp: str | None = None  # comma-separated CP sizes; None: 1
     vp: int = 1
     distributed_optimizer: bool = False
+    dropout: float | None = None  # None: the measured run's (Baseline.dropout)
 
 
 def powers_of_two(limit: int) -> list[int]:

@@ -148,6 +148,10 @@ def add_grid_flags(p: ArgumentParser) -> None:
                    help="megatron layouts: Megatron's distributed optimizer (--use-distributed-optimizer, NeMo's "
                         "default): fp32 masters and Adam sharded over DP x CP, gradients reduce-scattered and the "
                         "weights all-gathered (ZeRO-1; megatron-deepspeed always runs it)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="megatron* layouts: hidden and attention dropout (Megatron's --hidden-dropout, "
+                        "--attention-dropout), whose masks a layer keeps for its backward (default: a Megatron log's "
+                        "own, else 0 - hfscale's runs', and BLOOM's and Llama's pretraining; Megatron-LM's is 0.1)")
     p.add_argument("--recompute_granularity", default="full", choices=("full", "selective"),
                    help="megatron* layouts with --activation_checkpointing: recompute whole layers (full, default) "
                         "or only the attention (selective)")
@@ -160,12 +164,15 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
     given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--cp", opts.cp), ("--vp", opts.vp != 1),
                                    ("--sequence_parallel", opts.sequence_parallel),
                                    ("--use_distributed_optimizer", opts.use_distributed_optimizer),
+                                   ("--dropout", opts.dropout is not None),
                                    ("--recompute_granularity", opts.recompute_granularity != "full")) if on]
     if given and not families:
         raise HfscaleError(f"{given[0]} describe{'' if given[0] == '--tp/--pp' else 's'} the 3D layouts: add megatron "
                            "or megatron-deepspeed to --strategy")
     if opts.vp < 1:
         raise HfscaleError(f"--vp must be at least 1 (model chunks per GPU), got {opts.vp}")
+    if opts.dropout is not None and not 0 <= opts.dropout < 1:
+        raise HfscaleError(f"--dropout must be in [0, 1), got {opts.dropout}")
     if (opts.cp or opts.vp != 1) and "megatron" not in families:  # Megatron-DeepSpeed has neither
         raise HfscaleError(f"{'--cp' if opts.cp else '--vp'} describes Megatron-LM layouts (Megatron-DeepSpeed's "
                            "pipeline engine has no interleaved schedule or context parallelism): add megatron to "
@@ -191,7 +198,7 @@ def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int,
                     precision=precision_from_options(opts), recompute=recompute_of(opts),
                     sequence_parallel=opts.sequence_parallel, cp=cp, vp=opts.vp,
                     flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager",
-                    distributed_optimizer=opts.use_distributed_optimizer)
+                    distributed_optimizer=opts.use_distributed_optimizer, dropout=bool(opts.dropout))
 
 
 def optimizers_option(text: str) -> list:

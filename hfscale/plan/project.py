@@ -119,7 +119,8 @@ def run_projection(opts):
         base = replace(base, float8_left_out=refused)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
     grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
-                            else "none", opts.sequence_parallel, opts.cp, opts.vp, opts.use_distributed_optimizer)
+                            else "none", opts.sequence_parallel, opts.cp, opts.vp, opts.use_distributed_optimizer,
+                            opts.dropout)
     points += project_grids(base, families, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size,
                             grid_opts)
     if not points and opts.global_batch_size:

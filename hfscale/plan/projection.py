@@ -299,8 +299,8 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
     rates = [calibrated_flops_per_s(base, s, link) for s, link in zip(base.s_per_iter, links)]
     plan0 = base.plan
     mbs = plan0.per_device_train_batch_size
-    # the measured run's attention: a fused kernel keeps no scores (a Megatron log says which it ran)
-    flash = plan0.flash_attention if isinstance(plan0, GridPlan) else plan0.attention != "eager"
+    flash = plan0.attention != "eager"  # the measured run's attention: a fused kernel keeps no scores
+    dropout = base.dropout if grid_opts.dropout is None else grid_opts.dropout > 0  # the measured run's, by default
     fixed = bool(grid_opts.tp or grid_opts.pp or grid_opts.cp)
     tps = comma_list(grid_opts.tp, "--tp", int) if grid_opts.tp else None
     pps = comma_list(grid_opts.pp, "--pp", int) if grid_opts.pp else None
@@ -323,7 +323,7 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
                                 processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
                                 recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel,
                                 cp=cp, vp=grid_opts.vp, flash_attention=flash,
-                                distributed_optimizer=grid_opts.distributed_optimizer)
+                                distributed_optimizer=grid_opts.distributed_optimizer, dropout=dropout)
                 if plan.refusal():
                     continue
                 series = plan.name if fixed else family
