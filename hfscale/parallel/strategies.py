@@ -220,11 +220,11 @@ def tp_layout_refusal(strategy: Strategy, gpus: int, per_node: int) -> str | Non
         return (f"{strategy.name} splits every layer over the processes of a node: it needs 2+ processes per node, "
                 f"got {per_node}")
     if strategy.engine == "fsdp" and nodes < 2:
-        return (f"{strategy.name} is TP inside a node and FSDP across nodes: it needs 2+ nodes, got {nodes}; use tp on "
-                f"one node")
+        return (f"{strategy.name} is TP inside a node and FSDP across nodes: it needs 2+ nodes, got {nodes}; use tp "
+                f"on one node")
     if strategy.engine != "fsdp" and nodes > 1:
         return (f"{strategy.name} is one tensor-parallel group with no data parallelism: it runs on one node, got "
-                f"{nodes}; use fsdp_tp across nodes")
+                f"{nodes} nodes; use fsdp_tp across nodes")
     return None
 
 
