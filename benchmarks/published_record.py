@@ -62,7 +62,12 @@ def published_tflops(dataset: dict, row: dict) -> float:
         return row["tflops_per_gpu"]
     seq = dataset["model"]["seq"]
     return row["tokens_per_s_per_gpu"] / seq * hardware_flops_per_sequence(shape_of(dataset, row), seq,
-                                                                              dataset["recompute"]) / 1e12
+                                                                              recompute_of(dataset, row)) / 1e12
+
+
+def recompute_of(dataset: dict, row: dict) -> str:
+    """The row's activation recomputation: its own, where a 3D set compares granularities, else the set's."""
+    return row.get("recompute", dataset["recompute"])
 
 
 def _bisect(tflops_at, target: float) -> float:
@@ -80,17 +85,17 @@ def project_3d(dataset: dict, links, gpus_per_node: int, device: str) -> list[fl
     from hfscale.formulas import parallel3d as p3d
     from hfscale.formulas.peaks import MEMORY_BW_GB_S
 
-    seq, recompute = dataset["model"]["seq"], dataset["recompute"]
+    seq = dataset["model"]["seq"]
 
     def tflops(row: dict, rate: float) -> float:
         mbs = row.get("micro_batch", dataset.get("micro_batch_assumed"))  # the row's own, where the source gives it
         cp, vp = row.get("cp", 1), row.get("vp", 1)  # context parallel, model chunks a GPU (interleaved)
         grid = p3d.Grid(row["tp"], row["pp"], row["gpus"] // (row["tp"] * row["pp"] * cp), cp=cp, vp=vp)
         run = p3d.GridRun(shape_of(dataset, row), grid, seq, mbs, row["global_batch"] // (mbs * grid.dp),
-                          dataset["precision"], recompute)
+                          dataset["precision"], recompute_of(dataset, row))
         step = p3d.grid_step_time(run, flops_per_s=rate, links=links, gpus_per_node=gpus_per_node,
                                   memory_bw=MEMORY_BW_GB_S[device] * 1e9)
-        flops = p3d.hardware_flops_per_sequence(run.shape, seq, recompute) * run.global_batch
+        flops = p3d.hardware_flops_per_sequence(run.shape, seq, run.recompute) * run.global_batch
         return flops / step.total_s / row["gpus"] / 1e12
 
     base = dataset["rows"][dataset["baseline"]]

@@ -34,6 +34,10 @@ def test_the_transcription_is_consistent():
             if "sequences_per_s" in row:
                 tokens = row["sequences_per_s"] * dataset["model"]["seq"]
                 assert row["tokens_per_s_per_gpu"] * row["gpus"] == pytest.approx(tokens, rel=1e-4)
+            if "mfu" in row:  # the model FLOPs utilisation the source printed, on an A100 (312 TFLOPs)
+                l, h, s, v = row["layers"], row["hidden"], dataset["model"]["seq"], dataset["model"]["vocab"]
+                per_token = 72 * l * h * h * (1 + s / (6 * h) + v / (12 * h * l))  # Korthikanti et al.'s model FLOPs
+                assert row["tokens_per_s_per_gpu"] * per_token == pytest.approx(row["mfu"] * 312e12, rel=1e-4)
             if "micro_batch" in row:  # a whole number of micro-batches per data-parallel rank
                 data_parallel = row["gpus"] // (row.get("tp", 1) * row.get("pp", 1) * row.get("cp", 1))
                 assert row["global_batch"] % (row["micro_batch"] * data_parallel) == 0
