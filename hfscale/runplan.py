@@ -62,8 +62,9 @@ FUSED_LOSS_UNDER_TP = ("--fused_linear_cross_entropy is not built for a tensor-p
 
 def rank0_builds(strategy, float8: str | None) -> bool:
     """Only rank 0 builds the whole model (Strategy.rank0_builds) - not an fsdp run in float8: accelerate refuses
-    torchao with FSDP2's cpu_ram_efficient_loading, so every rank builds it (run/planning.py sets the flag by this)."""
-    return strategy.rank0_builds and not (float8 and strategy.engine == "fsdp")
+    torchao with FSDP2's cpu_ram_efficient_loading, so every rank builds it (run/planning.py sets the flag by this).
+    TP's split scatters the builder's slices itself, float8 or not."""
+    return strategy.rank0_builds and not (float8 and strategy.engine == "fsdp" and not strategy.tensor_parallel)
 
 
 @dataclass(frozen=True)
@@ -219,8 +220,13 @@ class RunPlan:
     def host_per_node(self, mem: RankMemory) -> int:
         """Host RAM of the busiest node: every process's offloaded states, plus building the model
         (formulas.memory.construction_host_bytes)."""
-        return self.processes_per_node * mem.host_offload + construction_host_bytes(
-            self.shape, self.processes_per_node, self.rank0_builds, self.shard_ranks)
+        return self.processes_per_node * mem.host_offload + self.construction_per_node
+
+    @property
+    def construction_per_node(self) -> int:
+        """Host RAM of the busiest node while the model is built (formulas.memory.construction_host_bytes)."""
+        return construction_host_bytes(self.shape, self.processes_per_node, self.rank0_builds,
+                                       self.strategy.construction_shard_ranks(self.world_size, self.processes_per_node))
 
     def host_states_per_node(self, mem: RankMemory) -> int:
         """The model states this node's processes keep in host RAM: every component on the CPU route (its device is

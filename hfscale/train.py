@@ -292,7 +292,8 @@ def train_and_record(model_args, data_args, args, state, stopper: StopOnSignal) 
         if state.plan.float8:  # converted before the split, or TP's hooks would go with the swapped layers
             convert_to_float8(model, state.plan.shape.spec, state.plan.float8, args.fp8_emulate,
                               state.plan.float8_all_gather, state.plan.tp)
-        apply_tensor_parallel(model.to(args.device), parallelism.device_mesh["tp"], state.plan.shape.spec)
+        # split from the host: each tensor goes to the device as its slices (never the whole model on one GPU)
+        apply_tensor_parallel(model, parallelism.device_mesh["tp"], state.plan.shape.spec).to(args.device)
     construction.read(built=True)  # before StepMemory resets the high-water mark; read again once the engine has sharded
     record = RunRecord(args.output_dir, base_results(model_args, data_args, args, state, model,
                                                      environment(args, state.plan)), args.process_index == 0)

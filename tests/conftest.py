@@ -661,7 +661,8 @@ HOST_SHAPE = ["--model", "tiny-llama", "--n_layer", "12", "--hidden_size", "768"
 # run -> (strategy, optimizer, environment): zero3's zero3_init_flag as `accelerate launch` exports it. ddp steps with
 # adafactor, whose states are a few MB where AdamW's are two more copies to page in (ddp x adamw is the parity run's).
 HOST_RUNS = {"ddp": ("ddp", "adafactor", {}), "fsdp": ("fsdp", "adamw", {}), "zero3": ("zero3", "adafactor", {}),
-             "zero3-no-init": ("zero3", "adamw_8bit", {"ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"})}
+             "zero3-no-init": ("zero3", "adamw_8bit", {"ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"}),
+             "tp": ("tp", "adamw", {})}
 # ddp's run starts from an empty data cache, as a machine's first run does: its rank 0 tokenizes and packs the corpus
 # before the build (~5 s more), and its build must still measure a whole copy (run/memory.release_freed_memory)
 COLD_CACHE_RUNS = {"ddp"}

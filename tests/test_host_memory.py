@@ -1,5 +1,5 @@
-"""Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model; ddp (and
-zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~79M-parameter Llama shape with 2
+"""Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model, under tp
+only each TP group's first rank; ddp (and zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~79M-parameter Llama shape with 2
 processes (grouped-query attention, an untied head, rotary buffers): the resident-set high-water marks over building
 the model, and from then until training begins (after the engine has sharded it)."""
 
@@ -40,6 +40,20 @@ def test_fsdp_shards_rank_0s_model_out_and_no_other_rank_holds_a_copy(runs):
     fsdp = peaks(runs["fsdp"], "construction")
     assert fsdp[0] > 0.95 * full, (fsdp, full)  # rank 0 builds it, then shards it out
     assert fsdp[1] < 0.7 * full, (fsdp, full)  # the other ranks only ever hold their half and one tensor in flight
+
+
+def test_tp_scatters_its_first_ranks_model_and_no_other_rank_holds_a_copy(runs):
+    """TP's split takes every tensor from the group's first rank (distribute_tensor's scatter or broadcast): the
+    other ranks build without weights and only ever hold their slices and one tensor in flight."""
+    full = full_copy(runs)
+    built = peaks(runs["tp"], "build")  # the build's window ends once the model is split
+    assert built[0] > 0.95 * full and built[1] < 0.7 * full, (built, full)
+    assert peaks(runs["tp"], "construction")[1] < 0.7 * full
+    # the start-up proof counted the whole model from the split one; that the slices hold the builder's weights is
+    # the parity of the launched TP runs (test_tensor_parallel.py's fsdp_tp job over 2 nodes, test_llama.py's tp):
+    # here one TP group sees one sample a step where ddp's two ranks see two, so their losses differ
+    assert runs["tp"]["model"]["params_model"] == runs["ddp"]["model"]["params_model"]
+    assert runs["tp"]["strategy_check"]["parameters"]["elements_local"] < 0.55 * runs["ddp"]["model"]["params_model"]
 
 
 def test_zero3_builds_partitioned_under_zero_init(runs):

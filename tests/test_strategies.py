@@ -261,7 +261,7 @@ def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
     from transformers.integrations.deepspeed import (HfDeepSpeedConfig, is_deepspeed_zero3_enabled,
                                                      unset_hf_deepspeed_config)
 
-    from hfscale.run.construction import plain_construction, rank0_builds
+    from hfscale.run.construction import builds_whole, plain_construction, rank0_builds
 
     strategies = all_strategies()
     config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}})  # what TrainingArguments(deepspeed=...) sets
@@ -279,7 +279,20 @@ def test_who_builds_the_whole_model_follows_the_strategy_and_its_opt_outs():
             args = SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": loading}, deepspeed_plugin=None)
             assert rank0_builds(args, strategies["fsdp"]) is loading
         assert [s for s in strategies if strategies[s].rank0_builds] == [
-            "fsdp", "fsdp_hybrid", "fsdp_offload", "zero3", "zero3_offload"]
+            "fsdp", "fsdp_hybrid", "fsdp_offload", "fsdp_tp", "tp", "zero3", "zero3_offload"]
+        # under TP each TP group's first rank (a node's first process) builds it, whatever accelerate's flag says;
+        # process 0 alone otherwise
+        for name in ("tp", "fsdp_tp"):
+            args = SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": False}, deepspeed_plugin=None)
+            assert rank0_builds(args, strategies[name])
+            builders = [builds_whole(SimpleNamespace(**vars(args), process_index=g, local_process_index=g % 2),
+                                     strategies[name]) for g in range(4)]
+            assert builders == [True, False, True, False]
+        args = SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": True}, deepspeed_plugin=None)
+        assert [builds_whole(SimpleNamespace(**vars(args), process_index=g, local_process_index=g % 2),
+                             strategies["fsdp"]) for g in range(4)] == [True, False, False, False]
+        args = SimpleNamespace(fsdp_config=None, deepspeed_plugin=None, process_index=1, local_process_index=1)
+        assert builds_whole(args, strategies["ddp"])
     finally:
         unset_hf_deepspeed_config()
 
@@ -423,7 +436,8 @@ def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypa
     assert (two_by_two.tp, two_by_two.data_parallel_size, two_by_two.shard_ranks) == (2, 2, 2)
     assert two_by_two.parallel_sizes == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
     assert two_by_two.global_batch_size == 2 * two_by_two.per_device_train_batch_size  # TP ranks share a batch
-    assert not two_by_two.strategy.rank0_builds  # every rank builds the whole model its TP group splits
+    # each node's first process builds the model, its TP group's split scatters the slices: one copy a node
+    assert two_by_two.strategy.rank0_builds and two_by_two.strategy.construction_shard_ranks(4, 2) == 2
     with pytest.raises(HfscaleError, match="does not divide the 4 attention heads"):
         plan("tp", 3, 3)
     with pytest.raises(HfscaleError, match="needs 2\\+ nodes"):

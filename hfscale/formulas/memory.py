@@ -324,7 +324,9 @@ def rank_memory(plan) -> RankMemory:
 def construction_host_bytes(shape: ModelShape, processes_per_node: int, rank0_builds: bool, shard_ranks: int) -> int:
     """Host RAM of the busiest node while the model is built and sharded: a full fp32 copy per process, or - when
     only rank 0 builds it and the engine shards it out from there (fsdp* with accelerate's cpu_ram_efficient_loading,
-    zero3* under zero.Init) - one full copy on rank 0 and a 1/shard_ranks shard on each other process of its node."""
+    zero3* under zero.Init; under TP each node's first process, whose split scatters the TP slices) - one full copy
+    on it and a 1/shard_ranks shard on each other process of its node (on the host on a CPU run; a GPU run's TP slices
+    go to the GPU, so there it is an upper bound)."""
     P = sum(t.numel for t in parameter_tensors(shape))
     if not rank0_builds:
         return processes_per_node * 4 * P

@@ -136,9 +136,15 @@ class Strategy:
     @property
     def rank0_builds(self) -> bool:
         """By default only rank 0 builds the whole model and the engine shards it out: FSDP (accelerate's
-        cpu_ram_efficient_loading) and ZeRO-3 (zero.Init, accelerate's zero3_init_flag). train.rank0_builds applies
-        the run's opt-outs. Not under TP: every rank builds the whole model and its TP group splits it."""
-        return (self.engine == "fsdp" and not self.tensor_parallel) or self.zero_stage == 3
+        cpu_ram_efficient_loading) and ZeRO-3 (zero.Init, accelerate's zero3_init_flag). Under TP each TP group's
+        first rank (a node's first process) builds it and the split scatters its slices to the others
+        (parallel/tensor_parallel.py). run/construction.rank0_builds applies the run's opt-outs."""
+        return self.engine == "fsdp" or self.zero_stage == 3 or self.tensor_parallel
+
+    def construction_shard_ranks(self, world: int, per_node: int) -> int:
+        """The ranks the builder's copy is split over while the model is built: TP's group (the node's processes),
+        or the ranks the engine shards over."""
+        return self.tp_size(world, per_node) if self.tensor_parallel else self.shard_ranks(world, per_node)
 
     def offloads_state(self, kind: str) -> bool:
         return kind in self.offload

@@ -105,15 +105,15 @@ def _rowwise(module, mesh) -> None:
 
 
 def _replicate(module, mesh, converted: dict) -> None:
-    """Every rank holds the whole parameter (a Replicate DTensor; tied parameters stay one tensor) and computes on
-    whole inputs."""
+    """Every rank holds the whole parameter (a Replicate DTensor, the group's first rank's broadcast; tied parameters
+    stay one tensor) and computes on whole inputs."""
     import torch
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     for name, param in list(module.named_parameters(recurse=False)):
         if id(param) not in converted:
             converted[id(param)] = torch.nn.Parameter(
-                DTensor.from_local(param.data, mesh, [Replicate()], run_check=False), requires_grad=param.requires_grad)
+                distribute_tensor(param.data, mesh, [Replicate()]), requires_grad=param.requires_grad)
         setattr(module, name, converted[id(param)])
 
     def inputs(m, args):
@@ -168,8 +168,11 @@ def _vocab_parallel_lookup(embedding, input_ids):
 
 
 def apply_tensor_parallel(model, mesh, spec):
-    """Split `model` (a causal LM of family `spec`, whole on every rank, the same weights) over the 1-D TP `mesh` in
-    place, by the family's tp_plan; returns it. Every parameter becomes a DTensor (tp_placements lists them)."""
+    """Split `model` (a causal LM of family `spec`) over the 1-D TP `mesh` in place, by the family's tp_plan; returns
+    it. Every parameter becomes a DTensor on the mesh's device (tp_placements lists them), its values the group's
+    first rank's: distribute_tensor scatters (or broadcasts) from there, so the other ranks may hold no weights
+    (run/construction.builds_whole), and a model on the host reaches the device one tensor at a time. Its buffers stay
+    where they are."""
     tp = mesh.size()
     if model.config.num_attention_heads % tp:
         raise ValueError(f"TP {tp} does not divide the {model.config.num_attention_heads} attention heads")

@@ -101,8 +101,7 @@ def estimate_rows(opts) -> tuple[ModelShape, int, float, list[Row]]:
                 verdict = fit(sized, device_bytes, host_bytes, mem)
                 rows.append(Row(strategy.name, optimizer.name, b, memory=mem.as_dict(),
                                 host_per_node=verdict.host_per_node, fits=verdict.fits, max_per_device_train_batch_size=best,
-                                construction_per_node=construction_host_bytes(shape, per_node, plan.rank0_builds,
-                                                                              plan.shard_ranks),
+                                construction_per_node=plan.construction_per_node,
                                 construction_per_node_full_copies=construction_host_bytes(shape, per_node, False, 1)))
     return shape, seq, device_bytes, rows
 
@@ -174,7 +173,8 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"total/GPU = (model states + activation peak + comm buffers) x {1 + FRAGMENTATION:g} (allocator "
         f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",
         "host/node = offloaded states of every GPU on the node + building the model: one full fp32 copy per process, "
-        "except fsdp* (rank 0 builds it and shards it out: one copy + a shard per other process; docs/estimate.md)",
+        "except fsdp*, zero3* (rank 0 builds it and shards it out: one copy + a shard per other process) and tp, "
+        "fsdp_tp (each node's first process builds it, its TP group takes its slices; docs/estimate.md)",
         "not modelled: CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
     ] + ([f"megatron* rows: TP x PP x CP x DP = --gpus, the busiest pipeline stage with "
           f"{opts.gradient_accumulation_steps} micro-batch(es) per step ("

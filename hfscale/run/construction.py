@@ -39,12 +39,24 @@ def zero3_init(args, strategy) -> bool:
 def rank0_builds(args, strategy) -> bool:
     """Only rank 0 builds the whole model; the engine shards it out from there and the other ranks build theirs
     without weights: FSDP with cpu_ram_efficient_loading (hfscale's default; fsdp2_prepare_model broadcasts rank 0's
-    weights), and ZeRO-3 with zero3_init_flag for models hfscale initialises (models.partition_zero3)."""
+    weights), ZeRO-3 with zero3_init_flag for models hfscale initialises (models.partition_zero3), and TP, whose split
+    scatters each TP group's first rank's slices (builds_whole)."""
     if strategy is None or not strategy.rank0_builds:
         return False
+    if strategy.tensor_parallel:
+        return True
     if strategy.engine == "fsdp":
         return str((args.fsdp_config or {}).get("cpu_ram_efficient_loading")).lower() == "true"
     return zero3_init(args, strategy)
+
+
+def builds_whole(args, strategy) -> bool:
+    """Whether this rank builds the model with its weights: every rank, or under rank0_builds only the rank the engine
+    takes them from - process 0, or under TP each TP group's first rank (a node's first process: the group is the
+    node's processes, parallel/distributed.tensor_parallel_config), the source of the split's scatters."""
+    if not rank0_builds(args, strategy):
+        return True
+    return (args.local_process_index if strategy.tensor_parallel else args.process_index) == 0
 
 
 def share_rank0_buffers(model, device) -> None:
@@ -79,8 +91,8 @@ def plain_construction(args, strategy):
 
 
 def build(model_args, args, shape, tokenizer, strategy=None):
-    """The model, on every rank: whole, or (rank0_builds, ranks other than 0) without weights until the engine
-    shards rank 0's; under ZeRO-3 with zero3_init_flag, partitioned before it returns. strategy None: whole
+    """The model, on every rank: whole, or (rank0_builds, ranks other than the builder: builds_whole) without weights
+    until the engine or TP's split shards the builder's; under ZeRO-3 with zero3_init_flag, partitioned before it returns. strategy None: whole
     everywhere (benchmarks/plain_trainer.py)."""
     import torch
 
@@ -90,7 +102,7 @@ def build(model_args, args, shape, tokenizer, strategy=None):
         with plain_construction(args, strategy):
             return load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
                                    model_args.attn_implementation)[0]
-    without_weights = rank0_builds(args, strategy) and args.process_index != 0
+    without_weights = not builds_whole(args, strategy)
     if model_args.model_name_or_path:
         if without_weights:
             model = pretrained_on_meta(model_args.model_name_or_path, model_args.trust_remote_code,
