@@ -20,7 +20,7 @@ from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
                       check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option,
-                      float8_of, precision_from_options, recompute_of, shape_from_options, strategies_and_families)
+                      float8_of, grid_options, precision_from_options, shape_from_options, strategies_and_families)
 
 
 @dataclass
@@ -183,8 +183,9 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
           + "), 16-bit weights, fp32 gradients, masters and Adam (megatron-deepspeed"
           + (", and megatron with its distributed optimizer" if opts.use_distributed_optimizer else "")
           + ": ZeRO-1 over DP x CP), activations per "
-          f"Korthikanti et al. 2022 (recompute {recompute_of(opts)}, sequence parallel "
-          f"{'on' if opts.sequence_parallel else 'off'}, attention scores "
+          f"Korthikanti et al. 2022 at the model's widths (recompute "
+          f"{grid_options(opts, opts.activation_checkpointing).recompute}, sequence parallel "
+          f"{'on' if opts.sequence_parallel else 'off'}, dropout {'on' if opts.dropout else 'off'}, attention scores "
           f"{'kept (eager)' if opts.attn_implementation == 'eager' else 'not kept (a fused kernel)'}; "
           "CP: a GPU's 1/CP of each sequence); "
           "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]

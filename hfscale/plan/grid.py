@@ -117,6 +117,17 @@ class GridOptions:
     distributed_optimizer: bool = False
     dropout: float | None = None  # None: the measured run's (Baseline.dropout)
 
+    def plan(self, family: str, optimizer: str, shape: ModelShape, seq_len: int, *, tp: int, pp: int, cp: int, dp: int,
+             micro_batch: int, micro_batches: int, processes_per_node: int, precision: str, flash_attention: bool,
+             dropout: bool = False) -> GridPlan:
+        """The layout these flags describe at one (TP, PP, CP, DP) and batch: the one place the planners' flags
+        become a GridPlan (`dropout`: the measured run's, where the flags name none)."""
+        return GridPlan(family, optimizer, shape, seq_len, tp=tp, pp=pp, dp=dp, per_device_train_batch_size=micro_batch,
+                        gradient_accumulation_steps=micro_batches, processes_per_node=processes_per_node,
+                        precision=precision, recompute=self.recompute, sequence_parallel=self.sequence_parallel, cp=cp,
+                        vp=self.vp, flash_attention=flash_attention, distributed_optimizer=self.distributed_optimizer,
+                        dropout=dropout if self.dropout is None else self.dropout > 0)
+
 
 def powers_of_two(limit: int) -> list[int]:
     return [2 ** k for k in range(limit.bit_length()) if 2 ** k <= limit]

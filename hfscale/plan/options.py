@@ -12,7 +12,7 @@ from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
 from ..parallel.strategies import all_strategies, get_strategy
 from ..runplan import RunPlan, compute_precision, fit  # noqa: F401 - fit: the planners' one verdict
-from .grid import FAMILIES, GridPlan, split_strategy_names
+from .grid import FAMILIES, GridOptions, GridPlan, split_strategy_names
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2")
 
@@ -182,9 +182,11 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
                            "recomputes: turn that on, or leave the granularity out")
 
 
-def recompute_of(opts) -> str:
-    """Megatron's recomputation for these options: none without --activation_checkpointing."""
-    return opts.recompute_granularity if opts.activation_checkpointing else "none"
+def grid_options(opts, checkpointing: bool) -> GridOptions:
+    """What the 3D layout flags (add_grid_flags) say, for a run with or without activation checkpointing: Megatron
+    recomputes nothing without it."""
+    return GridOptions(opts.tp, opts.pp, opts.recompute_granularity if checkpointing else "none",
+                       opts.sequence_parallel, opts.cp, opts.vp, opts.use_distributed_optimizer, opts.dropout)
 
 
 def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int, gpus_per_node: int,
@@ -192,13 +194,11 @@ def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int,
               shape: ModelShape | None = None, cp: int = 1) -> GridPlan:
     """The 3D layout the options describe on `gpus` GPUs (DP = GPUs / (TP x PP x CP), which the caller has checked)."""
     shape = shape or shape_from_options(opts)
-    return GridPlan(family, optimizer, shape, resolve_seq_len(shape, opts.seq_len), tp=tp, pp=pp,
-                    dp=max(1, gpus // (tp * pp * cp)), per_device_train_batch_size=per_device_train_batch_size,
-                    gradient_accumulation_steps=gradient_accumulation_steps, processes_per_node=gpus_per_node,
-                    precision=precision_from_options(opts), recompute=recompute_of(opts),
-                    sequence_parallel=opts.sequence_parallel, cp=cp, vp=opts.vp,
-                    flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager",
-                    distributed_optimizer=opts.use_distributed_optimizer, dropout=bool(opts.dropout))
+    return grid_options(opts, opts.activation_checkpointing).plan(
+        family, optimizer, shape, resolve_seq_len(shape, opts.seq_len), tp=tp, pp=pp, cp=cp,
+        dp=max(1, gpus // (tp * pp * cp)), micro_batch=per_device_train_batch_size,
+        micro_batches=gradient_accumulation_steps, processes_per_node=gpus_per_node,
+        precision=precision_from_options(opts), flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager")
 
 
 def optimizers_option(text: str) -> list:

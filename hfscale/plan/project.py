@@ -29,10 +29,10 @@ from ..models import MODEL_OVERRIDES
 from ..parallel.strategies import get_strategy
 from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
-from .grid import FAMILIES, GridOptions
+from .grid import FAMILIES
 from .links import add_link_flags, collectives_line, fabric_line, links_from, meeting_line
 from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
-                      check_whole_nodes, device_memory_bytes, float8_of, strategies_and_families)
+                      check_whole_nodes, device_memory_bytes, float8_of, grid_options, strategies_and_families)
 from .projection import (Point, best, grid_model_error, knee, optimizer_step_s, powersgd_step_s, project,
                          project_grids, published_error, published_held_out, strategy_error, tp_projection_refusal,
                          with_float8)
@@ -118,11 +118,8 @@ def run_projection(opts):
             raise HfscaleError(next(iter(refused.values())))
         base = replace(base, float8_left_out=refused)
     points = project(base, strategies, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size)
-    grid_opts = GridOptions(opts.tp, opts.pp, opts.recompute_granularity if base.plan.activation_checkpointing
-                            else "none", opts.sequence_parallel, opts.cp, opts.vp, opts.use_distributed_optimizer,
-                            opts.dropout)
     points += project_grids(base, families, gpus, opts.gpus_per_node, links, opts.token_budget, opts.global_batch_size,
-                            grid_opts)
+                            grid_options(opts, base.plan.activation_checkpointing))
     if not points and opts.global_batch_size:
         raise HfscaleError(f"--global_batch_size {opts.global_batch_size} is not a multiple of MBS x GPUs for any of "
                            f"--gpus {opts.gpus}")

@@ -300,7 +300,6 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
     plan0 = base.plan
     mbs = plan0.per_device_train_batch_size
     flash = plan0.attention != "eager"  # the measured run's attention: a fused kernel keeps no scores
-    dropout = base.dropout if grid_opts.dropout is None else grid_opts.dropout > 0  # the measured run's, by default
     fixed = bool(grid_opts.tp or grid_opts.pp or grid_opts.cp)
     tps = comma_list(grid_opts.tp, "--tp", int) if grid_opts.tp else None
     pps = comma_list(grid_opts.pp, "--pp", int) if grid_opts.pp else None
@@ -318,12 +317,10 @@ def project_grids(base: Baseline, families: list[str], gpus: list[int], gpus_per
                 dp = n // (tp * pp * cp)
                 if gbs % (mbs * dp):
                     continue  # the global batch does not split into whole micro-batches per pipeline
-                plan = GridPlan(family, "adamw", plan0.shape, plan0.seq_len, tp=tp, pp=pp, dp=dp,  # Megatron's Adam
-                                per_device_train_batch_size=mbs, gradient_accumulation_steps=gbs // (mbs * dp),
-                                processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
-                                recompute=grid_opts.recompute, sequence_parallel=grid_opts.sequence_parallel,
-                                cp=cp, vp=grid_opts.vp, flash_attention=flash,
-                                distributed_optimizer=grid_opts.distributed_optimizer, dropout=dropout)
+                plan = grid_opts.plan(family, "adamw", plan0.shape, plan0.seq_len, tp=tp, pp=pp, cp=cp, dp=dp,
+                                      micro_batch=mbs, micro_batches=gbs // (mbs * dp),  # Megatron's Adam
+                                      processes_per_node=min(n, gpus_per_node), precision=plan0.precision,
+                                      flash_attention=flash, dropout=base.dropout)
                 if plan.refusal():
                     continue
                 series = plan.name if fixed else family
