@@ -226,7 +226,8 @@ class RunPlan:
     def construction_per_node(self) -> int:
         """Host RAM of the busiest node while the model is built (formulas.memory.construction_host_bytes)."""
         return construction_host_bytes(self.shape, self.processes_per_node, self.rank0_builds,
-                                       self.strategy.construction_shard_ranks(self.world_size, self.processes_per_node))
+                                       self.strategy.construction_shard_ranks(self.world_size, self.processes_per_node),
+                                       shards_on_host=not (self.strategy.tensor_parallel and self.on_cuda))
 
     def host_states_per_node(self, mem: RankMemory) -> int:
         """The model states this node's processes keep in host RAM: every component on the CPU route (its device is

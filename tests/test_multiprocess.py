@@ -293,7 +293,8 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("ddp_powersgd", "adafactor"): "llama:ddp_powersgd-adafactor"}  # test_llama.py's, on tiny-llama
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
 _RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
-_RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items() if (s, o) not in _RUN_ELSEWHERE})
+_RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items()
+                       if (s, o) not in _RUN_ELSEWHERE and s != "tp"})  # tp's pair is its float8 run (pair_result)
 PAIRS = [(s, o) for s in all_strategies() for o in OPTIMIZERS]
 
 

@@ -321,16 +321,17 @@ def rank_memory(plan) -> RankMemory:
     return mem
 
 
-def construction_host_bytes(shape: ModelShape, processes_per_node: int, rank0_builds: bool, shard_ranks: int) -> int:
+def construction_host_bytes(shape: ModelShape, processes_per_node: int, rank0_builds: bool, shard_ranks: int,
+                            shards_on_host: bool = True) -> int:
     """Host RAM of the busiest node while the model is built and sharded: a full fp32 copy per process, or - when
     only rank 0 builds it and the engine shards it out from there (fsdp* with accelerate's cpu_ram_efficient_loading,
     zero3* under zero.Init; under TP each node's first process, whose split scatters the TP slices) - one full copy
-    on it and a 1/shard_ranks shard on each other process of its node (on the host on a CPU run; a GPU run's TP slices
-    go to the GPU, so there it is an upper bound)."""
+    on it and a 1/shard_ranks shard on each other process of its node, where those shards are kept on the host
+    (`shards_on_host`: not a GPU run's TP slices, which the split sends to the GPU)."""
     P = sum(t.numel for t in parameter_tensors(shape))
     if not rank0_builds:
         return processes_per_node * 4 * P
-    return 4 * P + (processes_per_node - 1) * 4 * ceil(P / shard_ranks)
+    return 4 * P + (processes_per_node - 1) * 4 * ceil(P / shard_ranks) * shards_on_host
 
 
 def max_micro_batch(fits, limit: int = 1 << 16) -> int:
