@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import load_benchmark
-from hfscale.models import PRESETS, build_model
+from hfscale.models import FAMILIES, PRESETS, build_model
 
 RANDOM_INITS = ("normal_", "uniform_")
 
@@ -69,3 +69,18 @@ def test_a_model_built_on_the_meta_device_draws_nothing():
         model, drawn = drawn_elements(lambda: build_model(PRESETS["tiny"], seed=0))
     assert drawn == 0 and all(p.is_meta for p in model.parameters())
     assert model.lm_head.weight is model.get_input_embeddings().weight
+
+
+def test_each_familys_dropout_keys_are_what_its_config_sets_from_dropout():
+    """results.json's model.dropout reads the family's dropout_keys (run/record.config_dropout): every key hf_config
+    sets from --dropout, and no other."""
+    from hfscale.models.build import hf_config
+    from hfscale.run.record import config_dropout
+
+    for spec in FAMILIES.values():
+        shape = next(iter(spec.presets.values()))
+        config = hf_config(shape, 0.3)
+        assert spec.dropout_keys and all(getattr(config, key) == 0.3 for key in spec.dropout_keys), spec.name
+        set_keys = {k for k, v in config.to_dict().items() if v == 0.3}
+        assert set_keys == set(spec.dropout_keys), (spec.name, set_keys)
+        assert config_dropout(config, spec) == 0.3 and config_dropout(hf_config(shape, 0.0), spec) == 0.0

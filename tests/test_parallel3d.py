@@ -473,3 +473,25 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     assert (model["family"], model["n_kv_head"], model["tied"], model["ffn"]) == ("llama", 4, False, 5632)
     project.main([str(imported), "--gpus", "16,32", *links])
     assert {p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]} == {16, 32}
+
+
+def test_megatron_layouts_projected_from_a_run_keep_its_dropout_masks(tmp_path, capsys):
+    """A run records its model's dropout (results.json model.dropout: hfscale's runs train without); the 3D layouts
+    projected from it keep dropout masks only where it had them (--dropout overrides)."""
+    from conftest import parity_runs
+
+    run = parity_runs()["runs"]["ddp"]
+    assert run["model"]["dropout"] == 0.0
+    sizes = {}
+    for dropout in (0.0, 0.1):
+        folder = tmp_path / f"dropout-{dropout}"
+        folder.mkdir()
+        record = json.loads((Path(run["output_dir"]) / "results.json").read_text())
+        record["model"]["dropout"] = dropout
+        (folder / "results.json").write_text(json.dumps(record))
+        project.main([str(folder / "results.json"), "--strategy", "megatron", "--tp", "2", "--gpus", "2", "--json"])
+        sizes[dropout] = json.loads(capsys.readouterr().out)["points"][0]["total_per_gpu"]
+    assert sizes[0.1] > sizes[0.0]
+    project.main([str(tmp_path / "dropout-0.1" / "results.json"), "--strategy", "megatron", "--tp", "2", "--gpus",
+                  "2", "--dropout", "0", "--json"])
+    assert json.loads(capsys.readouterr().out)["points"][0]["total_per_gpu"] == sizes[0.0]

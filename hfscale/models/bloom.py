@@ -57,6 +57,8 @@ class Bloom(Family):
             raise HfscaleError(f"BLOOM has one key/value head per query head ({shape.n_head}); --num_key_value_heads "
                                "is for Llama")
 
+    dropout_keys = ("hidden_dropout", "attention_dropout")
+
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import BloomConfig
 

@@ -76,6 +76,7 @@ class Family(ABC):
     final_norm: str  # the norm after the last block (a module path)
     sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
+    dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # module inside a block -> how tensor parallelism splits it (parallel/tensor_parallel.py applies it): colwise (by
     # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split)
     tp_plan: dict[str, str]

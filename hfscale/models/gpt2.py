@@ -49,6 +49,8 @@ class GPT2(Family):
                 ("transformer.ln_f.weight", (h,)), ("transformer.ln_f.bias", (h,)),
                 *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
 
+    dropout_keys = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import GPT2Config
 

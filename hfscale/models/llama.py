@@ -72,6 +72,8 @@ class Llama(Family):
                                f"(grouped-query attention shares each among a whole number of query heads); choose a "
                                f"divisor of {shape.n_head}")
 
+    dropout_keys = ("attention_dropout",)
+
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import LlamaConfig
 

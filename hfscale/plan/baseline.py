@@ -34,7 +34,7 @@ class Baseline:
     float8: str | None = None  # --fp8 on a run measured without it: the recipe the projected points train with
     float8_step: Float8Step | None = None  # ... and what it does to their compute (formulas/float8)
     float8_left_out: dict[str, str] = field(default_factory=dict)  # strategies not projected with it: the reason
-    dropout: bool = False  # its layers kept dropout masks: a Megatron log's own (hfscale's runs train without)
+    dropout: bool = False  # its layers kept dropout masks (the run's model config; a Megatron log's arguments)
 
     @property
     def compute_factor(self) -> float:
@@ -89,7 +89,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
         device_bytes = device_bytes * GB if device_bytes else None
     return Baseline(plan, [s, min(spread + [s]), max(spread + [s])], str(path), cfg.powersgd_rank,
                     overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes,
-                    device=None if on_cpu else device_key(env.device_name or ""))
+                    device=None if on_cpu else device_key(env.device_name or ""), dropout=bool(data.model.dropout))
 
 
 def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:

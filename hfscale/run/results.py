@@ -104,6 +104,7 @@ class ModelRecord(_Section):
     params_bigscience: int | None = None
     params_model: int | None = None  # sum of numel: the report's Size
     params_trainable: int | None = None
+    dropout: float | None = None  # the model's largest dropout probability (null in files of earlier runs: 0)
     extra: dict = field(default_factory=dict)
 
     def shape(self) -> ModelShape:
