@@ -81,10 +81,9 @@ def grid_refusal(shape: ModelShape, grid: Grid, gpus_per_node: int) -> str | Non
         return f"TP {grid.tp}, PP {grid.pp}, VP {grid.vp}, CP {grid.cp} and DP {grid.dp} must each be at least 1"
     if grid.tp > gpus_per_node:
         return f"TP {grid.tp} spans more than one node of {gpus_per_node} GPUs (its all-reduces run every block)"
-    if shape.n_head % grid.tp or shape.ffn_size % grid.tp:
-        return f"TP {grid.tp} does not divide the {shape.n_head} attention heads and the MLP ({shape.ffn_size})"
-    if shape.kv_heads % grid.tp:
-        return f"TP {grid.tp} does not divide the {shape.kv_heads} key/value heads"
+    split = shape.spec.tp_refusal(shape, grid.tp)  # whole query and key/value heads a rank, as hfscale's own TP
+    if split:
+        return split
     if grid.pp > shape.n_layer:
         return f"PP {grid.pp} is more stages than the {shape.n_layer} layers"
     if shape.n_layer % grid.pp and not grid.uneven_stages:
