@@ -50,6 +50,7 @@ class Llama(Family):
         "llama-3.2-3b": _llama(28, 3072, 24, 8, 8192, LLAMA3_VOCAB, 131072, True, 500000.0),
         "llama-3.1-8b": _llama(32, 4096, 32, 8, 14336, LLAMA3_VOCAB, 131072, False, 500000.0),
         "llama-3.1-70b": _llama(80, 8192, 64, 8, 28672, LLAMA3_VOCAB, 131072, False, 500000.0),
+        "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, LLAMA3_VOCAB, 131072, False, 500000.0),
     }
 
     def default_ffn(self, hidden):
