@@ -54,15 +54,45 @@ def shape_of(dataset: dict, row: dict):
                       model["seq"], ffn=model.get("ffn"), n_kv_head=model.get("kv_heads"), tied=model.get("tied"))
 
 
-def published_tflops(dataset: dict, row: dict) -> float:
-    """The row's TFLOPs per GPU in the record's convention: as printed, or from the tokens/s per GPU it printed."""
+def published_tflops(dataset: dict, row: dict, device: str | None = None) -> float:
+    """The row's TFLOPs per GPU in the record's convention: as printed (per GPU, or the aggregate over its GPUs), or
+    from the speed it printed in another form (published_tokens_per_s_per_gpu)."""
     from hfscale.formulas.parallel3d import hardware_flops_per_sequence
 
     if "tflops_per_gpu" in row:
         return row["tflops_per_gpu"]
+    if "aggregate_pflops" in row:
+        return row["aggregate_pflops"] * 1e3 / row["gpus"]
     seq = dataset["model"]["seq"]
-    return row["tokens_per_s_per_gpu"] / seq * hardware_flops_per_sequence(shape_of(dataset, row), seq,
-                                                                              recompute_of(dataset, row)) / 1e12
+    return (published_tokens_per_s_per_gpu(dataset, row, device) / seq
+            * hardware_flops_per_sequence(shape_of(dataset, row), seq, recompute_of(dataset, row)) / 1e12)
+
+
+def published_tokens_per_s_per_gpu(dataset: dict, row: dict, device: str | None = None) -> float:
+    """Tokens/s per GPU from whichever speed a source printed: per GPU, in total, as a step time over the global
+    batch, as sequences/s, as compute-days to 100B tokens, or as MFU (hfscale's model FLOPs per token - 3 x the
+    forward, Korthikanti et al.'s 72 l h^2 (1 + s/6h + V/12lh) for GPT - at the dense peak of `device`, a
+    formulas/peaks key, in the set's precision)."""
+    from hfscale.formulas.metrics import training_flops_per_sequence
+    from hfscale.formulas.peaks import PEAK_TFLOPS
+
+    seq, gpus = dataset["model"]["seq"], row["gpus"]
+    if "tokens_per_s_per_gpu" in row:
+        return row["tokens_per_s_per_gpu"]
+    if "tokens_per_s" in row:
+        return row["tokens_per_s"] / gpus
+    if "step_s" in row:
+        return seq * row["global_batch"] / row["step_s"] / gpus
+    if "sequences_per_s" in row:
+        return row["sequences_per_s"] * seq / gpus
+    if "days_100b" in row:
+        return 100e9 / (row["days_100b"] * 86400) / gpus
+    if "mfu" in row and device is not None:
+        peak = PEAK_TFLOPS[device][dataset["precision"]] * 1e12
+        model, _ = training_flops_per_sequence(shape_of(dataset, row), seq, False)
+        return row["mfu"] * peak / (model / seq)
+    raise ValueError(f"{dataset['name']}: a row at {gpus} GPUs prints no speed hfscale reads (tflops_per_gpu, "
+                     "aggregate_pflops, tokens_per_s_per_gpu, tokens_per_s, step_s, sequences_per_s, days_100b, mfu)")
 
 
 def recompute_of(dataset: dict, row: dict) -> str:
@@ -99,7 +129,7 @@ def project_3d(dataset: dict, links, gpus_per_node: int, device: str) -> list[fl
         return flops / step.total_s / row["gpus"] / 1e12
 
     base = dataset["rows"][dataset["baseline"]]
-    rate = _bisect(lambda r: tflops(base, r), published_tflops(dataset, base))
+    rate = _bisect(lambda r: tflops(base, r), published_tflops(dataset, base, device))
     return [tflops(row, rate) for row in dataset["rows"]]
 
 
@@ -146,14 +176,14 @@ def project_data_parallel(dataset: dict, links, gpus_per_node: int, device: str)
         return RunPlan(strategy, optimizer, shape_of(dataset, row), seq,
                        per_device_train_batch_size=row["micro_batch"], gradient_accumulation_steps=micro,
                        world_size=row["gpus"], processes_per_node=gpus_per_node, precision=dataset["precision"],
-                       activation_checkpointing=dataset["recompute"] != "none", float8=dataset.get("float8"))
+                       activation_checkpointing=recompute_of(dataset, row) != "none", float8=dataset.get("float8"))
 
     def flops_per_sample(row: dict) -> float:  # the source's convention (published_record.json: flops_convention)
-        return hardware_flops_per_sequence(shape_of(dataset, row), seq, dataset["recompute"])
+        return hardware_flops_per_sequence(shape_of(dataset, row), seq, recompute_of(dataset, row))
 
     base_row = dataset["rows"][dataset["baseline"]]
     base_plan = plan_of(base_row)
-    s = flops_per_sample(base_row) * base_row["global_batch"] / (published_tflops(dataset, base_row) * 1e12
+    s = flops_per_sample(base_row) * base_row["global_batch"] / (published_tflops(dataset, base_row, device) * 1e12
                                                                  * base_row["gpus"])
     base = Baseline(base_plan, [s] * 3, dataset["name"], device=device)
     compute = micro_compute_s(base_plan, base, s, links, engine_pattern(dataset, base_plan))
@@ -179,7 +209,7 @@ def evaluate(data: dict) -> list[dict]:
         projected = (project_3d(dataset, links, per_node, device) if dataset["family"] == "3D" else
                      project_data_parallel(dataset, links, per_node, device))
         for i, (row, tflops) in enumerate(zip(dataset["rows"], projected)):
-            published = published_tflops(dataset, row)
+            published = published_tflops(dataset, row, device)
             rows.append({"set": dataset["name"], "family": dataset["family"], "gpus": row["gpus"],
                          "params_b": row["params_b"], "published_tflops": round(published, 2),
                          "projected_tflops": round(tflops, 2), "error": round(tflops / published - 1, 4),

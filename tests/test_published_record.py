@@ -43,6 +43,29 @@ def test_the_transcription_is_consistent():
                 assert row["global_batch"] % (row["micro_batch"] * data_parallel) == 0
 
 
+def test_a_speed_printed_in_any_form_reads_as_the_same_tflops():
+    """A source prints its speed as TFLOPs per GPU or in total, tokens/s per GPU or in total, a step time, sequences/s,
+    compute-days to 100B tokens or MFU: with the per-GPU figure the record derived left out, every other form a row
+    carries gives the same TFLOPs per GPU (a set that prints only one of them needs nothing derived)."""
+    from hfscale.formulas.peaks import device_key
+
+    forms = ("tokens_per_s", "step_s", "sequences_per_s", "days_100b", "mfu", "aggregate_pflops")
+    checked = set()
+    for dataset in DATA["sets"]:
+        device = device_key(DATA["systems"][dataset["system"]]["device"])
+        for row in dataset["rows"]:
+            derived = RECORD.published_tflops(dataset, row, device)
+            for form in (f for f in forms if f in row):
+                alone = {k: v for k, v in row.items() if k not in ("tflops_per_gpu", "tokens_per_s_per_gpu")
+                         and (k == form or k not in forms)}
+                # to the source's printed precision (4.4 PFLOP/s over 32 GPUs for 137 TFLOPs)
+                assert RECORD.published_tflops(dataset, alone, device) == pytest.approx(derived, rel=0.01), (form, row)
+                checked.add(form)
+    assert checked == set(forms)
+    with pytest.raises(ValueError, match="prints no speed hfscale reads"):
+        RECORD.published_tflops(DATA["sets"][0], {"gpus": 8})
+
+
 def test_every_engine_description_is_one_the_step_model_reads():
     """A set's `collectives` (an engine that is not hfscale's strategy): each a ring collective the model times, once a
     step or every micro-batch, beside a phase of the compute or none, in pieces or Megatron's buckets. Every ZeRO-1 set
