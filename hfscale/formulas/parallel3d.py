@@ -257,7 +257,7 @@ def stage_memory(run: GridRun, stage: int) -> RankMemory:
     flight = run.in_flight(stage)
     kept = flight * layers * per_layer
     peak_extra = 0.0
-    if stage == 0 and run.dropout:  # the embedding's dropout mask, 1 byte an element, per micro-batch its first chunk holds
+    if stage == 0 and run.dropout:  # the embedding's dropout mask, 1 byte an element, per micro-batch in flight
         kept += min(grid.pp, run.micro_batches) * tokens * b * h / split
     if stage == grid.pp - 1:
         logits = 4 * tokens * b * padded_vocab(shape.vocab, grid.tp) / grid.tp
