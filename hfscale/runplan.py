@@ -88,6 +88,9 @@ class RunPlan:
     float8: str | None = None  # --fp8: the blocks' linear layers in float8 by this torchao recipe (run/float8.py)
     kv_cache: bool = False  # the forward keeps transformers' KV cache: never in hfscale's runs since run/forward.py
     logits_output: bool = False  # the forward returns the logits beside the loss: never in hfscale's runs since then
+    # accelerate's gradient_accumulation_kwargs.sync_each_batch: gradients reduced every micro-batch (no no_sync), so
+    # fsdp* keep their gradients sharded while accumulating, for a reduce-scatter per micro-batch
+    sync_each_batch: bool = False
 
     def __post_init__(self):
         for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
@@ -117,6 +120,12 @@ class RunPlan:
     @property
     def rank0_builds(self) -> bool:
         return rank0_builds(self.strategy, self.float8)
+
+    @property
+    def unreduced_micro_batches(self) -> int:
+        """Micro-batches whose gradients accumulate before they are reduced: the accumulation under accelerate's
+        no_sync, one under sync_each_batch."""
+        return 1 if self.sync_each_batch else self.gradient_accumulation_steps
 
     @property
     def float8_all_gather(self) -> bool:

@@ -315,6 +315,23 @@ def bf16_result(strategy: str) -> dict:
     return shared_run(key, make)
 
 
+# accelerate's gradient_accumulation_kwargs.sync_each_batch, as a run takes it
+SYNC_EACH_BATCH = ["--accelerator_config", '{"gradient_accumulation_kwargs": {"sync_each_batch": true}}']
+
+
+def fsdp_sync_result() -> dict:
+    """fsdp's bf16 run (its flags and launch) reducing every micro-batch's gradients (SYNC_EACH_BATCH)."""
+    def make(folder):
+        cmd, cwd = bf16_command("fsdp", folder, *SYNC_EACH_BATCH)
+        proc = run(cmd, cwd=cwd)
+        assert proc.returncode == 0, f"run failed (fsdp, sync_each_batch):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        results = json.loads((folder / "results.json").read_text())
+        assert results["status"] == "ok"
+        return results
+
+    return shared_run("fsdp-bf16-sync", make)
+
+
 def parity_runs() -> dict:
     """One `hfscale parity` over the sharded strategies (it runs ddp as the reference), fp32, 20 steps, every step
     logged, final weights gathered: {"proc": {returncode, stdout, stderr}, "report": parity.json, "runs": {strategy:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import bf16_args, bf16_result
+from conftest import SYNC_EACH_BATCH, bf16_args, bf16_result, fsdp_sync_result
 from hfscale.formulas import comm
 from hfscale.formulas.tensors import block_numel, parameter_tensors
 from hfscale.run.collectives import bytes_by_kind, collectives_of, tally
@@ -124,3 +124,29 @@ def test_the_engines_send_their_gradients_in_the_pieces_the_model_says(strategy)
     for counted in res["communication"]["per_rank"]:
         sent = sum(c["count"] for c in counted if c["kind"] in kinds and (c["elements"] or 0) > 2)
         assert modelled <= sent <= modelled + spare, (sent, modelled, kinds)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_reducing_every_micro_batch_sends_and_holds_what_the_model_says():
+    """Under accelerate's sync_each_batch (--accelerator_config gradient_accumulation_kwargs) the Trainer runs no
+    micro-batch under no_sync: FSDP2 reduce-scatters every micro-batch's gradients (twice the bytes at GAS 2) and keeps
+    only its shard between them, where no_sync keeps a whole copy (tests/test_gradient_partitions.py) - what the plan
+    counts for it, to the byte and in memory, and the same training as the no_sync run up to bf16's rounding."""
+    from hfscale.plan.projection import pattern_of
+    from hfscale.train import check_args
+
+    res = fsdp_sync_result()
+    plan = check_args([*bf16_args("fsdp", Path("unused")), *SYNC_EACH_BATCH])[3].plan.but(world_size=2,
+                                                                                         processes_per_node=2)
+    assert plan.sync_each_batch and res["config"]["sync_each_batch"]
+    modelled = pattern_of(plan).messages_per_step(plan.gradient_accumulation_steps)
+    for counted in res["communication"]["per_rank"]:
+        assert bytes_by_kind(counted, 2) == modelled
+    assert modelled["reduce_scatter"] == 2 * 2 * res["model"]["params_model"]  # bf16, every one of 2 micro-batches
+    full = 4 * res["model"]["params_model"]  # the fp32 gradients' bytes
+    accumulating = res["memory"]["gradients_accumulating_per_rank"]
+    assert all(0.45 * full < g < 0.55 * full for g in accumulating), (accumulating, full)
+    assert res["estimate"]["gradients"] == max(r["gradients"] for r in res["memory"]["model_states_per_rank"])
+    assert res["estimate"]["gradients"] == max(accumulating)
+    ours, theirs = ([h["loss"] for h in r["loss_history"]] for r in (res, bf16_result("fsdp")))
+    assert len(ours) == len(theirs) and max(abs(a / b - 1) for a, b in zip(ours, theirs)) < 5e-3

@@ -74,6 +74,39 @@ def test_the_optimizer_step_is_paid_once_a_step_by_what_each_rank_steps():
         assert gained == pytest.approx(0.0 if name == "ddp" else step * 7 / 8, abs=1e-6), name
 
 
+def test_reducing_every_micro_batch_trades_fsdps_whole_gradients_for_a_reduction_each(capsys):
+    """accelerate's sync_each_batch: fsdp keeps its gradient shards between micro-batches instead of a whole copy
+    (the memory a 70B model at GAS 8 cannot spare), and reduce-scatters every micro-batch (ddp all-reduces every
+    one): on a slow link between nodes that costs days, where the reductions hide nothing. The measured run's own
+    setting carries to the projected points unless `project --sync_each_batch` asks for it."""
+    from hfscale.plan.projection import pattern_of
+
+    fsdp, synced = _plan(8, "fsdp", gpus=16), _plan(8, "fsdp", gpus=16, sync_each_batch=True)
+    whole, sharded = fsdp.memory().gradients, synced.memory().gradients
+    assert sharded == _plan(1, "fsdp", gpus=16).memory().gradients and whole > 7 * sharded
+    for plan, per in ((fsdp, "step"), (synced, "micro")):
+        reductions = [c for c in pattern_of(plan).collectives if c.kind == "reduce_scatter"]
+        assert reductions and {c.per for c in reductions} == {per}
+    ddp = [c.per for c in pattern_of(_plan(8, "ddp", sync_each_batch=True)).collectives if c.kind == "all_reduce"]
+    assert ddp == ["micro"]
+    points = {}
+    for sync in (False, True):
+        base = replace(_base(8, "fsdp"), sync_each_batch=sync or None)
+        points[sync] = _days(project(base, [get_strategy("fsdp")], [8, 16], 8, (SLOW_INTER,) * 3, 1e11, None))
+    assert points[True][16] > points[False][16] and points[True][8] >= points[False][8]
+    from hfscale.plan import project as project_cli
+
+    per_gpu = {}
+    for extra in ([], ["--sync_each_batch"]):
+        project_cli.main(["--model", "bloom-7b1", "--tflops_per_gpu", "150", "--seq_len", "2048", "--bf16",
+                          "--gradient_accumulation_steps", "8", "--strategy", "fsdp", "--gpus", "16", "--device",
+                          "A100-80GB", "--json", *extra])
+        per_gpu[bool(extra)] = json.loads(capsys.readouterr().out)["points"][0]["total_per_gpu"]
+    from hfscale.formulas.memory import FRAGMENTATION
+
+    assert per_gpu[False] - per_gpu[True] == pytest.approx((whole - sharded) * (1 + FRAGMENTATION), rel=1e-6)
+
+
 def test_slow_inter_node_link_without_accumulation_makes_two_nodes_slower_and_gas_256_recovers():
     """The BigScience observation on bloom-7b: crossing nodes without gradient accumulation halved speed."""
     ddp = [get_strategy("ddp")]

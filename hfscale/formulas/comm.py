@@ -397,21 +397,23 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
                  units: int = 1,
                  reduce_buckets: int = 1, bucket_all_reduce: bool = True, persistent_param_bytes: float = 0.0,
                  regathered_param_bytes: float | None = None, norm_tensors: int = 0,
-                 block_gather_bytes: float | None = None, float8_scales: int = 0) -> CommPattern:
+                 block_gather_bytes: float | None = None, float8_scales: int = 0,
+                 sync_each_batch: bool = False) -> CommPattern:
     """The collectives of one strategy. `param_bytes`/`grad_bytes`: the whole model's parameters in the dtype they are
     gathered in, its gradients in the dtype they are reduced in. Shard sizes are per rank (size / ranks).
     `token_count_gather`: the Trainer's per-step all-gather of the loss normaliser (TOKEN_COUNT_BYTES_PER_RANK).
     `units`: the gathering units of fsdp (its blocks) and zero3 (its parameters above the persistence threshold:
     DeepSpeed gathers per parameter and prefetches at least the next); `reduce_buckets`: the pieces a gradient
     reduction is issued in as the backward fills them (bucket_pieces: DDP's 25 MB, DeepSpeed's reduce_bucket_size
-    with overlap_comm; 1: not overlapped). Each engine's own arguments: its function below."""
+    with overlap_comm; 1: not overlapped). `sync_each_batch` (accelerate's): ddp and fsdp reduce every micro-batch's
+    gradients, not only the last's. Each engine's own arguments: its function below."""
     out = [Collective("all_gather", TOKEN_COUNT_BYTES_PER_RANK * ranks, "step", "none", TOKEN_COUNT)
            ] if token_count_gather else []
     if engine == "ddp":
-        out += _ddp_collectives(grad_bytes, powersgd_bytes, reduce_buckets)
+        out += _ddp_collectives(grad_bytes, powersgd_bytes, reduce_buckets, sync_each_batch)
     elif engine == "fsdp":
         out += _fsdp_collectives(param_bytes, grad_bytes, shard_ranks, root_param_bytes, root_leftover_bytes, units,
-                                 norm_tensors, block_gather_bytes, float8_scales)
+                                 norm_tensors, block_gather_bytes, float8_scales, sync_each_batch)
     elif zero_stage == 3:
         out += _zero3_collectives(param_bytes, grad_bytes, units, reduce_buckets, persistent_param_bytes,
                                   regathered_param_bytes)
@@ -423,21 +425,26 @@ def comm_pattern(engine: str, zero_stage: int | None, *, param_bytes: float, gra
     return CommPattern(tuple(c for c in out if c.size_bytes > 0 or c.what == TOKEN_COUNT))
 
 
-def _ddp_collectives(grad_bytes: float, powersgd_bytes: float | None, reduce_buckets: int) -> list[Collective]:
-    """DDP: the gradients' bucketed all-reduce during the last micro-batch's backward (no_sync before); under
-    PowerSGD (`powersgd_bytes`: what it sends) three all-reduces per bucket - the uncompressed tensors, P, then Q
-    (after P's orthogonalisation) - each waiting for the one before: not overlapped."""
+def _ddp_collectives(grad_bytes: float, powersgd_bytes: float | None, reduce_buckets: int,
+                     sync_each_batch: bool = False) -> list[Collective]:
+    """DDP: the gradients' bucketed all-reduce during the last micro-batch's backward (no_sync before; every
+    micro-batch's under sync_each_batch); under PowerSGD (`powersgd_bytes`: what it sends) three all-reduces per
+    bucket - the uncompressed tensors, P, then Q (after P's orthogonalisation) - each waiting for the one before: not
+    overlapped."""
+    per = "micro" if sync_each_batch else "step"
     if powersgd_bytes is not None:
-        return [Collective("all_reduce", powersgd_bytes, "step", "none", "PowerSGD factors", units=3 * reduce_buckets)]
-    return [Collective("all_reduce", grad_bytes, "step", "backward", "gradients", units=reduce_buckets)]
+        return [Collective("all_reduce", powersgd_bytes, per, "none", "PowerSGD factors", units=3 * reduce_buckets)]
+    return [Collective("all_reduce", grad_bytes, per, "backward", "gradients", units=reduce_buckets)]
 
 
 def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | None, root_param_bytes: float,
                       root_leftover_bytes: float, units: int, norm_tensors: int,
-                      block_gather_bytes: float | None = None, float8_scales: int = 0) -> list[Collective]:
+                      block_gather_bytes: float | None = None, float8_scales: int = 0,
+                      sync_each_batch: bool = False) -> list[Collective]:
     """FSDP2: parameters all-gathered for forward and again for backward, every micro-batch; gradients
     reduce-scattered in the last micro-batch's backward only (the Trainer accumulates under accelerate's no_sync, on
-    FSDP2 set_requires_gradient_sync(False): unsharded gradients kept until the accumulation boundary). It gathers
+    FSDP2 set_requires_gradient_sync(False): unsharded gradients kept until the accumulation boundary), or in every
+    micro-batch's under sync_each_batch (the shards accumulate). It gathers
     the next unit while this one computes (forward: issued ahead on its own stream; backward: explicit prefetch) and
     reduce-scatters each unit's gradients as its backward ends.
     `root_param_bytes`: the root unit's parameters - everything outside the transformer blocks (embeddings, the tied
@@ -455,21 +462,22 @@ def _fsdp_collectives(param_bytes: float, grad_bytes: float, shard_ranks: int | 
     blocks = param_bytes - root_param_bytes
     gathered = blocks if block_gather_bytes is None else block_gather_bytes
     grads = grad_bytes / param_bytes  # gradient bytes per parameter byte
+    per = "micro" if sync_each_batch else "step"  # the gradients' reductions
     out = [Collective("all_gather", gathered, "micro", "forward", "block parameters", group, units),
            Collective("all_gather", gathered, "micro", "backward", "block parameters (backward)", group, units),
-           Collective("reduce_scatter", grads * blocks, "step", "backward", "block gradients", group, units)]
+           Collective("reduce_scatter", grads * blocks, per, "backward", "block gradients", group, units)]
     for name, size in (("root unit", root_param_bytes - root_leftover_bytes), ("root leftovers", root_leftover_bytes)):
         if size:
             out += [Collective("all_gather", size, "micro", "forward", f"{name} parameters (first: in the open)",
                                group),
-                    Collective("reduce_scatter", grads * size, "step", "backward",
+                    Collective("reduce_scatter", grads * size, per, "backward",
                                f"{name} gradients (last: in the open)", group)]
     if norm_tensors:
         out.append(Collective("all_reduce", 4 * norm_tensors, "step", "none", "gradient norms (clipping)", group))
     if float8_scales:
         out.append(Collective("all_reduce", 4 * float8_scales, "step", "none", "float8 weight scales", group))
     if shard_ranks:  # HSDP: each rank's gradient shard all-reduced with the same shard on the other nodes
-        out.append(Collective("all_reduce", grad_bytes / shard_ranks, "step", "backward", "gradient shard", "replicas",
+        out.append(Collective("all_reduce", grad_bytes / shard_ranks, per, "backward", "gradient shard", "replicas",
                               units))
     return out
 

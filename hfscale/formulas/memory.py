@@ -209,7 +209,8 @@ def _offload(mem: RankMemory, *names: str) -> None:
 def model_state_bytes(shape: ModelShape, layout: Layout, optimizer_rule: str, precision: str, ranks: int,
                       grad_accum: int = 1, tp: int = 1) -> RankMemory:
     """Parameters, gradients, fp32 masters and optimizer states per rank (rank 0), and where they live. With gradient
-    accumulation (grad_accum > 1) FSDP2 keeps unsharded gradients between micro-batches (accelerate's no_sync). Under
+    accumulation under accelerate's no_sync (grad_accum > 1: the micro-batches accumulated before the reduction,
+    RunPlan.unreduced_micro_batches) FSDP2 keeps unsharded gradients between micro-batches. Under
     TP (tp > 1) each rank starts from its TP slices (tp_local_tensors), which FSDP shards further over `ranks`."""
     tensors = tp_local_tensors(shape, tp)
     P = sum(t.numel for t in tensors)
@@ -296,7 +297,7 @@ def rank_memory(plan) -> RankMemory:
     (CUDA context, cuBLAS/NCCL workspaces) are added to the device total; a CPU run has neither."""
     layout, precision = plan.memory_layout, storage_dtype(plan.precision)
     mem = model_state_bytes(plan.shape, layout, plan.optimizer_memory_rule, precision, plan.shard_ranks,
-                            plan.gradient_accumulation_steps, plan.tp)
+                            plan.unreduced_micro_batches, plan.tp)
     compute = precision if layout.engine != "ddp" or precision == "fp32" else f"autocast_{precision}"
     acts = activations(plan.shape, plan.seq_len, plan.per_device_train_batch_size,
                        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),

@@ -35,6 +35,7 @@ class Baseline:
     float8_step: Float8Step | None = None  # ... and what it does to their compute (formulas/float8)
     float8_left_out: dict[str, str] = field(default_factory=dict)  # strategies not projected with it: the reason
     dropout: bool = False  # its layers kept dropout masks (the run's model config; a Megatron log's arguments)
+    sync_each_batch: bool | None = None  # the projected points reduce every micro-batch (None: as the measured run)
 
     @property
     def compute_factor(self) -> float:
@@ -78,6 +79,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                        activation_checkpointing=bool(cfg.activation_checkpointing),
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
                        fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy), float8=cfg.float8,
+                       sync_each_batch=bool(cfg.sync_each_batch),
                        device_type=env.device_type or "cuda",  # a ZeRO run's buckets, as it ran (else the shipped)
                        deepspeed_config=strategy.deepspeed_config_with(cfg.zero_optimization)
                        if strategy.engine == "deepspeed" and isinstance(cfg.zero_optimization, dict) else None)

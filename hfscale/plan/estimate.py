@@ -50,7 +50,11 @@ def build_parser() -> ArgumentParser:
                    "(1, 2, 4, ... up to the largest that fits)")
     p.add_argument("--seq_len", type=int, help="tokens per sample (default: the model's positions, at most 1024)")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1,
-                   help="micro-batches per step (default 1); above 1 fsdp* holds whole gradients between them")
+                   help="micro-batches per step (default 1); above 1 fsdp* holds whole gradients between them "
+                        "(unless --sync_each_batch)")
+    p.add_argument("--sync_each_batch", action="store_true", help="with gradient accumulation, reduce the gradients every micro-batch (accelerate's gradient_accumulation_kwargs.sync_each_batch; train takes it as --accelerator_config "
+                        "'{\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}}'): fsdp* keep their gradients "
+                        "sharded between micro-batches, for a reduce-scatter each; ddp all-reduces each")
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa", help=f"{', '.join(ATTENTION)} (default sdpa)")
     add_precision_flags(p)

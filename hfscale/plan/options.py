@@ -225,6 +225,6 @@ def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node:
                    attention=getattr(opts, "attn_implementation", "sdpa"),
                    torch_compile=getattr(opts, "torch_compile", False), device_type=device_type,
                    fused_linear_cross_entropy=getattr(opts, "fused_linear_cross_entropy", False),
-                   float8=recipe)
+                   float8=recipe, sync_each_batch=getattr(opts, "sync_each_batch", False))
 
 

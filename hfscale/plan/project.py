@@ -51,6 +51,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seq_len", type=int)
     p.add_argument("--per_device_train_batch_size", type=int, default=1)
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--sync_each_batch", action="store_true", help="with gradient accumulation, reduce the gradients every micro-batch (accelerate's gradient_accumulation_kwargs.sync_each_batch; train takes it as --accelerator_config "
+                        "'{\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}}'): fsdp* keep their gradients "
+                        "sharded between micro-batches, for a reduce-scatter each; ddp all-reduces each" +
+                        " (default: as the measured run)")
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa")
     add_precision_flags(p)
@@ -95,6 +99,8 @@ def run_projection(opts):
     device_bytes = (device_memory_bytes(opts.device, opts.device_memory_gb)
                     if opts.device or opts.device_memory_gb is not None else None)
     base = projection_baseline(opts, links, device_bytes)
+    if opts.sync_each_batch:  # the projected points reduce every micro-batch, whatever the measured run did
+        base = replace(base, sync_each_batch=True)
     strategies, families = (strategies_and_families(opts.strategy, with_3d=True) if opts.strategy
                             else ([base.plan.strategy], []))
     refused = {s.name: tp_projection_refusal(base.plan, s, opts.gpus_per_node) for s in strategies}

@@ -70,7 +70,7 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
             rank = powersgd_rank or strategy.powersgd["rank"]
             psgd = g * powersgd_elements([tp.shape for tp in tensors], rank)
         return comm_pattern("ddp", None, param_bytes=t * P, grad_bytes=g * P, ranks=plan.data_parallel_size,
-                            powersgd_bytes=psgd,
+                            powersgd_bytes=psgd, sync_each_batch=plan.sync_each_batch,
                             reduce_buckets=bucket_pieces([g * n for n in backward_order], DDP_BUCKET_BYTES))
     common = dict(param_bytes=t * P, grad_bytes=g * P, ranks=plan.data_parallel_size,
                   offload_optimizer=strategy.offloads_state("optimizer_states"),
@@ -93,7 +93,8 @@ def pattern_of(plan: RunPlan, powersgd_rank: int | None = None):
         return comm_pattern("fsdp", None, **common, shard_ranks=plan.shard_ranks if strategy.hybrid else None,
                             root_param_bytes=t * root, root_leftover_bytes=t * leftover,
                             units=shape.n_layer + (1 if head else 0),
-                            norm_tensors=len(backward_order) if plan.clips_gradients else 0, **float8)
+                            norm_tensors=len(backward_order) if plan.clips_gradients else 0,
+                            sync_each_batch=plan.sync_each_batch, **float8)
     layout = plan.memory_layout
     # ZeRO-2/3 reduce as the backward fills their buckets (overlap_comm); ZeRO-1 at the boundary, in one piece
     buckets = bucket_pieces(backward_order, layout.reduce_bucket, flush_before_overflow=True) \
@@ -131,7 +132,7 @@ def optimizer_step_s(plan: RunPlan, device: str | None) -> float:
     if device not in MEMORY_BW_GB_S:
         return 0.0
     return _optimizer_bytes(plan.shape, plan.memory_layout, plan.optimizer_memory_rule, storage_dtype(plan.precision),
-                            plan.shard_ranks, plan.gradient_accumulation_steps, plan.tp) / (MEMORY_BW_GB_S[device] * 1e9)
+                            plan.shard_ranks, plan.unreduced_micro_batches, plan.tp) / (MEMORY_BW_GB_S[device] * 1e9)
 
 
 @lru_cache(maxsize=256)
@@ -204,7 +205,9 @@ def plan_at(base: Baseline, strategy, gpus: int, gpus_per_node: int, global_batc
         except HfscaleError:
             return None  # not a whole number of micro-batches per GPU at this count
     return base.plan.but(strategy=strategy, world_size=gpus, processes_per_node=min(gpus, gpus_per_node),
-                         gradient_accumulation_steps=gas, float8=base.float8 or base.plan.float8)
+                         gradient_accumulation_steps=gas, float8=base.float8 or base.plan.float8,
+                         sync_each_batch=base.plan.sync_each_batch if base.sync_each_batch is None
+                         else base.sync_each_batch)
 
 
 def project(base: Baseline, strategies: list, gpus: list[int], gpus_per_node: int, links: tuple[Links, Links, Links],

@@ -117,7 +117,8 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                    activation_checkpointing=checkpointing,
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
                    device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
-                   fused_linear_cross_entropy=fused_linear_cross_entropy, float8=recipe)
+                   fused_linear_cross_entropy=fused_linear_cross_entropy, float8=recipe,
+                   sync_each_batch=sync_each_batch(kw))
     if strategy.tensor_parallel or recipe:  # TP: a node of 2+ processes, TP dividing the heads; float8's engines
         reason = plan.refusal()
         if reason:
@@ -125,6 +126,13 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
     check_launcher_mesh(plan.parallel_sizes)  # HSDP, TP: the mesh from the job's nodes, as the launcher's config says
     check_host_memory(plan, psutil.virtual_memory().total)
     return kw, plan, tensorboard
+
+
+def sync_each_batch(kw: dict) -> bool:
+    """accelerate's gradient_accumulation_kwargs.sync_each_batch in --accelerator_config: the Trainer then reduces
+    every micro-batch's gradients (no no_sync), as the plan's memory and communication count them."""
+    settings = json_settings(kw.get("accelerator_config"), "accelerator_config", "accelerate settings")
+    return bool((settings.get("gradient_accumulation_kwargs") or {}).get("sync_each_batch"))
 
 
 def _check_route(kw: dict, gpu: bool, attention: str | None) -> None:

@@ -106,6 +106,7 @@ def base_results(model_args, data_args, args, state, model, env: EnvironmentReco
                             activation_checkpointing=plan.activation_checkpointing,
                             precision=plan.precision, float8=plan.float8, torch_compile=plan.torch_compile,
                             fused_linear_cross_entropy=plan.fused_linear_cross_entropy,
+                            sync_each_batch=plan.sync_each_batch,
                             zero_optimization=plan.zero_optimization, max_steps=args.max_steps,
                             seed=args.seed, learning_rate=args.learning_rate, recipe=state.recipe,
                             token_budget=args.token_budget, dataset=data_args.train_files or data_args.dataset,

@@ -136,6 +136,7 @@ class ConfigRecord(_Section):
     powersgd_warmup_steps: int | None = None
     torch_compile: bool | None = None
     fused_linear_cross_entropy: bool | None = None
+    sync_each_batch: bool | None = None  # accelerate's: gradients reduced every micro-batch (null before: no_sync)
     zero_optimization: dict | None = None  # a ZeRO run's DeepSpeed JSON block, as given ("auto" kept): its buckets
     dp: int | None = None  # Megatron logs and hfscale's TP runs: data-, tensor- and pipeline-parallel degrees
     tp: int | None = None
