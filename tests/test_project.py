@@ -815,7 +815,11 @@ def test_the_inter_node_link_needs_one_recipe_on_one_node_and_on_more(tmp_path, 
     other = json.loads(json.dumps(two))
     other["config"]["per_device_train_batch_size"] = 3
     (tmp_path / "other.json").write_text(json.dumps(other))
+    synced = json.loads(json.dumps(two))  # reducing every micro-batch moves more: another recipe
+    synced["config"]["sync_each_batch"] = True
+    (tmp_path / "synced.json").write_text(json.dumps(synced))
     for second, expected in ((tmp_path / "other.json", "not the same recipe: per_device_train_batch_size 4 against 3"),
+                             (tmp_path / "synced.json", "not the same recipe: sync_each_batch False against True"),
                              (one_path, "the second run must be on 2 or more nodes")):
         proc = hfscale_cli(["bandwidth", "--from_runs", one_path, second, "--out", tmp_path / "x.json"])
         lines = proc.stderr.strip().splitlines()

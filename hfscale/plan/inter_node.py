@@ -19,7 +19,7 @@ from .projection import micro_compute_s, pattern_of, step_of
 # what makes two runs one recipe: everything but the nodes (and so the world size)
 RECIPE = ("strategy", "optimizer", "shape", "seq_len", "per_device_train_batch_size", "gradient_accumulation_steps",
           "precision", "activation_checkpointing", "torch_compile", "processes_per_node", "device_type",
-          "fused_linear_cross_entropy")
+          "fused_linear_cross_entropy", "float8", "sync_each_batch")
 _LOWEST, _HIGHEST = 1e6, 1e13  # bytes/s searched: 1 MB/s to 10 TB/s per GPU
 
 
