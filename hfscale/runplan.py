@@ -273,6 +273,18 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:,.1f}" if nbytes >= GB else f"{nbytes / GB:.3g}"
 
 
+def _sync_hint(plan, mem, device_bytes: float) -> str:
+    """Where an fsdp* plan misses only by the whole gradients no_sync keeps between micro-batches: say that
+    sync_each_batch (its shards kept, a reduce-scatter a micro-batch) fits."""
+    if not isinstance(plan, RunPlan) or plan.strategy.engine != "fsdp" or plan.unreduced_micro_batches == 1:
+        return ""
+    synced = plan.but(sync_each_batch=True).memory()
+    if synced.device_total > device_bytes:
+        return ""
+    return (f" (accumulating under no_sync: whole gradients between micro-batches; with sync_each_batch "
+            f"{_gb(synced.device_total)} GB)")
+
+
 def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=None) -> Fit:
     """Does the plan (a RunPlan or a 3D GridPlan) fit `device_bytes` per GPU (and `host_bytes` of host RAM per node,
     when given)?"""
@@ -282,7 +294,7 @@ def fit(plan, device_bytes: float | None, host_bytes: float | None = None, mem=N
         return Fit(None, mem.device_total, host, "no device memory given: not judged")
     if mem.device_total > device_bytes:
         return Fit(False, mem.device_total, host, f"needs {_gb(mem.device_total)} GB per GPU, the device has "
-                                                  f"{device_bytes / GB:g}")
+                                                  f"{device_bytes / GB:g}" + _sync_hint(plan, mem, device_bytes))
     if host_bytes is not None and host > host_bytes:
         return Fit(False, mem.device_total, host, f"needs {_gb(host)} GB of host RAM per node, it has "
                                                   f"{host_bytes / GB:g}")

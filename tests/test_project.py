@@ -84,6 +84,12 @@ def test_reducing_every_micro_batch_trades_fsdps_whole_gradients_for_a_reduction
     fsdp, synced = _plan(8, "fsdp", gpus=16), _plan(8, "fsdp", gpus=16, sync_each_batch=True)
     whole, sharded = fsdp.memory().gradients, synced.memory().gradients
     assert sharded == _plan(1, "fsdp", gpus=16).memory().gradients and whole > 7 * sharded
+    from hfscale.runplan import fit
+
+    room = (fsdp.memory().device_total + synced.memory().device_total) / 2  # fits synced, not under no_sync
+    verdict = fit(fsdp, room)
+    assert verdict.fits is False and "with sync_each_batch" in verdict.reason and fit(synced, room).fits
+    assert "sync_each_batch" not in (fit(fsdp, synced.memory().device_total / 2).reason or "")  # fits neither way
     for plan, per in ((fsdp, "step"), (synced, "micro")):
         reductions = [c for c in pattern_of(plan).collectives if c.kind == "reduce_scatter"]
         assert reductions and {c.per for c in reductions} == {per}
