@@ -651,6 +651,9 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                           "--per_device_train_batch_size", "8",
                                           *_ddp("--ddp_variants", "compiled,fp8", "--steps", "20",
                                                 "--activation_checkpointing"))))),
+    "gemm": ("bf16 GEMM rates at the per-GPU shapes of the published record's 3D rows (benchmarks/gemm_rates.py: the "
+             "measurement the shape-blind compute model waits for)", (
+        Section("gemm", 500, ("--iters", "10"), script="gemm_rates.py"),)),
     "fp8-loss": ("--fp8's loss over 300 steps against bf16's run-to-run spread (two seeds), gpt2-1.3b compiled on one "
                  "Hopper GPU", (
         # MBS 4 x 1024: three compiled runs of 300 steps in one call (the comparison is of losses, not of speed)

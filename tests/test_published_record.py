@@ -216,3 +216,25 @@ def test_the_405b_proxies_need_the_interleaved_schedule():
               for name, d in (("interleaved", dataset), ("1F1B", plain))}
     assert all(abs(errors["interleaved"][gpus]) < 0.02 for gpus in (96, 192, 1152, 2304))
     assert all(errors["1F1B"][gpus] > errors["interleaved"][gpus] + 0.05 for gpus in (32, 96, 192))
+
+
+def test_the_gemm_rate_benchmark_times_every_3d_rows_block_on_one_tp_rank(tmp_path, capsys):
+    """benchmarks/gemm_rates.py (the GPU measurement the shape-blind compute model waits for), its code path on this
+    CPU at 1/256 of the sizes: a block's layers on one TP rank per row, each as its three GEMMs, beside the row's
+    committed error; an unknown set is one line."""
+    gemm = load_benchmark("gemm_rates")
+    out = tmp_path / "gemm.json"
+    assert gemm.main(["--device", "cpu", "--scale", "256", "--iters", "1", "--sets", "bloom-2022-176b-layouts",
+                      "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    dataset = next(d for d in DATA["sets"] if d["name"] == "bloom-2022-176b-layouts")
+    assert [r["row"] for r in report["rows"]] == list(range(len(dataset["rows"])))
+    assert [r["over_baseline"] for r in report["rows"] if r["baseline"]] == [1.0]
+    errors = [c["error"] for c in COMMITTED["rows"] if c["set"] == dataset["name"]]
+    assert [r["model_error"] for r in report["rows"]] == errors
+    tp8 = report["rows"][0]  # its QKV on a rank of TP 8: 3h/8 output columns
+    assert tp8["tp"] == 8 and {(g["m"], g["k"], g["n"]) for g in report["gemms"]} >= set(
+        gemm.gemm_shapes(tp8["tokens"], 14336 // 256, 3 * 14336 // 8 // 256))
+    with pytest.raises(SystemExit):
+        gemm.main(["--device", "cpu", "--sets", "no-such-set"])
+    assert "unknown 3D set 'no-such-set'" in capsys.readouterr().err
