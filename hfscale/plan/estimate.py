@@ -18,9 +18,10 @@ from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES, constructi
 from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
-from .options import (ATTENTION, add_grid_flags, add_model_flags, add_precision_flags, base_plan, check_attention,
-                      check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan, optimizers_option,
-                      float8_of, grid_options, precision_from_options, shape_from_options, strategies_and_families)
+from .options import (ATTENTION, SYNC_EACH_BATCH_HELP, add_grid_flags, add_model_flags, add_precision_flags, base_plan,
+                      check_attention, check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan,
+                      optimizers_option, float8_of, grid_options, precision_from_options, shape_from_options,
+                      strategies_and_families)
 
 
 @dataclass
@@ -52,9 +53,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--gradient_accumulation_steps", type=int, default=1,
                    help="micro-batches per step (default 1); above 1 fsdp* holds whole gradients between them "
                         "(unless --sync_each_batch)")
-    p.add_argument("--sync_each_batch", action="store_true", help="with gradient accumulation, reduce the gradients every micro-batch (accelerate's gradient_accumulation_kwargs.sync_each_batch; train takes it as --accelerator_config "
-                        "'{\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}}'): fsdp* keep their gradients "
-                        "sharded between micro-batches, for a reduce-scatter each; ddp all-reduces each")
+    p.add_argument("--sync_each_batch", action="store_true", help=SYNC_EACH_BATCH_HELP)
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa", help=f"{', '.join(ATTENTION)} (default sdpa)")
     add_precision_flags(p)

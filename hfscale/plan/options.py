@@ -25,6 +25,12 @@ def add_model_flags(p: ArgumentParser) -> None:
         p.add_argument(f"--{flag}", type=int, help="override the preset's")
 
 
+SYNC_EACH_BATCH_HELP = ("with gradient accumulation, reduce the gradients every micro-batch (accelerate's "
+                        "gradient_accumulation_kwargs.sync_each_batch; train takes it as --accelerator_config "
+                        "'{\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}}'): fsdp* keep their "
+                        "gradients sharded between micro-batches, for a reduce-scatter each; ddp all-reduces each")
+
+
 def add_precision_flags(p: ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast under ddp)")
     p.add_argument("--fp16", action="store_true", help="fp16 mixed precision (GPUs only)")

@@ -31,8 +31,9 @@ from ..run.results import read_results
 from .baseline import Baseline, baseline_from_flags, baseline_from_megatron_log, baseline_from_results
 from .grid import FAMILIES
 from .links import add_link_flags, collectives_line, fabric_line, links_from, meeting_line
-from .options import (add_grid_flags, add_model_flags, add_precision_flags, check_attention, check_grid_flags,
-                      check_whole_nodes, device_memory_bytes, float8_of, grid_options, strategies_and_families)
+from .options import (SYNC_EACH_BATCH_HELP, add_grid_flags, add_model_flags, add_precision_flags, check_attention,
+                      check_grid_flags, check_whole_nodes, device_memory_bytes, float8_of, grid_options,
+                      strategies_and_families)
 from .projection import (Point, best, grid_model_error, knee, optimizer_step_s, powersgd_step_s, project,
                          project_grids, published_error, published_held_out, strategy_error, tp_projection_refusal,
                          with_float8)
@@ -51,10 +52,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seq_len", type=int)
     p.add_argument("--per_device_train_batch_size", type=int, default=1)
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    p.add_argument("--sync_each_batch", action="store_true", help="with gradient accumulation, reduce the gradients every micro-batch (accelerate's gradient_accumulation_kwargs.sync_each_batch; train takes it as --accelerator_config "
-                        "'{\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}}'): fsdp* keep their gradients "
-                        "sharded between micro-batches, for a reduce-scatter each; ddp all-reduces each" +
-                        " (default: as the measured run)")
+    p.add_argument("--sync_each_batch", action="store_true",
+                   help=SYNC_EACH_BATCH_HELP + " (default: as the measured run)")
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--attn_implementation", default="sdpa")
     add_precision_flags(p)
