@@ -324,7 +324,7 @@ def fsdp_sync_result() -> dict:
     def make(folder):
         cmd, cwd = bf16_command("fsdp", folder, *SYNC_EACH_BATCH)
         proc = run(cmd, cwd=cwd)
-        assert proc.returncode == 0, f"run failed (fsdp, sync_each_batch):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        assert proc.returncode == 0, f"fsdp, sync_each_batch:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         results = json.loads((folder / "results.json").read_text())
         assert results["status"] == "ok"
         return results

@@ -1,7 +1,8 @@
 """Models larger than one host: under fsdp and zero3 only rank 0 ever holds a whole fp32 copy of the model, under tp
-only each TP group's first rank; ddp (and zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank, on a ~79M-parameter Llama shape with 2
-processes (grouped-query attention, an untied head, rotary buffers): the resident-set high-water marks over building
-the model, and from then until training begins (after the engine has sharded it)."""
+only each TP group's first rank; ddp (and zero3 with zero3_init_flag off) hold one on every rank. Measured, per rank,
+on a ~79M-parameter Llama shape with 2 processes (grouped-query attention, an untied head, rotary buffers): the
+resident-set high-water marks over building the model, and from then until training begins (after the engine has
+sharded it)."""
 
 import pytest
 

@@ -92,8 +92,8 @@ def plain_construction(args, strategy):
 
 def build(model_args, args, shape, tokenizer, strategy=None):
     """The model, on every rank: whole, or (rank0_builds, ranks other than the builder: builds_whole) without weights
-    until the engine or TP's split shards the builder's; under ZeRO-3 with zero3_init_flag, partitioned before it returns. strategy None: whole
-    everywhere (benchmarks/plain_trainer.py)."""
+    until the engine or TP's split shards the builder's; under ZeRO-3 with zero3_init_flag, partitioned before it
+    returns. strategy None: whole everywhere (benchmarks/plain_trainer.py)."""
     import torch
 
     if model_args.model_name_or_path and strategy is not None and strategy.zero_stage == 3:

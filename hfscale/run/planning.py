@@ -260,9 +260,9 @@ def _apply_strategy(kw: dict, strategy: Strategy, launcher_json_path: str | None
         # and accelerate broadcasts rank 0's weights into their shards (train.build, accelerate fsdp2_prepare_model)
         # (not in float8: runplan.rank0_builds; nor under TP, whose split has already scattered each node's builder's
         # slices, the same on every node)
+        loading = rank0_builds(strategy, float8) and not strategy.tensor_parallel
         kw["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                             "cpu_ram_efficient_loading": rank0_builds(strategy, float8) and not strategy.tensor_parallel,
-                             **offload,
+                             "cpu_ram_efficient_loading": loading, **offload,
                              **json_settings(kw["fsdp_config"], "fsdp_config", "FSDP config")}
     elif kw["fsdp"] or kw.get("fsdp_config"):  # the Trainer would ignore them without a word
         flag = "--fsdp" if kw["fsdp"] else "--fsdp_config"
