@@ -172,7 +172,11 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"{precision}{', compiled' if opts.torch_compile else ''}"
         f"{', fused linear cross-entropy' if opts.fused_linear_cross_entropy else ''}, {opts.attn_implementation} "
         f"attention, activation "
-        f"checkpointing {'on' if opts.activation_checkpointing else 'off'}",
+        f"checkpointing {'on' if opts.activation_checkpointing else 'off'}"
+        + (f", {opts.gradient_accumulation_steps} micro-batches a step: fsdp* "
+           + ("reduce each (sync_each_batch), holding their gradient shards between them"
+              if opts.sync_each_batch else "hold whole gradients between them (no_sync; --sync_each_batch keeps shards)")
+           if opts.gradient_accumulation_steps > 1 else ""),
         f"total/GPU = (model states + activation peak + comm buffers) x {1 + FRAGMENTATION:g} (allocator "
         f"fragmentation) + {RUNTIME_ALLOWANCE_BYTES / GB:g} GB (CUDA context, workspaces); GB = 1e9 bytes",
         "host/node = offloaded states of every GPU on the node + building the model: one full fp32 copy per process, "
