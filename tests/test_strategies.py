@@ -421,7 +421,7 @@ def test_tensor_parallel_layouts_are_refused_up_front_with_their_reason(monkeypa
 
     tp, fsdp_tp = get_strategy("tp"), get_strategy("fsdp_tp")
     assert layout_refusal(tp, 4, 4) is None and layout_refusal(fsdp_tp, 8, 4) is None
-    assert "runs on one node" in layout_refusal(tp, 8, 4)
+    assert "runs on one node, got 2 nodes; use fsdp_tp across nodes" in layout_refusal(tp, 8, 4)
     assert "2+ processes per node" in layout_refusal(tp, 1, 1)
     assert "needs 2+ nodes" in layout_refusal(fsdp_tp, 4, 4)
     assert "do not split into nodes" in layout_refusal(fsdp_tp, 6, 4)

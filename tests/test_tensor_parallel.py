@@ -149,19 +149,6 @@ def _proves_the_plan(res, world: int, tp: int) -> None:
     assert local == slices if world == tp else slices / (world // tp) <= local <= 1.1 * slices / (world // tp)
 
 
-def test_tp_layouts_are_refused_where_a_node_cannot_hold_the_group():
-    """TP splits every layer over one node's processes: tp is that one group (one node), fsdp_tp shards it across
-    2+ nodes; each other layout is one line naming what it got."""
-    from hfscale.parallel.strategies import get_strategy, tp_layout_refusal
-
-    tp, fsdp_tp = get_strategy("tp"), get_strategy("fsdp_tp")
-    assert tp_layout_refusal(tp, 8, 8) is None and tp_layout_refusal(fsdp_tp, 16, 8) is None
-    assert "it runs on one node, got 2 nodes; use fsdp_tp across nodes" in tp_layout_refusal(tp, 16, 8)
-    assert "it needs 2+ nodes, got 1; use tp on one node" in tp_layout_refusal(fsdp_tp, 8, 8)
-    assert "needs 2+ processes per node, got 1" in tp_layout_refusal(fsdp_tp, 2, 1)
-    assert "12 processes do not split into nodes of 8" in tp_layout_refusal(tp, 12, 8)
-
-
 def test_tp_in_float8_trains_as_ddp_and_proves_its_plan():
     """tp on one node of 2 processes, GPT-2 in float8 (--fp8, emulated: its Conv1D projections swapped for nn.Linear,
     converted, then split by the plan in nn.Linear's layout): each rank holds half of every split matrix, both see
