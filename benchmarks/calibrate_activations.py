@@ -67,7 +67,7 @@ def status(key):
             return int(line.split()[1]) * 1024
 fam, attn, prec, ck = sys.argv[2].split("/")
 l, h, a, v, s, b, kv, f = (int(x) if x != "-" else None for x in sys.argv[3:11])
-model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn)
+model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn, float(sys.argv[12]))
 if sys.argv[11] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
     from hfscale.run.forward import use_training_forward
     use_training_forward(model, sys.argv[11] == "fused")
@@ -96,10 +96,10 @@ print(json.dumps({"activations": activations, "peak": peak}))
 FORWARDS = ("training", "fused", "model")  # hfscale's training forward, with the fused loss, the model's own (KV cache)
 
 
-def measure(mode: str, shape: tuple, forward: str = "training") -> dict:
+def measure(mode: str, shape: tuple, forward: str = "training", dropout: float = 0.0) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     sizes = [*map(str, shape), *["-"] * (8 - len(shape))]  # a GPT-2/BLOOM shape: no key/value heads or MLP width
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *sizes, forward], env=env,
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *sizes, forward, str(dropout)], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode:
         sys.exit(f"{mode} {shape} failed:\n{proc.stderr[-2000:]}")
@@ -293,6 +293,62 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
     return coef, outlier, float(max(abs(X @ coef - y) / y)), float(max(loo))
 
 
+# What dropout adds lies in the per-layer b·s·h and b·a·s² features, the embeddings' b·s·h and Llama's per-layer widths
+# (masks of the tensors a layer drops, and what SDPA's math kernel keeps on CPU): the shapes that vary those apart -
+# layers, sequence and micro-batch, heads; Llama's key/value heads and MLP width.
+DROPOUT_FEATURES = (0, 1, 3, 6, 7)
+DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)], "llama": [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)]}
+# a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
+DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
+
+
+def measure_dropout(modes: list[str], dropout: float, workers: int = 2) -> list[dict]:
+    """Each mode's shapes (DROPOUT_SHAPES) measured without dropout and with `dropout` (every dropout of the family's
+    config at that probability), side by side: a row per shape with what the masks add to what the step keeps and to
+    its peak. `workers` probes at a time (each a process of one thread: its resident set is its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = []
+    with ThreadPoolExecutor(workers) as pool:
+        for mode in modes:
+            family = mode.split("/")[0]
+            shapes = DROPOUT_SHAPES.get(family, DROPOUT_SHAPES["gpt2"])
+            pairs = pool.map(lambda shape: (measure(mode, shape, dropout=0.0), measure(mode, shape, dropout=dropout)),
+                             shapes)
+            for shape, (without, with_) in zip(shapes, pairs):
+                rows.append({"mode": mode, **shape_row(shape), "dropout": dropout, "activations": with_["activations"],
+                             "peak": with_["peak"], "without": without})
+                print(f"{mode:28s} {shape}  dropout {dropout}: kept "
+                      f"+{(with_['activations'] - without['activations']) / 1e6:7.1f} MB, peak "
+                      f"+{(with_['peak'] - without['peak']) / 1e6:7.1f} MB", flush=True)
+    return rows
+
+
+def fit_dropout(rows: list[dict]) -> dict[str, list[float]]:
+    """Per mode, what dropout adds to the kept activations in bytes per element of each feature (the table
+    activations.DROPOUT_COEFFICIENTS holds): a least-squares fit of the rows' differences with and without dropout
+    (measure_dropout) over DROPOUT_FEATURES, the others 0. Prints each mode's worst error over the kept bytes with
+    dropout."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from hfscale.formulas.activations import activation_features
+
+    table = {}
+    rows = [r for r in rows if r["mode"].split("/")[4:] in ([], ["0"])]  # eager steps (a GPU grid's compiled: not)
+    for mode in sorted({"/".join(r["mode"].split("/")[:4]) for r in rows}):
+        mine = [r for r in rows if "/".join(r["mode"].split("/")[:4]) == mode]
+        X = np.array([activation_features(row_shape(mode.split("/")[0], r), r["seq"], r["mbs"]) for r in mine], float)
+        delta = np.array([r["activations"] - r["without"]["activations"] for r in mine], float)
+        columns = [i for i in DROPOUT_FEATURES if i < X.shape[1]]
+        coef = np.zeros(X.shape[1])
+        coef[columns] = np.linalg.lstsq(X[:, columns], delta, rcond=None)[0]
+        worst = max(abs(x @ coef - d) / r["activations"] for x, d, r in zip(X, delta, mine))
+        table[mode] = [round(float(c), 3) for c in coef]
+        print(f"{mode:28s} dropout adds {table[mode]}  worst error {worst:.1%} of the kept bytes", flush=True)
+    return table
+
+
 ROW_SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "activations", "peak")
 
 
@@ -328,13 +384,20 @@ def main() -> None:
     parser.add_argument("--forward", default="training", choices=FORWARDS,
                         help="training: hfscale's (fitted); fused: with --fused_linear_cross_entropy, measured against "
                              "the estimate, not fitted; model: the model's own forward (its KV cache included)")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="measure each shape without dropout and with this probability, and fit what the masks "
+                             "add (activations.DROPOUT_COEFFICIENTS)")
     parser.add_argument("--fit", type=Path, nargs="+", help="only fit: the rows of JSON-lines files measured elsewhere "
                         "(a GPU: benchmarks/gpu_suite.py writes them), together, no measuring")
     opts = parser.parse_args()
     if opts.fit:
         rows = read_rows(opts.fit)
+        dropped = [r for r in rows if r.get("dropout")]  # gpu_suite.py --grid_dropout: with and without, side by side
+        rows = [r for r in rows if r not in dropped]
         fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
         fit_compiled(rows)
+        if dropped:
+            print(f"DROPOUT_COEFFICIENTS[device] = {fit_dropout([r for r in dropped if 'error' not in r])}")
         return
     import numpy as np
 
@@ -343,6 +406,19 @@ def main() -> None:
 
     table, measured = {}, []
     modes = [m for m in MODES if m.split("/")[0] in opts.modes.split(",")] or opts.modes.split(",")
+    if opts.dropout:
+        modes = [m for m in modes if m in DROPOUT_MODES or opts.modes != parser.get_default("modes")]
+        if not 0 < opts.dropout < 1:
+            raise SystemExit(f"calibrate_activations: --dropout must be in (0, 1), got {opts.dropout}")
+        rows = measure_dropout(modes, opts.dropout)
+        table = fit_dropout(rows)
+        print("\nDROPOUT_COEFFICIENTS[device] = {")
+        for mode, coef in table.items():
+            print(f"    {mode!r}: {tuple(coef)},")
+        print("}")
+        if opts.json:
+            opts.json.write_text(json.dumps({"measured": rows, "dropout_coefficients": table}, indent=2))
+        return
     for mode in modes:
         fam, attn, prec, ck = mode.split("/")
         rows, ys = [], []

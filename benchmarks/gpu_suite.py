@@ -396,11 +396,12 @@ def profile_reference(step, sync, on_cuda: bool) -> dict:
 
 # ---- the activation grid ----------------------------------------------------------------------------------------------
 
-def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss: bool = False) -> dict:
+def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss: bool = False,
+               dropout: float = 0.0) -> dict:
     """What autograd keeps after the forward and the step's peak above the level before it, third step, in this
     process (the allocator's statistics on CUDA; on CPU the resident set and its high-water mark, with freed tensors
     handed back to the kernel - see cpu_memory_follows_tensors - as calibrate_activations.py measures). The model
-    runs hfscale's training forward (run/forward.py: no KV cache; the fused loss if asked)."""
+    runs hfscale's training forward (run/forward.py: no KV cache; the fused loss if asked), its dropout at `dropout`."""
     import torch
 
     from hfscale.formulas.metrics import ModelShape
@@ -415,7 +416,7 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss:
            **({"kv_heads": kv, "ffn": f} if widths else {}),
            "fused_loss": fused_loss, "kv_cache": False, "logits_output": False}  # run/forward.py: the loss alone
     try:
-        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn).to(device)
+        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn, dropout).to(device)
     except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it
         return {**row, "error": f"ValueError: {str(err)[:160]}"}
     if ck == "1":
@@ -651,6 +652,11 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                           "--per_device_train_batch_size", "8",
                                           *_ddp("--ddp_variants", "compiled,fp8", "--steps", "20",
                                                 "--activation_checkpointing"))))),
+    "dropout": ("what dropout's masks add to the CUDA activation grid's 16-bit steps, each point with and without "
+                "(activations.counted_dropout is the estimate until then: a 1-byte mask per element, none in SDPA's "
+                "fused kernels)", (
+        Section("dropout", 540, ("--only", "grid", "--grid_dropout", "0.1", "--grid_filter",
+                                 "^[a-z0-9]+/[a-z]+/(autocast_bf16|bf16)/0$")),)),
     "gemm": ("bf16 GEMM rates at the per-GPU shapes of the published record's 3D rows (benchmarks/gemm_rates.py: the "
              "measurement the shape-blind compute model waits for)", (
         Section("gemm", 500, ("--iters", "10"), script="gemm_rates.py"),)),
@@ -799,6 +805,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                         "'^gpt2/sdpa/[a-z0-9_]+/0$' (SDPA, eager, no checkpointing); default: every point")
     parser.add_argument("--grid_shapes", help="the grid's shapes instead of its own, each LAYERSxHIDDENxHEADSxVOCABx"
                         "SEQxMBS, comma-separated (e.g. 8x1024x16x50257x1024x16); the compiled points take every one")
+    parser.add_argument("--grid_dropout", type=float, default=0.0, help="measure each grid point without dropout and "
+                        "with this probability (rows with `dropout` and `without`: what the masks add, which "
+                        "calibrate_activations.py --fit fits as activations.DROPOUT_COEFFICIENTS)")
     parser.add_argument("--profile", action="store_true", help="profile one step of every run (--profile_step): the "
                         "busiest device ops and the device's idle share of each strategy; its speed figures are then "
                         "those of the logging intervals before that step")
@@ -808,6 +817,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         opts.references = set(comma_list(opts.references, "--references", valid=REFERENCES,
                                          what="reference"))
         re.compile(opts.grid_filter)
+        if not 0 <= opts.grid_dropout < 1:
+            raise HfscaleError(f"--grid_dropout must be in [0, 1), got {opts.grid_dropout}")
         opts.grid_shapes = grid_shapes(opts.grid_shapes) if opts.grid_shapes else None
         variant_names(opts.ddp_variants)
         zero_variant_names(opts.zero_variants)
@@ -915,6 +926,11 @@ def main() -> None:
             clock.say(f"grid {label} {shape}")
             row, error = attempt(grid_point, mode, shape, compiled, device, fused_loss)
             release_device(device)
+            if row and "error" not in row and opts.grid_dropout:  # the same point with dropout, beside it
+                with_dropout, error = attempt(grid_point, mode, shape, compiled, device, fused_loss, opts.grid_dropout)
+                release_device(device)
+                row = with_dropout and {**with_dropout, "dropout": opts.grid_dropout,
+                                        "without": {k: row[k] for k in ("activations", "peak")}}
             report["grid"].append(row or {"mode": f"{mode}/{int(compiled)}", "shape": list(shape),
                                           "fused_loss": fused_loss, "error": error})
             save()

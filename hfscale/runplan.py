@@ -91,6 +91,7 @@ class RunPlan:
     # accelerate's gradient_accumulation_kwargs.sync_each_batch: gradients reduced every micro-batch (no no_sync), so
     # fsdp* keep their gradients sharded while accumulating, for a reduce-scatter per micro-batch
     sync_each_batch: bool = False
+    dropout: bool = False  # the model's hidden/attention dropout is on: its layers keep masks (formulas/activations)
 
     def __post_init__(self):
         for name in ("seq_len", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",

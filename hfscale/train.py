@@ -238,7 +238,8 @@ def check_args(argv: list[str] | None, launched: tuple[int, int] | None = None):
     check_hyperparameters(training)
     check_output_dir(training)
     training, plan, tensorboard = plan_training(training, shape, seq_len, model_args.attn_implementation, explicit,
-                                                model_args.fused_linear_cross_entropy, launched)
+                                                model_args.fused_linear_cross_entropy, launched,
+                                                model_args.dropout_probability())
     check_trainer_combinations(training, training_flag_defaults())
     state = RunState(plan=plan, tensorboard=tensorboard, auto_output_dir=training["output_dir"] is None,
                      explicit=explicit, recipe=recipe,

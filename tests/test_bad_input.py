@@ -667,8 +667,8 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
       "selective"], "--recompute_granularity selective is what --activation_checkpointing recomputes"),
     (["estimate", "--model", "tiny", "--strategy", "megatron", "--tp", "2", "--gpus", "2", "--dropout", "1"],
      "--dropout must be in [0, 1), got 1.0"),
-    (["project", "--model", "tiny", "--tflops_per_gpu", "100", "--dropout", "0.1"],
-     "--dropout describes the 3D layouts"),
+    (["project", "--model", "tiny", "--tflops_per_gpu", "100", "--dropout", "-0.1"],
+     "--dropout must be in [0, 1), got -0.1"),
     # an empty path (before: train's ranks raised makedirs(''); bandwidth measured and wrote nothing)
     (["train", "--model", "tiny", "--max_steps", "1", "--output_dir", ""], "--output_dir is empty: give a folder"),
     (["bandwidth", "--out", ""], "--out is empty: name a file"),

@@ -390,3 +390,19 @@ def test_an_fp8_loss_curve_is_judged_against_two_bf16_seeds():
     assert outside[-1].endswith("OUTSIDE it")
     assert suite.loss_lines([run("", 0.0), run("fp8", 0.0)]) == []  # no second seed: no spread to judge by
     assert suite.loss_lines([run("", 0.0), run("seed2", 0.0, points=5), run("fp8", 0.0)]) == []  # too few points
+
+
+def test_the_grid_measures_each_point_with_and_without_dropout_for_the_dropout_fit(tmp_path):
+    """--grid_dropout (the `dropout` plan): each grid point measured twice, side by side, a row holding both, which
+    calibrate_activations.py --fit hands to its dropout fit rather than to the activation fit. On this CPU the SDPA
+    point with dropout runs torch's math kernel: it keeps more."""
+    proc = run([sys.executable, "benchmarks/gpu_suite.py", "--dry_run", "--only", "grid", "--grid_dropout", "0.1",
+                "--grid_filter", "^gpt2/sdpa/autocast_bf16/0$", "--out", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "activations.jsonl").read_text().splitlines()]
+    assert rows and all(r["dropout"] == 0.1 and r["activations"] > r["without"]["activations"] > 0 for r in rows)
+    calibrate = load_benchmark("calibrate_activations")
+    read = calibrate.read_rows([tmp_path / "activations.jsonl"])
+    assert [r["without"] for r in read] == [r["without"] for r in rows]
+    table = calibrate.fit_dropout(read)
+    assert set(table) == {"gpt2/sdpa/autocast_bf16/0"} and table["gpt2/sdpa/autocast_bf16/0"][1] > 0

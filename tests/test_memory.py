@@ -157,12 +157,14 @@ HELD_OUT = ["--model", "tiny", "--n_layer", "3", "--hidden_size", "320", "--n_he
             "--default_tokenizer_vocab", "6144", "--seq_len", "224", "--per_device_train_batch_size", "6"]
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_activation_estimate_matches_the_measured_step(tmp_path, checkpointing):
+@pytest.mark.parametrize("checkpointing,dropout", [(False, False), (True, False), (False, True)])
+def test_activation_estimate_matches_the_measured_step(tmp_path, checkpointing, dropout):
+    """With dropout (--dropout 0.1, eager attention) the step keeps its masks and the dropped probabilities too: the
+    estimate counts them (act.DROPOUT_COEFFICIENTS), where without them it would miss the step by their share."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "hfscale", "train", *HELD_OUT, "--max_steps", "4", "--logging_steps", "1",
            "--save_strategy", "no", "--attn_implementation", "eager", "--output_dir", str(out),
-           *(["--activation_checkpointing"] if checkpointing else [])]
+           *(["--activation_checkpointing"] if checkpointing else []), *(["--dropout", "0.1"] if dropout else [])]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     proc = run(cmd, timeout=600, environ=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -171,6 +173,89 @@ def test_activation_estimate_matches_the_measured_step(tmp_path, checkpointing):
     estimated = results["estimate"]["step_peak"]
     assert measured > 50e6  # large enough that the runtime's own allocations do not dominate
     assert estimated == pytest.approx(measured, rel=0.15), (estimated, measured)
+    assert results["model"]["dropout"] == (0.1 if dropout else 0.0)
+    assert ("dropout's masks as measured (cpu)" in results["estimate"]["activation_calibration"]) is dropout
+    if dropout:  # the masks' share is what the estimate without them misses by
+        from hfscale.parallel.strategies import get_strategy
+        from hfscale.runplan import RunPlan
+
+        shape = replace(PRESETS["tiny"], n_layer=3, hidden=320, n_head=5, vocab=6144)
+        plan = RunPlan(get_strategy("ddp"), get_optimizer("adamw"), shape, 224, per_device_train_batch_size=6,
+                       device_type="cpu", attention="eager", dropout=True)
+        masks = plan.memory().step_peak - plan.but(dropout=False).memory().step_peak
+        assert estimated == pytest.approx(plan.memory().step_peak, rel=0.01)
+        assert masks > 0.15 * measured and measured - (estimated - masks) > 0.5 * masks, (measured, estimated, masks)
+
+
+def _dropout_bytes(coefficients, shape, seq, micro_batch) -> float:
+    return sum(c * x for c, x in zip(coefficients, act.activation_features(shape, seq, micro_batch)))
+
+
+def test_dropout_counted_tensor_by_tensor_is_what_the_cpu_measured_for_eager_attention():
+    """act.counted_dropout - the estimate of a device with no dropout measurements (a GPU, until one measures them) -
+    with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit of
+    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Llama's none), the
+    dropped probabilities where they are one more tensor, and nothing but the embeddings' under checkpointing. SDPA on
+    CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep no mask)."""
+    fitted = act.DROPOUT_COEFFICIENTS["cpu"]
+    eager = [mode for mode in fitted if mode.split("/")[1] == "eager"]
+    assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama"} and len(eager) == 9
+    for mode in eager:
+        family = mode.split("/")[0]
+        shape = ModelShape(family, 4, 512, 8, 8192, 1024, *((1408, 2) if family == "llama" else ()))
+        measured = _dropout_bytes(fitted[mode], shape, 512, 4)
+        counted = _dropout_bytes(act.counted_dropout(shape, mode, "cpu"), shape, 512, 4)
+        kept = act.activations(shape, 512, 4, mode, "cpu").kept
+        assert counted == pytest.approx(measured, rel=0.05, abs=0.01 * kept), (mode, counted, measured)
+
+
+def test_dropout_on_cuda_is_counted_with_one_byte_masks_and_none_in_the_fused_attention():
+    """The CUDA route counts what torch's CUDA kernels keep (faked device: no GPU here): the fused dropout's 1-byte
+    mask per element, SDPA's flash and memory-efficient kernels none (they draw the mask again in the backward) - but
+    fp32 with grouped-query attention runs the math kernel, which keeps the probabilities, their mask and the dropped
+    copy - and says the figure is counted, not measured."""
+    gpt2, llama = PRESETS["gpt2-124m"], PRESETS["llama-3.2-1b"]
+    assert act.counted_dropout(gpt2, "gpt2/sdpa/bf16/0", "cuda") == (2, 0, 0, 1, 0, 0)
+    assert act.counted_dropout(gpt2, "gpt2/eager/fp32/0", "cuda") == (2, 1 + 4, 0, 1, 0, 0)
+    assert act.counted_dropout(gpt2, "gpt2/eager/bf16/0", "cuda") == (2, 1 + 2, 0, 1, 0, 0)
+    assert act.counted_dropout(gpt2, "gpt2/eager/autocast_bf16/0", "cuda") == (2, 1, 0, 1, 0, 0)  # for the cast copy
+    assert act.counted_dropout(gpt2, "gpt2/eager/fp32/1", "cuda") == (0, 0, 0, 1, 0, 0)  # the embeddings' alone
+    assert act.counted_dropout(llama, "llama/sdpa/bf16/0", "cuda") == (0,) * 8
+    assert act.counted_dropout(llama, "llama/sdpa/fp32/0", "cuda") == (0, 1 + 4, 0, 0, 0, 0, 0, 0)
+    assert act.counted_dropout(PRESETS["bloom-560m"], "bloom/eager/bf16/0", "cuda") == (2, 1, 0, 0, 0, 0)
+    with_masks = act.activations(gpt2, 1024, 8, "gpt2/sdpa/bf16/0", "cuda", dropout=True)
+    without = act.activations(gpt2, 1024, 8, "gpt2/sdpa/bf16/0", "cuda")
+    assert with_masks.kept - without.kept == (2 * 12 + 1) * 8 * 1024 * 768
+    assert "dropout's masks counted (not measured on cuda)" in with_masks.calibration
+
+
+def test_the_planners_count_the_dropout_of_the_model_they_weigh(tmp_path):
+    """`hfscale estimate` of a checkpoint takes its config's dropout (transformers' GPT-2: 0.1) and says so; --dropout
+    overrides it, and puts masks in a preset's estimate as in `project`'s points."""
+    def estimate(*argv):
+        proc = run([sys.executable, "-m", "hfscale", "estimate", *argv, "--strategy", "ddp", "--optim", "adamw",
+                    "--gpus", "8", "--device", "H100-80GB", "--bf16", "--per_device_train_batch_size", "8",
+                    "--attn_implementation", "eager", "--json"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        report = json.loads(proc.stdout)
+        return report["rows"][0]["memory"]["activation_peak"], " ".join(report["assumptions"])
+
+    folder = tmp_path / "gpt2"
+    hf_config(PRESETS["gpt2-124m"], 0.1).save_pretrained(folder)
+    preset, notes = estimate("--model", "gpt2-124m")
+    checkpoint, checkpoint_notes = estimate("--model_name_or_path", str(folder))
+    assert "dropout" not in notes and "dropout: its masks kept" in checkpoint_notes
+    # eager bf16 on CUDA: two 1-byte masks a layer b·s·h, the embeddings' one, and the probabilities' mask
+    gpt2 = PRESETS["gpt2-124m"]
+    masks = (2 * 12 + 1) * 8 * 1024 * 768 + 12 * 8 * 12 * 1024 * 1024 * 1
+    assert checkpoint - preset == pytest.approx(masks, rel=0.01)
+    assert estimate("--model_name_or_path", str(folder), "--dropout", "0")[0] == preset
+    assert estimate("--model", "gpt2-124m", "--dropout", "0.1")[0] == checkpoint
+    project = [run([sys.executable, "-m", "hfscale", "project", "--model", "gpt2-124m", "--tflops_per_gpu", "100",
+                    "--strategy", "ddp", "--gpus", "8", "--bf16", "--per_device_train_batch_size", "8",
+                    "--attn_implementation", "eager", "--json", *flags]) for flags in ([], ["--dropout", "0.1"])]
+    totals = [json.loads(p.stdout)["points"][0]["total_per_gpu"] for p in project]
+    assert totals[1] - totals[0] == pytest.approx(masks * 1.05, rel=0.02) and gpt2.n_layer == 12
 
 
 

@@ -72,10 +72,9 @@ def test_a_model_built_on_the_meta_device_draws_nothing():
 
 
 def test_each_familys_dropout_keys_are_what_its_config_sets_from_dropout():
-    """results.json's model.dropout reads the family's dropout_keys (run/record.config_dropout): every key hf_config
-    sets from --dropout, and no other."""
+    """results.json's model.dropout, and whether the estimate counts dropout's masks, read the family's dropout_keys
+    (Family.dropout_of): every key hf_config sets from --dropout, and no other."""
     from hfscale.models.build import hf_config
-    from hfscale.run.record import config_dropout
 
     for spec in FAMILIES.values():
         shape = next(iter(spec.presets.values()))
@@ -83,4 +82,4 @@ def test_each_familys_dropout_keys_are_what_its_config_sets_from_dropout():
         assert spec.dropout_keys and all(getattr(config, key) == 0.3 for key in spec.dropout_keys), spec.name
         set_keys = {k for k, v in config.to_dict().items() if v == 0.3}
         assert set_keys == set(spec.dropout_keys), (spec.name, set_keys)
-        assert config_dropout(config, spec) == 0.3 and config_dropout(hf_config(shape, 0.0), spec) == 0.0
+        assert spec.dropout_of(config) == 0.3 and spec.dropout_of(hf_config(shape, 0.0)) == 0.0

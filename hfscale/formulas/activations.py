@@ -85,6 +85,70 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
         'llama/sdpa/fp32/0': (39.97, 3.998, 4.003, 11.823, 0.162, 0.01, 16.012, 0.033),
     },
 }
+# What dropout adds to a step's kept activations (hidden and attention dropout on: RunPlan.dropout), bytes per element
+# of each feature as above, by device and mode: the masks its backward needs, and the dropped probabilities where a
+# matmul keeps them beside the softmax's output. Fitted on CPU (calibrate_activations.py --dropout), where torch's
+# dropout is not fused - it keeps its scaled noise, in the dropped tensor's dtype - and SDPA's kernels take no dropout,
+# so torch runs its math kernel, which keeps the probabilities in fp32. A device without a table counts them
+# (counted_dropout), as CUDA's kernels keep them: the fused dropout a 1-byte mask (DROPOUT_MASK_BYTES), SDPA's flash and
+# memory-efficient kernels none (their backward draws the mask again from the generator's seed).
+DROPOUT_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {"cpu": {
+    'bloom/eager/autocast_bf16/0': (4.0, 2.011, 0.0, -0.518, 0.0, 0.0),
+    'bloom/eager/bf16/0': (4.077, 1.988, 0.0, 0.343, 0.0, 0.0),
+    'bloom/eager/fp32/0': (8.055, 8.0, 0.0, -0.094, 0.0, 0.0),
+    'gpt2/eager/autocast_bf16/0': (4.022, 1.989, 0.0, 4.723, 0.0, 0.0),
+    'gpt2/eager/bf16/0': (4.031, 3.999, 0.0, 2.1, 0.0, 0.0),
+    'gpt2/eager/fp32/0': (8.053, 8.0, 0.0, 3.922, 0.0, 0.0),
+    'gpt2/sdpa/autocast_bf16/0': (10.122, 11.985, 0.0, 4.408, 0.0, 0.0),
+    'gpt2/sdpa/bf16/0': (10.106, 11.999, 0.0, 1.64, 0.0, 0.0),
+    'gpt2/sdpa/fp32/0': (8.035, 12.0, 0.0, 4.086, 0.0, 0.0),
+    'llama/eager/autocast_bf16/0': (-0.193, 3.992, 0.0, 1.481, 0.0, 0.0, 0.044, -0.267),
+    'llama/eager/bf16/0': (-0.08, 2.006, 0.0, -0.414, 0.0, 0.0, 0.046, -0.078),
+    'llama/eager/fp32/0': (0.113, 8.0, 0.0, -0.241, 0.0, 0.0, 0.009, -0.112),
+    'llama/sdpa/autocast_bf16/0': (10.073, 11.973, 0.0, 0.548, 0.0, 0.0, 0.035, -4.069),
+    'llama/sdpa/bf16/0': (9.583, 11.992, 0.0, 1.532, 0.0, 0.0, 0.039, -3.897),
+    'llama/sdpa/fp32/0': (8.06, 12.002, 0.0, -0.216, 0.0, 0.0, 0.013, -8.105),
+}}
+DROPOUT_MASK_BYTES = {"cpu": None, "cuda": 1}  # None: the noise, in the dropped tensor's own bytes (torch's CPU dropout)
+
+
+def counted_dropout(shape: ModelShape, mode: str, device: str) -> tuple[float, ...]:
+    """What dropout adds, in bytes per element of each activation feature, counted tensor by tensor: a mask per
+    element of each of the family's dropout_sites (a block's b·s·h outputs - not kept otherwise: a residual add keeps
+    nothing - and the embeddings' sum), and - where the attention keeps its probabilities - their mask and the dropped
+    probabilities the next matmul keeps, unless they take the place of a cast copy it would keep anyway (a softmax in
+    fp32 cast to 16 bits: autocast's, and BLOOM's and Llama's in bf16). Under checkpointing a block keeps its input
+    alone. On CPU (DROPOUT_MASK_BYTES None) a mask is the noise in the dropped tensor's dtype - the probabilities' are
+    fp32 where autocast leaves the queries in fp32 (Family.autocast_fp32_queries) - and the count of the eager modes is
+    checked against the CPU fit (tests/test_memory.py)."""
+    fam, _, compute, checkpointing = mode.split("/")
+    spec = family(fam)
+    layer_sites, embedding_sites = spec.dropout_sites
+    value = 4 if compute == "fp32" else 2  # a block's outputs and the probabilities' dtype (autocast: its matmuls')
+    embedding = 2 if compute == "bf16" else 4  # the embeddings' sum (autocast leaves embeddings in fp32)
+
+    def mask(dropped: int) -> float:
+        return dropped if DROPOUT_MASK_BYTES.get(device) is None else DROPOUT_MASK_BYTES[device]
+
+    per_bsh = per_scores = 0.0
+    if checkpointing == "0":
+        per_bsh = layer_sites * mask(value)
+        if keeps_attention_scores(shape, mode, device):
+            probabilities = 4 if compute == "autocast_bf16" and spec.autocast_fp32_queries else value
+            own_copy = compute == "fp32" or (compute == "bf16" and not spec.softmax_fp32)
+            per_scores = mask(probabilities) + (probabilities if own_copy else 0)
+    coefficients = [per_bsh, per_scores, 0.0, embedding_sites * mask(embedding), 0.0, 0.0]
+    return tuple(coefficients + ([0.0, 0.0] if spec.own_widths else []))
+
+
+def dropout_coefficients(shape: ModelShape, mode: str, device: str) -> tuple[tuple[float, ...], str]:
+    """(what dropout adds per element of each feature, where that comes from): the device's fit, else the count."""
+    table = DROPOUT_COEFFICIENTS.get(device, {})
+    if mode in table:
+        return table[mode], f", dropout's masks as measured ({device})"
+    return counted_dropout(shape, mode, device), f", dropout's masks counted (not measured on {device})"
+
+
 # Under activation checkpointing the backward recomputes one block at a time: the step's peak is then the larger of
 # the logits' gradients and one block's full activations plus what its backward holds beside them, per b·s·h element
 # and per b·a·s² element (eager attention's score gradients; SDPA keeps no score matrix: 0), fitted per CUDA mode by
@@ -230,13 +294,15 @@ def compiled_figure(table: dict, output: str, pick) -> tuple[object, str | None]
 
 def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str = "cpu", compiled: bool = False,
                 tp: int = 1, fused_loss: bool = False, kv_cache: bool = False,
-                logits_output: bool = False, float8: bool = False) -> Activations:
+                logits_output: bool = False, float8: bool = False, dropout: bool = False) -> Activations:
     """What one micro-batch on `device` keeps after the forward, the step's peak, and (under checkpointing) what the
     backward holds at its end, on one rank of a TP group of `tp` (tp_activation_scales), with which calibration gave
     them. `fused_loss`: the fused linear cross-entropy replaces the logits' terms (fused_loss_bytes). `kv_cache`: the
     step keeps transformers' KV cache (hfscale's runs never do since run/forward.py; runs measured before did).
     `logits_output`: the step's forward returns the logits beside the loss (hfscale's never does since run/forward.py;
-    the compiled figures say which they were measured with). `float8` (--fp8): the blocks' converted layers cast their
+    the compiled figures say which they were measured with). `dropout`: the model's hidden and attention dropout are
+    on, and their masks kept (dropout_coefficients; the probabilities' split over TP, the masks of the blocks' outputs
+    whole on every rank, as Korthikanti et al. count them). `float8` (--fp8): the blocks' converted layers cast their
     fp32 weights to float8 themselves, so autocast keeps no bf16 copy of those (their inputs are kept in bf16 as a
     bf16 layer's are); the peak adds one layer's float8 operands in flight (float8_operand_bytes, not measured yet).
 
@@ -260,6 +326,15 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
+    block_dropout = None  # what a recomputed block's masks add (checkpointing: the uncheckpointed mode's per layer)
+    if dropout:
+        masks, note = dropout_coefficients(shape, mode, device)  # the device's kernels, whichever fit the rest is
+        split = activation_features(shape, seq, micro_batch)
+        split[1:2] = [split[1] / tp]
+        split[6:] = [x / tp for x in split[6:]]
+        kept += sum(c * x for c, x in zip(masks, split))
+        block_dropout = dropout_coefficients(shape, mode[:-1] + "0", device)[0]
+        calibration += note
     cache = kv_cache_bytes(shape, seq, micro_batch, mode) / tp  # the keys and values split over a TP group's ranks
     if kv_cache != cache_in_fit and cache:
         kept += cache if kv_cache else -cache
@@ -280,7 +355,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         calibration += ", float8: no autocast copies of the converted weights, one layer's float8 operands at the peak"
     backward_end = 0.0
     if mode.endswith("/1"):  # the backward recomputes one block's full activations at a time, with its gradients
-        one_block = recomputed_block_bytes(shape, seq, micro_batch, mode, device, table)
+        one_block = recomputed_block_bytes(shape, seq, micro_batch, mode, device, table, block_dropout)
         peak_extra = max(peak_extra, one_block)
         backward_end = kept - loss_share + one_block
     factor = 1.0
@@ -294,17 +369,21 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
 
 
 def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str,
-                           table: dict) -> float:
+                           table: dict, dropout: tuple[float, ...] | None = None) -> float:
     """What a checkpointed backward holds for the block it recomputes: the block's full activations (the mode's
     uncheckpointed coefficients in `table`, the calibration the step's figures come from, per b·s·h and per b·a·s²
-    element) and its backward's gradients beside them (RECOMPUTE_GRADIENT_BYTES)."""
+    element), its backward's gradients beside them (RECOMPUTE_GRADIENT_BYTES), and with dropout its masks (`dropout`:
+    the uncheckpointed mode's dropout_coefficients)."""
     full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
     per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
         mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
     bsh = micro_batch * seq * shape.hidden
     widths = sum(c * x / shape.n_layer for c, x in zip(full[6:], activation_features(shape, seq, micro_batch)[6:]))
     scores = keeps_attention_scores(shape, mode, device)
-    return (full[0] + per_bsh) * bsh + (full[1] * scores + per_scores) * micro_batch * shape.n_head * seq * seq + widths
+    masks = dropout or (0.0,) * len(full)
+    widths += sum(c * x / shape.n_layer for c, x in zip(masks[6:], activation_features(shape, seq, micro_batch)[6:]))
+    return ((full[0] + per_bsh + masks[0]) * bsh
+            + (full[1] * scores + per_scores + masks[1]) * micro_batch * shape.n_head * seq * seq + widths)
 
 
 def compiled_step(shape: ModelShape, seq: int, micro_batch: int, mode: str, device: str, peak_extra: float,

@@ -302,7 +302,7 @@ def rank_memory(plan) -> RankMemory:
     acts = activations(plan.shape, plan.seq_len, plan.per_device_train_batch_size,
                        activation_mode(plan.shape.family, plan.attention, compute, plan.activation_checkpointing),
                        plan.device_type, plan.torch_compile, plan.tp, plan.fused_linear_cross_entropy, plan.kv_cache,
-                       plan.logits_output, bool(plan.float8))
+                       plan.logits_output, bool(plan.float8), plan.dropout)
     mem.activations, mem.activation_peak, mem.activation_calibration = acts.kept, acts.peak, acts.calibration
     mem.backward_end = acts.backward_end
     float8_block = float8_block_elements(plan.shape, plan.tp) if plan.float8_all_gather else 0  # a rank's TP slices

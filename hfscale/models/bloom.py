@@ -58,6 +58,8 @@ class Bloom(Family):
                                "is for Llama")
 
     dropout_keys = ("hidden_dropout", "attention_dropout")
+    dropout_sites = (2, 0)  # dropout_add after the attention and after the MLP; none on the embeddings
+    softmax_fp32 = True
 
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import BloomConfig

@@ -77,6 +77,12 @@ class Family(ABC):
     sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
+    # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
+    # embeddings' b·s·h sum); every family drops its attention probabilities too (formulas/activations.counted_dropout)
+    dropout_sites: tuple[int, int] = (0, 0)
+    softmax_fp32: bool = False  # eager attention's softmax runs in fp32 and casts its output to the queries' dtype
+    autocast_fp32_queries: bool = False  # under autocast its queries are fp32 (RoPE's fp32 cos and sin), and so are
+    # the probabilities its attention dropout meets: the values' matmul casts them after it
     # module inside a block -> how tensor parallelism splits it (parallel/tensor_parallel.py applies it): colwise (by
     # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split)
     tp_plan: dict[str, str]
@@ -115,6 +121,11 @@ class Family(ABC):
     def embeddings(self) -> tuple[str, ...]:
         """The parameters of nn.Embedding modules (bitsandbytes keeps 32-bit optimizer states for them)."""
         return (self.embedding, *([self.position_embedding] if self.position_embedding else []))
+
+    def dropout_of(self, config) -> float:
+        """The largest dropout probability a config of this family sets (its dropout_keys): whether its layers keep
+        dropout masks (transformers' GPT-2 config: 0.1)."""
+        return float(max((getattr(config, key, 0.0) or 0.0 for key in self.dropout_keys), default=0.0))
 
     def is_block(self, name: str) -> bool:
         return name.startswith(self.block_prefix + ".")

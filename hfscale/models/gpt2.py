@@ -50,6 +50,7 @@ class GPT2(Family):
                 *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
 
     dropout_keys = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+    dropout_sites = (2, 1)  # resid_dropout after the attention, the MLP's dropout; drop after wte + wpe
 
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import GPT2Config

@@ -73,7 +73,9 @@ class Llama(Family):
                                f"(grouped-query attention shares each among a whole number of query heads); choose a "
                                f"divisor of {shape.n_head}")
 
-    dropout_keys = ("attention_dropout",)
+    dropout_keys = ("attention_dropout",)  # its attention probabilities alone: no dropout_sites
+    softmax_fp32 = True
+    autocast_fp32_queries = True
 
     def hf_config(self, shape, dropout=0.0, **extra):
         from transformers import LlamaConfig

@@ -3,6 +3,7 @@ run and the planners: `hfscale train`, `estimate`, `project` and `tune` name mod
 them here. transformers is imported only to read a checkpoint's config."""
 
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import HfscaleError, one_of
@@ -87,9 +88,9 @@ def missing_local_path(name_or_path: str) -> bool:
     return name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists()
 
 
-def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights: bool = True) -> ModelShape:
-    """The shape of a pretrained checkpoint, read from its config alone; `weights`: a local directory must hold them
-    too (checked here, before a run starts, where loading them would fail in every rank)."""
+def pretrained_config(name_or_path: str, trust_remote_code: bool = False):
+    """A pretrained checkpoint's transformers config (its config.json alone), or one line saying why it cannot be
+    read."""
     from transformers import AutoConfig
 
     if missing_local_path(name_or_path):
@@ -108,6 +109,14 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights
     except StrictDataclassError as err:  # a value of the wrong kind in config.json ("n_layer": "abc")
         raise HfscaleError(f"cannot load model {name_or_path!r}: its config.json: "
                            f"{' '.join(str(err).split())}") from None
+    return config
+
+
+def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights: bool = True) -> ModelShape:
+    """The shape of a pretrained checkpoint, read from its config alone; `weights`: a local directory must hold them
+    too (checked here, before a run starts, where loading them would fail in every rank)."""
+    config = pretrained_config(name_or_path, trust_remote_code)
+    local = Path(name_or_path).expanduser()
     try:
         shape = shape_from_config(config)
         validate_shape(shape)
@@ -117,3 +126,19 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights
         raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
                            f"({' or '.join(WEIGHT_FILES)})")
     return shape
+
+
+def model_dropout(dropout: float | None, model_name_or_path: str | None = None,
+                  trust_remote_code: bool = False) -> float:
+    """The dropout probability of the model these flags name, whose masks its layers keep: `dropout` where given,
+    else a checkpoint's config's (its family's dropout_keys; transformers' GPT-2 config sets 0.1), else 0 - the
+    presets', as hfscale, BLOOM and Llama pretrain."""
+    if dropout is not None:
+        return dropout
+    return checkpoint_dropout(model_name_or_path, trust_remote_code) if model_name_or_path else 0.0
+
+
+@lru_cache(maxsize=8)  # the planners weigh every strategy x optimizer of one model: its config read once
+def checkpoint_dropout(name_or_path: str, trust_remote_code: bool = False) -> float:
+    config = pretrained_config(name_or_path, trust_remote_code)
+    return family_for_model_type(config.model_type).dropout_of(config)

@@ -34,8 +34,12 @@ class Baseline:
     float8: str | None = None  # --fp8 on a run measured without it: the recipe the projected points train with
     float8_step: Float8Step | None = None  # ... and what it does to their compute (formulas/float8)
     float8_left_out: dict[str, str] = field(default_factory=dict)  # strategies not projected with it: the reason
-    dropout: bool = False  # its layers kept dropout masks (the run's model config; a Megatron log's arguments)
     sync_each_batch: bool | None = None  # the projected points reduce every micro-batch (None: as the measured run)
+
+    @property
+    def dropout(self) -> bool:
+        """Its layers kept dropout masks (the run's model config; a Megatron log's arguments): the plan's."""
+        return self.plan.dropout
 
     @property
     def compute_factor(self) -> float:
@@ -79,7 +83,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
                        activation_checkpointing=bool(cfg.activation_checkpointing),
                        attention=(data.estimate or {}).get("attention", "sdpa"), torch_compile=bool(cfg.torch_compile),
                        fused_linear_cross_entropy=bool(cfg.fused_linear_cross_entropy), float8=cfg.float8,
-                       sync_each_batch=bool(cfg.sync_each_batch),
+                       sync_each_batch=bool(cfg.sync_each_batch), dropout=bool(data.model.dropout),
                        device_type=env.device_type or "cuda",  # a ZeRO run's buckets, as it ran (else the shipped)
                        deepspeed_config=strategy.deepspeed_config_with(cfg.zero_optimization)
                        if strategy.engine == "deepspeed" and isinstance(cfg.zero_optimization, dict) else None)
@@ -91,7 +95,7 @@ def baseline_from_results(path: Path, device_bytes: float | None = None) -> Base
         device_bytes = device_bytes * GB if device_bytes else None
     return Baseline(plan, [s, min(spread + [s]), max(spread + [s])], str(path), cfg.powersgd_rank,
                     overlap=not on_cpu, step_sd_s=step_noise_s(history), device_memory_bytes=device_bytes,
-                    device=None if on_cpu else device_key(env.device_name or ""), dropout=bool(data.model.dropout))
+                    device=None if on_cpu else device_key(env.device_name or ""))
 
 
 def megatron_log_plan(data, path: Path, gpus_per_node: int) -> GridPlan:
@@ -154,12 +158,13 @@ def baseline_from_megatron_log(path: Path, links, gpus_per_node: int, device_byt
                   per_device_train_batch_size=plan.per_device_train_batch_size,
                   gradient_accumulation_steps=plan.gradient_accumulation_steps, precision=plan.precision,
                   activation_checkpointing=plan.recompute != "none",
-                  attention="flash_attention_2" if plan.flash_attention else "eager")  # scores kept or not
+                  attention="flash_attention_2" if plan.flash_attention else "eager",  # scores kept or not
+                  dropout=plan.dropout)
     _, hardware = training_flops_per_sequence(one.shape, one.seq_len, one.activation_checkpointing)
     s = hardware * one.per_device_train_batch_size * one.gradient_accumulation_steps / rate  # one GPU, compute only
     source = (f"{path}: {plan.name} on {plan.world_size} GPUs, {float(data.perf.s_per_iter):.4g} s/it logged -> "
               f"{rate / 1e12:.1f} TFLOPs per GPU of compute by the 3D model")
-    return Baseline(one, [s, s, s], source, device_memory_bytes=device_bytes, dropout=plan.dropout), plan
+    return Baseline(one, [s, s, s], source, device_memory_bytes=device_bytes), plan
 
 
 def baseline_from_flags(opts, device_bytes: float | None) -> Baseline:

@@ -19,8 +19,8 @@ from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
 from ..models import resolve_seq_len
 from .options import (ATTENTION, SYNC_EACH_BATCH_HELP, add_grid_flags, add_model_flags, add_precision_flags, base_plan,
-                      check_attention, check_grid_flags, check_whole_nodes, device_memory_bytes, fit, grid_plan,
-                      optimizers_option, float8_of, grid_options, precision_from_options, shape_from_options,
+                      check_attention, check_grid_flags, check_whole_nodes, device_memory_bytes, dropout_of, fit,
+                      grid_plan, optimizers_option, float8_of, grid_options, precision_from_options, shape_from_options,
                       strategies_and_families)
 
 
@@ -173,6 +173,7 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         f"{', fused linear cross-entropy' if opts.fused_linear_cross_entropy else ''}, {opts.attn_implementation} "
         f"attention, activation "
         f"checkpointing {'on' if opts.activation_checkpointing else 'off'}"
+        f"{', dropout: its masks kept' if dropout_of(opts) else ''}"
         + (f", {opts.gradient_accumulation_steps} micro-batches a step: fsdp* "
            + ("reduce each (sync_each_batch), holding their gradient shards between them"
               if opts.sync_each_batch else "hold whole gradients between them (no_sync; --sync_each_batch keeps shards)")
@@ -192,7 +193,7 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
           + ": ZeRO-1 over DP x CP), activations per "
           f"Korthikanti et al. 2022 at the model's widths (recompute "
           f"{grid_options(opts, opts.activation_checkpointing).recompute}, sequence parallel "
-          f"{'on' if opts.sequence_parallel else 'off'}, dropout {'on' if opts.dropout else 'off'}, attention scores "
+          f"{'on' if opts.sequence_parallel else 'off'}, dropout {'on' if dropout_of(opts) else 'off'}, attention scores "
           f"{'kept (eager)' if opts.attn_implementation == 'eager' else 'not kept (a fused kernel)'}; "
           "CP: a GPU's 1/CP of each sequence); "
           "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]

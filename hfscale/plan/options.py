@@ -8,7 +8,7 @@ from ..flags import ALL, at_most_gpus, comma_list
 from ..formulas.metrics import GB, ModelShape
 from ..formulas.precision import FLOAT8_NOT_FP16, FLOAT8_RECIPES
 from ..formulas.peaks import DEVICES, device_memory_gb
-from ..models import MODEL_OVERRIDES, PRESETS, model_shape, resolve_seq_len
+from ..models import MODEL_OVERRIDES, PRESETS, model_dropout, model_shape, resolve_seq_len
 from ..parallel.optimizers import OPTIMIZERS, get_optimizer
 from ..parallel.strategies import all_strategies, get_strategy
 from ..runplan import RunPlan, compute_precision, fit  # noqa: F401 - fit: the planners' one verdict
@@ -141,7 +141,8 @@ def strategies_and_families(text: str, with_3d: bool, timed: bool = False) -> tu
 
 
 def add_grid_flags(p: ArgumentParser) -> None:
-    """The 3D layout flags (TP x PP x DP), named as Megatron's are, for the megatron* families of --strategy."""
+    """The 3D layout flags (TP x PP x DP), named as Megatron's are, for the megatron* families of --strategy; and
+    --dropout, which every strategy's activations count."""
     p.add_argument("--tp", help="tensor-parallel sizes for the megatron* layouts, comma-separated (TP inside a node)")
     p.add_argument("--pp", help="pipeline-parallel sizes for the megatron* layouts, comma-separated")
     p.add_argument("--cp", help="context-parallel sizes for the megatron layouts, comma-separated: each sequence split "
@@ -155,9 +156,10 @@ def add_grid_flags(p: ArgumentParser) -> None:
                         "default): fp32 masters and Adam sharded over DP x CP, gradients reduce-scattered and the "
                         "weights all-gathered (ZeRO-1; megatron-deepspeed always runs it)")
     p.add_argument("--dropout", type=float, default=None,
-                   help="megatron* layouts: hidden and attention dropout (Megatron's --hidden-dropout, "
-                        "--attention-dropout), whose masks a layer keeps for its backward (default: a Megatron log's "
-                        "own, else 0 - hfscale's runs', and BLOOM's and Llama's pretraining; Megatron-LM's is 0.1)")
+                   help="the model's hidden and attention dropout (Megatron's --hidden-dropout, --attention-dropout), "
+                        "whose masks its layers keep for the backward (default: a checkpoint's config's - "
+                        "transformers' GPT-2 sets 0.1 - or the measured run's or Megatron log's, else 0: the presets', "
+                        "as BLOOM and Llama pretrain; Megatron-LM's is 0.1)")
     p.add_argument("--recompute_granularity", default="full", choices=("full", "selective"),
                    help="megatron* layouts with --activation_checkpointing: recompute whole layers (full, default) "
                         "or only the attention (selective)")
@@ -170,7 +172,6 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
     given = [flag for flag, on in (("--tp/--pp", opts.tp or opts.pp), ("--cp", opts.cp), ("--vp", opts.vp != 1),
                                    ("--sequence_parallel", opts.sequence_parallel),
                                    ("--use_distributed_optimizer", opts.use_distributed_optimizer),
-                                   ("--dropout", opts.dropout is not None),
                                    ("--recompute_granularity", opts.recompute_granularity != "full")) if on]
     if given and not families:
         raise HfscaleError(f"{given[0]} describe{'' if given[0] == '--tp/--pp' else 's'} the 3D layouts: add megatron "
@@ -186,6 +187,13 @@ def check_grid_flags(opts, families: list[str], checkpointing: bool) -> None:
     if opts.recompute_granularity != "full" and not checkpointing:
         raise HfscaleError(f"--recompute_granularity {opts.recompute_granularity} is what --activation_checkpointing "
                            "recomputes: turn that on, or leave the granularity out")
+
+
+def dropout_of(opts) -> bool:
+    """Whether the options' model keeps dropout masks: --dropout (planners that have it), else a checkpoint's config's
+    dropout, else none (models.model_dropout)."""
+    return model_dropout(getattr(opts, "dropout", None), opts.model_name_or_path,
+                         getattr(opts, "trust_remote_code", False)) > 0
 
 
 def grid_options(opts, checkpointing: bool) -> GridOptions:
@@ -204,7 +212,8 @@ def grid_plan(opts, family: str, optimizer: str, *, tp: int, pp: int, gpus: int,
         family, optimizer, shape, resolve_seq_len(shape, opts.seq_len), tp=tp, pp=pp, cp=cp,
         dp=max(1, gpus // (tp * pp * cp)), micro_batch=per_device_train_batch_size,
         micro_batches=gradient_accumulation_steps, processes_per_node=gpus_per_node,
-        precision=precision_from_options(opts), flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager")
+        precision=precision_from_options(opts), flash_attention=getattr(opts, "attn_implementation", "sdpa") != "eager",
+        dropout=dropout_of(opts))
 
 
 def optimizers_option(text: str) -> list:
@@ -222,7 +231,7 @@ def base_plan(opts, strategy, optimizer, *, world_size: int, processes_per_node:
     precision = precision_from_options(opts)
     if recipe and precision != "fp16":  # float8 computes the rest in bf16; with fp16 the plan refuses it
         precision = "bf16"
-    return RunPlan(strategy, optimizer, shape, resolve_seq_len(shape, opts.seq_len),
+    return RunPlan(strategy, optimizer, shape, resolve_seq_len(shape, opts.seq_len), dropout=dropout_of(opts),
                    per_device_train_batch_size=per_device_train_batch_size,
                    gradient_accumulation_steps=gradient_accumulation_steps, world_size=world_size,
                    processes_per_node=processes_per_node, precision=precision,

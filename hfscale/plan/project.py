@@ -100,6 +100,8 @@ def run_projection(opts):
     base = projection_baseline(opts, links, device_bytes)
     if opts.sync_each_batch:  # the projected points reduce every micro-batch, whatever the measured run did
         base = replace(base, sync_each_batch=True)
+    if opts.dropout is not None:  # the projected points' model drops out (or not), whatever the measured run's did
+        base = replace(base, plan=base.plan.but(dropout=opts.dropout > 0))
     strategies, families = (strategies_and_families(opts.strategy, with_3d=True) if opts.strategy
                             else ([base.plan.strategy], []))
     refused = {s.name: tp_projection_refusal(base.plan, s, opts.gpus_per_node) for s in strategies}

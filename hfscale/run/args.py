@@ -24,7 +24,8 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError, unknown_names
 from ..files import check_writable_dir, is_run_file, read_run_file
 from ..formulas.metrics import ModelShape, param_count
-from ..models import PRESETS, check_attention, missing_local_path, model_shape, resolve_seq_len, resolve_shape
+from ..models import (PRESETS, check_attention, missing_local_path, model_dropout, model_shape, resolve_seq_len,
+                      resolve_shape)
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
@@ -60,7 +61,7 @@ class ModelArguments:
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
-    dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining)."})
+    dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining); a checkpoint keeps its config's."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
     fused_linear_cross_entropy: bool = field(default=False, metadata={"help": (
         "Compute the LM head and its loss a chunk of tokens at a time, gradients included, never holding the b x s x "
@@ -75,6 +76,11 @@ class ModelArguments:
             resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size,
                           self.vocab_size, n_kv_head=self.num_key_value_heads)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
+
+    def dropout_probability(self) -> float:
+        """The model's dropout: a preset's --dropout, a checkpoint's own config's."""
+        return model_dropout(None if self.model_name_or_path else self.dropout, self.model_name_or_path,
+                             self.trust_remote_code)
 
     def shape(self) -> ModelShape:
         """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""

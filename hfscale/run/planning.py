@@ -80,11 +80,12 @@ def resolve_checkpointing(kw: dict) -> bool:
 
 def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: str | None = None,
                   explicit: set[str] = frozenset(), fused_linear_cross_entropy: bool = False,
-                  launched: tuple[int, int] | None = None) -> tuple[dict, RunPlan, bool]:
+                  launched: tuple[int, int] | None = None, dropout: float = 0.0) -> tuple[dict, RunPlan, bool]:
     """The hfscale checks and strategy defaults on the TrainingArguments keywords, and the run's plan, without building
     the arguments. Returns (the keywords to build the TrainingArguments with, the RunPlan, whether hfscale writes
     TensorBoard). Pure: reads the launcher's environment (or `launched`: the processes, and those per node, of a run
-    about to be launched - a sweep's or tune's trial) and the strategy/DeepSpeed files, changes nothing."""
+    about to be launched - a sweep's or tune's trial) and the strategy/DeepSpeed files, changes nothing. `dropout`: the
+    model's (ModelArguments.dropout_probability), whose masks the estimate counts."""
     kw = dict(training)
     require_finite(kw)
     optimizer = get_optimizer(kw["optim"])
@@ -118,7 +119,7 @@ def plan_training(training: dict, shape: ModelShape, seq_len: int, attention: st
                    attention=attention, deepspeed_config=deepspeed_config, torch_compile=bool(kw["torch_compile"]),
                    device_type="cuda" if gpu else "cpu", max_grad_norm=kw.get("max_grad_norm", 1.0),
                    fused_linear_cross_entropy=fused_linear_cross_entropy, float8=recipe,
-                   sync_each_batch=sync_each_batch(kw))
+                   sync_each_batch=sync_each_batch(kw), dropout=dropout > 0)
     if strategy.tensor_parallel or recipe:  # TP: a node of 2+ processes, TP dividing the heads; float8's engines
         reason = plan.refusal()
         if reason:

@@ -75,14 +75,8 @@ def memory_estimate(plan, model) -> dict:
     """What hfscale.formulas.memory predicts for this very run, per rank, recorded beside what it measures (with the
     attention implementation the built model really uses)."""
     attention = getattr(model.config, "_attn_implementation", None)
-    return {**plan.but(attention=attention).memory().as_dict(), "attention": attention}
-
-
-def config_dropout(config, spec) -> float:
-    """The largest dropout probability the model's config sets (its family's dropout_keys: GPT-2's resid/embd/
-    attn_pdrop, BLOOM's hidden/attention_dropout, Llama's attention_dropout): whether its layers keep dropout masks
-    (a 3D layout projected from the run keeps them too)."""
-    return float(max((getattr(config, key, 0.0) or 0.0 for key in spec.dropout_keys), default=0.0))
+    dropout = plan.shape.spec.dropout_of(model.config) > 0  # the built model's: a checkpoint's config sets its own
+    return {**plan.but(attention=attention, dropout=dropout).memory().as_dict(), "attention": attention}
 
 
 def base_results(model_args, data_args, args, state, model, env: EnvironmentRecord) -> Results:
@@ -99,7 +93,7 @@ def base_results(model_args, data_args, args, state, model, env: EnvironmentReco
                               shape.n_layer, shape.hidden, shape.positions if shape.spec.position_embedding else 0,
                               shape.vocab),
                           params_model=parameter_count(model), params_trainable=parameter_count(model, True),
-                          dropout=config_dropout(model.config, shape.spec)),
+                          dropout=shape.spec.dropout_of(model.config)),
         config=ConfigRecord(world_size=plan.world_size, per_device_train_batch_size=plan.per_device_train_batch_size,
                             gradient_accumulation_steps=plan.gradient_accumulation_steps,
                             global_batch_size=plan.global_batch_size, seq_len=plan.seq_len,
