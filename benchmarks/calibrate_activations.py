@@ -226,10 +226,7 @@ def fit_rows(rows: list[dict], device: str = "cuda") -> dict:
             recompute[mode], peaks[mode] = recompute_term(mine, table[mode], table[mode[:-1] + "0"], features,
                                                           scores=mode.split("/")[1] == "eager")
     print(f"recompute terms, bytes per b·s·h and per b·a·s²: {recompute}; their worst peak error: {peaks}")
-    print("\nACTIVATION_COEFFICIENTS[device] = {")
-    for mode, coef in table.items():
-        print(f"    {mode!r}: {tuple(coef)},")
-    print("}")
+    print_table("ACTIVATION_COEFFICIENTS[device]", table)
     return {"coefficients": table, "quality": quality, "recompute_bytes": recompute, "peak_error": peaks, "set_aside": set_aside}
 
 
@@ -377,6 +374,14 @@ def read_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
+def print_table(name: str, table: dict) -> None:
+    """A fitted table as the Python of activations.py, to paste."""
+    print(f"\n{name} = {{")
+    for mode, coef in table.items():
+        print(f"    {mode!r}: {tuple(coef)},")
+    print("}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES))
@@ -397,7 +402,7 @@ def main() -> None:
         fit_rows([r for r in rows if "error" not in r])  # a row that could not run says why instead
         fit_compiled(rows)
         if dropped:
-            print(f"DROPOUT_COEFFICIENTS[device] = {fit_dropout([r for r in dropped if 'error' not in r])}")
+            print_table("DROPOUT_COEFFICIENTS[device]", fit_dropout([r for r in dropped if "error" not in r]))
         return
     import numpy as np
 
@@ -412,10 +417,7 @@ def main() -> None:
             raise SystemExit(f"calibrate_activations: --dropout must be in (0, 1), got {opts.dropout}")
         rows = measure_dropout(modes, opts.dropout)
         table = fit_dropout(rows)
-        print("\nDROPOUT_COEFFICIENTS[device] = {")
-        for mode, coef in table.items():
-            print(f"    {mode!r}: {tuple(coef)},")
-        print("}")
+        print_table("DROPOUT_COEFFICIENTS[device]", table)
         if opts.json:
             opts.json.write_text(json.dumps({"measured": rows, "dropout_coefficients": table}, indent=2))
         return
@@ -441,10 +443,7 @@ def main() -> None:
         table[mode] = [round(float(c), 3) for c in coef]
         print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)
     if opts.forward != "fused":
-        print("\nACTIVATION_COEFFICIENTS = {")
-        for mode, coef in table.items():
-            print(f"    {mode!r}: {tuple(coef)},")
-        print("}")
+        print_table("ACTIVATION_COEFFICIENTS", table)
     if opts.json:
         opts.json.write_text(json.dumps({"measured": measured, "coefficients": table}, indent=2))
 

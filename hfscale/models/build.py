@@ -133,14 +133,22 @@ def declare_causal_lm_loss(model):
     return model
 
 
-def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
-    """A pretrained checkpoint's architecture on the meta device, no weights read (its shards come from rank 0)."""
+def dropout_settings(family_name: str, dropout: float | None) -> dict:
+    """The config keys that set a family's dropout to `dropout` ({} for None: the checkpoint's own)."""
+    return {} if dropout is None else {key: dropout for key in family(family_name).dropout_keys}
+
+
+def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None,
+                       dropout: float | None = None):
+    """A pretrained checkpoint's architecture on the meta device, no weights read (its shards come from rank 0);
+    `dropout`: its config's dropout replaced (None: kept)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import torch
 
-    pretrained_shape(name_or_path, trust_remote_code)  # the same checks as the rank that loads it
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    shape = pretrained_shape(name_or_path, trust_remote_code)  # the same checks as the rank that loads it
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
+                                        **dropout_settings(shape.family, dropout))
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, dtype=torch.float32,
@@ -148,14 +156,17 @@ def pretrained_on_meta(name_or_path: str, trust_remote_code: bool = False, attn_
     return declare_causal_lm_loss(model)
 
 
-def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None):
-    """A pretrained checkpoint (local directory or Hub name) and its shape."""
+def load_pretrained(name_or_path: str, trust_remote_code: bool = False, attn_implementation: str | None = None,
+                    dropout: float | None = None):
+    """A pretrained checkpoint (local directory or Hub name) and its shape; `dropout`: its config's dropout replaced
+    (None: kept)."""
     from transformers import AutoModelForCausalLM
 
     import torch
 
     shape = pretrained_shape(name_or_path, trust_remote_code)
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs = {**({"attn_implementation": attn_implementation} if attn_implementation else {}),
+              **dropout_settings(shape.family, dropout)}  # config keys among from_pretrained's keywords set the config
     # fp32 master weights whatever the checkpoint stores: transformers 5 loads in the stored dtype by default
     # (dtype="auto"), and a bf16 checkpoint would then train in pure bf16 under DDP while --bf16 means autocast
     model = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,

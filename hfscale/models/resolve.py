@@ -36,6 +36,12 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
     preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve.
     `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
     if model_name_or_path:
+        overrides = dict(n_layer=n_layer, hidden_size=hidden_size, n_head=n_head, ffn_hidden_size=ffn_hidden_size,
+                         vocab_size=vocab_size, num_key_value_heads=num_key_value_heads)
+        given = next((flag for flag, value in overrides.items() if value is not None), None)
+        if given:  # a checkpoint's weights have its config's sizes: the override was ignored without a word
+            raise HfscaleError(f"--{given} overrides a preset's shape; {model_name_or_path!r} brings its own "
+                               f"config: drop --{given}")
         return pretrained_shape(model_name_or_path, trust_remote_code, weights)
     return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size,
                          n_kv_head=num_key_value_heads)

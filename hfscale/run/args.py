@@ -61,7 +61,7 @@ class ModelArguments:
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
-    dropout: float = field(default=0.0, metadata={"help": "Dropout of a preset model (0, as in BLOOM pretraining); a checkpoint keeps its config's."})
+    dropout: float | None = field(default=None, metadata={"help": "The model's hidden and attention dropout (default: a preset's 0, as in BLOOM pretraining; a checkpoint's own config's - transformers' GPT-2 sets 0.1)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from a pretrained checkpoint to run."})
     fused_linear_cross_entropy: bool = field(default=False, metadata={"help": (
         "Compute the LM head and its loss a chunk of tokens at a time, gradients included, never holding the b x s x "
@@ -70,7 +70,7 @@ class ModelArguments:
 
     def __post_init__(self):
         require_finite(vars(self))
-        if not 0 <= self.dropout < 1:
+        if self.dropout is not None and not 0 <= self.dropout < 1:
             raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
             resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size,
@@ -78,9 +78,8 @@ class ModelArguments:
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
     def dropout_probability(self) -> float:
-        """The model's dropout: a preset's --dropout, a checkpoint's own config's."""
-        return model_dropout(None if self.model_name_or_path else self.dropout, self.model_name_or_path,
-                             self.trust_remote_code)
+        """The model's dropout: --dropout, else a checkpoint's own config's, else a preset's 0."""
+        return model_dropout(self.dropout, self.model_name_or_path, self.trust_remote_code)
 
     def shape(self) -> ModelShape:
         """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""

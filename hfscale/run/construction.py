@@ -101,18 +101,18 @@ def build(model_args, args, shape, tokenizer, strategy=None):
         # into its partitions (rank 0's values broadcast); no RNG involved, so the weights are the checkpoint's
         with plain_construction(args, strategy):
             return load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
-                                   model_args.attn_implementation)[0]
+                                   model_args.attn_implementation, model_args.dropout)[0]
     without_weights = not builds_whole(args, strategy)
     if model_args.model_name_or_path:
         if without_weights:
             model = pretrained_on_meta(model_args.model_name_or_path, model_args.trust_remote_code,
-                                       model_args.attn_implementation)
+                                       model_args.attn_implementation, model_args.dropout)
         else:
             model, _ = load_pretrained(model_args.model_name_or_path, model_args.trust_remote_code,
-                                       model_args.attn_implementation)
+                                       model_args.attn_implementation, model_args.dropout)
     else:
         with torch.device("meta" if without_weights else "cpu"):
-            model = build_model(shape, args.seed, model_args.attn_implementation, model_args.dropout)
+            model = build_model(shape, args.seed, model_args.attn_implementation, model_args.dropout or 0.0)
         model.config.eos_token_id = model.config.bos_token_id = tokenizer.eos_token_id
     if without_weights:
         # Uninitialised host tensors, not meta ones: their pages are never touched (no resident memory), but each
