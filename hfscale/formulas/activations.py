@@ -109,7 +109,7 @@ DROPOUT_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {"cpu": {
     'llama/sdpa/bf16/0': (9.583, 11.992, 0.0, 1.532, 0.0, 0.0, 0.039, -3.897),
     'llama/sdpa/fp32/0': (8.06, 12.002, 0.0, -0.216, 0.0, 0.0, 0.013, -8.105),
 }}
-DROPOUT_MASK_BYTES = {"cpu": None, "cuda": 1}  # None: the noise, in the dropped tensor's own bytes (torch's CPU dropout)
+DROPOUT_MASK_BYTES = {"cpu": None, "cuda": 1}  # None: torch's CPU dropout keeps its noise, in the dropped tensor's dtype
 
 
 def counted_dropout(shape: ModelShape, mode: str, device: str) -> tuple[float, ...]:
@@ -330,7 +330,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if dropout:
         masks, note = dropout_coefficients(shape, mode, device)  # the device's kernels, whichever fit the rest is
         split = activation_features(shape, seq, micro_batch)
-        split[1:2] = [split[1] / tp]
+        split[1] /= tp
         split[6:] = [x / tp for x in split[6:]]
         kept += sum(c * x for c, x in zip(masks, split))
         block_dropout = dropout_coefficients(shape, mode[:-1] + "0", device)[0]

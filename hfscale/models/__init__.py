@@ -13,6 +13,7 @@ GPT2_VOCAB, BLOOM_VOCAB = gpt2.VOCAB, bloom.VOCAB
 
 __all__ = ["BLOOM_VOCAB", "FAMILIES", "Family", "GPT2_VOCAB", "MODEL_OVERRIDES", "ModelShape", "PRESETS",
            "SHAPE_BOUNDS", "WEIGHT_FILES", "build_model", "check_attention", "declare_causal_lm_loss", "family",
-           "family_for_model_type", "hf_config", "load_pretrained", "missing_local_path", "model_class", "model_dropout",
-           "model_shape", "parameter_count", "partition_zero3", "pretrained_on_meta", "pretrained_shape", "resolve_seq_len",
-           "resolve_shape", "shape_from_config", "validate_shape", "zero3_dtype"]
+           "family_for_model_type", "hf_config", "load_pretrained", "missing_local_path", "model_class",
+           "model_dropout", "model_shape", "parameter_count", "partition_zero3", "pretrained_on_meta",
+           "pretrained_shape", "resolve_seq_len", "resolve_shape", "shape_from_config", "validate_shape",
+           "zero3_dtype"]

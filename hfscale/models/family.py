@@ -78,7 +78,7 @@ class Family(ABC):
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
-    # embeddings' b·s·h sum); every family drops its attention probabilities too (formulas/activations.counted_dropout)
+    # embeddings' b·s·h sum); every family drops its attention probabilities too (activations.counted_dropout)
     dropout_sites: tuple[int, int] = (0, 0)
     softmax_fp32: bool = False  # eager attention's softmax runs in fp32 and casts its output to the queries' dtype
     autocast_fp32_queries: bool = False  # under autocast its queries are fp32 (RoPE's fp32 cos and sin), and so are

@@ -146,5 +146,6 @@ def model_dropout(dropout: float | None, model_name_or_path: str | None = None,
 
 @lru_cache(maxsize=8)  # the planners weigh every strategy x optimizer of one model: its config read once
 def checkpoint_dropout(name_or_path: str, trust_remote_code: bool = False) -> float:
+    """A checkpoint's dropout, as its config sets it (Family.dropout_of)."""
     config = pretrained_config(name_or_path, trust_remote_code)
     return family_for_model_type(config.model_type).dropout_of(config)

@@ -193,7 +193,8 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
           + ": ZeRO-1 over DP x CP), activations per "
           f"Korthikanti et al. 2022 at the model's widths (recompute "
           f"{grid_options(opts, opts.activation_checkpointing).recompute}, sequence parallel "
-          f"{'on' if opts.sequence_parallel else 'off'}, dropout {'on' if dropout_of(opts) else 'off'}, attention scores "
+          f"{'on' if opts.sequence_parallel else 'off'}, dropout {'on' if dropout_of(opts) else 'off'}, attention "
+          "scores "
           f"{'kept (eager)' if opts.attn_implementation == 'eager' else 'not kept (a fused kernel)'}; "
           "CP: a GPU's 1/CP of each sequence); "
           "Megatron builds each rank's slice on its GPU: no host copy (docs/project.md)"]
