@@ -213,8 +213,15 @@ def test_dropout_on_cuda_is_counted_with_one_byte_masks_and_none_in_the_fused_at
     """The CUDA route counts what torch's CUDA kernels keep (faked device: no GPU here): the fused dropout's 1-byte
     mask per element, SDPA's flash and memory-efficient kernels none (they draw the mask again in the backward) - but
     fp32 with grouped-query attention runs the math kernel, which keeps the probabilities, their mask and the dropped
-    copy - and says the figure is counted, not measured."""
+    copy - and says the figure is counted, not measured. GPT-2's eager bf16 layer drops out what Korthikanti et al.
+    count for Megatron's GPT (formulas/parallel3d: 2 bytes per b·s·h, the two 1-byte masks, and 3 per b·a·s², the
+    probabilities' mask and 2-byte dropped copy)."""
+    from hfscale.formulas import parallel3d
+
     gpt2, llama = PRESETS["gpt2-124m"], PRESETS["llama-3.2-1b"]
+    with_masks, without = parallel3d.layer_activation_terms(gpt2), parallel3d.layer_activation_terms(gpt2, False)
+    paper = (with_masks[0] - without[0], with_masks[2] - without[2])  # (replicated b·s·h, scores): masks alone
+    assert act.counted_dropout(gpt2, "gpt2/eager/bf16/0", "cuda")[:2] == paper == (2, 3)
     assert act.counted_dropout(gpt2, "gpt2/sdpa/bf16/0", "cuda") == (2, 0, 0, 1, 0, 0)
     assert act.counted_dropout(gpt2, "gpt2/eager/fp32/0", "cuda") == (2, 1 + 4, 0, 1, 0, 0)
     assert act.counted_dropout(gpt2, "gpt2/eager/bf16/0", "cuda") == (2, 1 + 2, 0, 1, 0, 0)
