@@ -236,13 +236,13 @@ def test_dropout_on_cuda_is_counted_with_one_byte_masks_and_none_in_the_fused_at
     assert "dropout's masks counted (not measured on cuda)" in with_masks.calibration
 
 
-def test_the_planners_count_the_dropout_of_the_model_they_weigh(tmp_path):
+def test_the_planners_count_the_dropout_of_the_model_they_weigh(tmp_path, hfscale_cli):
     """`hfscale estimate` of a checkpoint takes its config's dropout (transformers' GPT-2: 0.1) and says so; --dropout
     overrides it, and puts masks in a preset's estimate as in `project`'s points."""
     def estimate(*argv):
-        proc = run([sys.executable, "-m", "hfscale", "estimate", *argv, "--strategy", "ddp", "--optim", "adamw",
-                    "--gpus", "8", "--device", "H100-80GB", "--bf16", "--per_device_train_batch_size", "8",
-                    "--attn_implementation", "eager", "--json"])
+        proc = hfscale_cli(["estimate", *argv, "--strategy", "ddp", "--optim", "adamw", "--gpus", "8", "--device",
+                            "H100-80GB", "--bf16", "--per_device_train_batch_size", "8", "--attn_implementation",
+                            "eager", "--json"])
         assert proc.returncode == 0, proc.stderr[-2000:]
         report = json.loads(proc.stdout)
         return report["rows"][0]["memory"]["activation_peak"], " ".join(report["assumptions"])
@@ -258,12 +258,12 @@ def test_the_planners_count_the_dropout_of_the_model_they_weigh(tmp_path):
     assert checkpoint - preset == pytest.approx(masks, rel=0.01)
     assert estimate("--model_name_or_path", str(folder), "--dropout", "0")[0] == preset
     assert estimate("--model", "gpt2-124m", "--dropout", "0.1")[0] == checkpoint
-    refused = run([sys.executable, "-m", "hfscale", "estimate", "--model_name_or_path", str(folder), "--n_layer", "6"])
+    refused = hfscale_cli(["estimate", "--model_name_or_path", str(folder), "--n_layer", "6"])
     assert refused.returncode == 2 and refused.stderr.strip().endswith(  # before: the override ignored without a word
         f"--n_layer overrides a preset's shape; {str(folder)!r} brings its own config: drop --n_layer")
-    project = [run([sys.executable, "-m", "hfscale", "project", "--model", "gpt2-124m", "--tflops_per_gpu", "100",
-                    "--strategy", "ddp", "--gpus", "8", "--bf16", "--per_device_train_batch_size", "8",
-                    "--attn_implementation", "eager", "--json", *flags]) for flags in ([], ["--dropout", "0.1"])]
+    project = [hfscale_cli(["project", "--model", "gpt2-124m", "--tflops_per_gpu", "100", "--strategy", "ddp",
+                            "--gpus", "8", "--bf16", "--per_device_train_batch_size", "8", "--attn_implementation",
+                            "eager", "--json", *flags]) for flags in ([], ["--dropout", "0.1"])]
     totals = [json.loads(p.stdout)["points"][0]["total_per_gpu"] for p in project]
     assert totals[1] - totals[0] == pytest.approx(masks * 1.05, rel=0.02) and gpt2.n_layer == 12
 
@@ -471,9 +471,10 @@ def test_a_model_directory_with_its_config_alone_is_planned_and_not_trained(tmp_
 def test_a_checkpoint_trains_with_its_configs_dropout_unless_dropout_says_otherwise(tmp_path):
     """`train --model_name_or_path` keeps the checkpoint's dropout (transformers' GPT-2 config: 0.1) and counts its
     masks; --dropout replaces it in the model built (every rank's: load_pretrained and pretrained_on_meta alike) and
-    in the plan. A real run records the model it built."""
+    in the plan, and the estimate a run records is of the model it built (run/record.memory_estimate)."""
     from hfscale.models.build import load_pretrained, pretrained_on_meta
     from hfscale.run.data import train_default_tokenizer
+    from hfscale.run.record import memory_estimate
     from hfscale.train import check_args
 
     checkpoint, tokenizer = tmp_path / "gpt2", tmp_path / "tokenizer"
@@ -481,17 +482,15 @@ def test_a_checkpoint_trains_with_its_configs_dropout_unless_dropout_says_otherw
     train_default_tokenizer(["def f(x):\n    return x + 1\n" * 50], 300, tokenizer)
     common = ["--model_name_or_path", str(checkpoint), "--tokenizer_name", str(tokenizer), "--max_steps", "2",
               "--save_strategy", "no", "--seq_len", "64"]
-    assert check_args([*common, "--output_dir", str(tmp_path / "a")])[3].plan.dropout
-    assert not check_args([*common, "--dropout", "0", "--output_dir", str(tmp_path / "b")])[3].plan.dropout
-    assert load_pretrained(str(checkpoint))[0].config.resid_pdrop == 0.1
+    kept = check_args([*common, "--output_dir", str(tmp_path / "a")])[3].plan
+    replaced = check_args([*common, "--dropout", "0", "--output_dir", str(tmp_path / "b")])[3].plan
+    assert kept.dropout and not replaced.dropout
+    own = load_pretrained(str(checkpoint))[0]
+    assert own.config.resid_pdrop == 0.1 and "dropout's masks" in memory_estimate(replaced, own)["activation_calibration"]
     for model in (load_pretrained(str(checkpoint), dropout=0.0)[0], pretrained_on_meta(str(checkpoint), dropout=0.0)):
         assert PRESETS["tiny"].spec.dropout_of(model.config) == 0.0
         assert model.transformer.h[0].attn.resid_dropout.p == model.transformer.drop.p == 0.0
-    proc = run([sys.executable, "-m", "hfscale", "train", *common, "--dropout", "0",
-                "--output_dir", str(tmp_path / "run")], timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["model"]["dropout"] == 0.0 and "dropout" not in results["estimate"]["activation_calibration"]
+        assert "dropout" not in memory_estimate(kept, model)["activation_calibration"]
 
 # ---- the estimate on CUDA, against what GPUs measured (benchmarks/results/h100_2026-11-2{3,6}/, h200_2026-11-25/) ------
 H100 = REPO / "benchmarks" / "results" / "h100_2026-11-23"
