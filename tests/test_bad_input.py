@@ -229,7 +229,10 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
                "biased": '{"model_type": "llama", "attention_bias": true}',
                "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
-                             '"head_dim": 256}'}
+                             '"head_dim": 256}',
+               # torch's nn.Dropout would refuse it in every rank
+               "loose-dropout": '{"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, '
+                                '"attention_dropout": 1.5}'}
     for name, text in configs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(text)
@@ -253,6 +256,8 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (tmp_path / "biased", "its llama config differs from the Llama shape hfscale trains: "
                                                  "attention_bias=True (needs False)"),
                            (tmp_path / "wide-heads", "head_dim=256 (needs hidden_size / num_attention_heads = 128)"),
+                           (tmp_path / "loose-dropout", "its config's attention_dropout 1.5 is not a dropout "
+                                                        "probability (0 to 1)"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):
         out = tmp_path / f"out-{path.name}"
         proc = hfscale_cli(["train", "--model_name_or_path", str(path), "--max_steps", "1", "--output_dir", str(out)])

@@ -126,12 +126,21 @@ def pretrained_shape(name_or_path: str, trust_remote_code: bool = False, weights
     try:
         shape = shape_from_config(config)
         validate_shape(shape)
+        check_dropout(config, shape.spec)
     except HfscaleError as err:  # transformers reads such a config without complaint and fails building the model
         raise HfscaleError(f"cannot load model {name_or_path!r}: its config's {err}") from None
     if weights and local.is_dir() and not any((local / f).is_file() for f in WEIGHT_FILES):
         raise HfscaleError(f"cannot load model {name_or_path!r}: the directory has a config but no weights "
                            f"({' or '.join(WEIGHT_FILES)})")
     return shape
+
+
+def check_dropout(config, spec) -> None:
+    """A config's dropout probabilities are probabilities: torch's nn.Dropout refuses another in every rank."""
+    for key in spec.dropout_keys:
+        value = getattr(config, key, None) or 0.0
+        if not 0 <= value <= 1:
+            raise HfscaleError(f"{key} {value} is not a dropout probability (0 to 1)")
 
 
 def model_dropout(dropout: float | None, model_name_or_path: str | None = None,
