@@ -326,14 +326,15 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
     kept = sum(c * x for c, x in zip(table[mode], feats))
-    block_dropout = None  # what a recomputed block's masks add (checkpointing: the uncheckpointed mode's per layer)
+    block_dropout = None  # what a recomputed block's masks add: the uncheckpointed mode's, per layer
     if dropout:
         masks, note = dropout_coefficients(shape, mode, device)  # the device's kernels, whichever fit the rest is
         split = activation_features(shape, seq, micro_batch)
         split[1] /= tp
         split[6:] = [x / tp for x in split[6:]]
         kept += sum(c * x for c, x in zip(masks, split))
-        block_dropout = dropout_coefficients(shape, mode[:-1] + "0", device)[0]
+        if mode.endswith("/1"):
+            block_dropout = dropout_coefficients(shape, mode[:-1] + "0", device)[0]
         calibration += note
     cache = kv_cache_bytes(shape, seq, micro_batch, mode) / tp  # the keys and values split over a TP group's ranks
     if kv_cache != cache_in_fit and cache:
