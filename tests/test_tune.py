@@ -176,3 +176,20 @@ def test_fp16_trials_are_refused_up_front_where_no_gpu_runs_them(tmp_path, gpu, 
             "--fp16 needs a GPU: on CPU accelerate silently trains in fp32 and DeepSpeed's CPU accelerator has no "
             "fp16; use --bf16 (or no precision flag for fp32)"), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dropout_given_to_the_trials_is_in_their_estimates(tmp_path, hfscale_cli):
+    """`-- --dropout 0.1` reaches every trial's command line, and the estimate that prunes the trials counts the
+    masks the trials will keep (before: estimated as dropout 0)."""
+    def whole_gpu_gb(*fixed):
+        proc = hfscale_cli(["tune", "--model", "tiny", "--strategy", "ddp", "--optim", "adamw",
+                            "--per_device_train_batch_size", "8", "--activation_checkpointing", "false",
+                            "--attn_implementation", "eager", "--dry_run", "--out", tmp_path / "out", *fixed],
+                           cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        row = next(line for line in proc.stdout.splitlines() if "ddp-adamw-np2-mbs8-gas1" in line)
+        return float(row.split("|")[7])
+
+    plain, dropped = whole_gpu_gb(), whole_gpu_gb("--", "--dropout=0.1")
+    assert dropped > plain * 1.2, (plain, dropped)  # eager fp32 on CPU: the masks are the dropout's noise, 4 bytes
+    assert not (tmp_path / "out").exists()

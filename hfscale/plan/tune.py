@@ -333,6 +333,8 @@ def main(argv: list[str]) -> int:
             raise HfscaleError(f"{flag} is set by hfscale tune; remove it from the training flags after `--`")
     refuse_run_file(fixed)
     check_training_flags([*model_flags(opts), *fixed])
+    dropout = flag_value(fixed, "--dropout")  # the trials' model drops out: their estimates count its masks
+    opts.dropout = None if dropout is None else float(dropout)
     if opts.num_processes is None:
         opts.num_processes = default_num_processes()
     positive(opts, "num_processes", "timeout", "time_budget", "token_budget", "global_batch_size")
