@@ -225,7 +225,8 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     mistyped.mkdir()
     (mistyped / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two", "n_embd": 64, "n_head": 4}')
     # families hfscale does not serve, or shapes it cannot train, named before their missing weights
-    configs = {"opt": '{"model_type": "opt"}', "qwen2": '{"model_type": "qwen2"}',
+    configs = {"opt": '{"model_type": "opt"}', "qwen3": '{"model_type": "qwen3"}',
+               "gelu-qwen2": '{"model_type": "qwen2", "hidden_act": "gelu"}',
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
                "biased": '{"model_type": "llama", "attention_bias": true}',
                "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
@@ -250,8 +251,11 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (mistyped, "its config.json: Validation error for field 'n_layer': TypeError: Field "
                                       "'n_layer' expected int, got str (value: 'two')"),
                            (tmp_path / "opt", "its config's model type 'opt' is not supported; hfscale knows: gpt2, "
-                                              "bloom, llama, mistral"),
-                           (tmp_path / "qwen2", "model type 'qwen2' is not served: its q/k/v projections carry biases"),
+                                              "bloom, llama, mistral, qwen2"),
+                           (tmp_path / "qwen3", "model type 'qwen3' is not served: per-head RMSNorms on its queries "
+                                                "and keys"),
+                           (tmp_path / "gelu-qwen2", "its qwen2 config differs from the Qwen2 shape hfscale trains: "
+                                                     "hidden_act='gelu' (needs 'silu')"),
                            (tmp_path / "gqa", "its config's 5 key/value heads do not divide the 32 attention heads"),
                            (tmp_path / "biased", "its llama config differs from the Llama shape hfscale trains: "
                                                  "attention_bias=True (needs False)"),

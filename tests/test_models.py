@@ -1,6 +1,7 @@
 """hfscale/models.py's build_model: transformers' own initialisation, drawn once."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -83,3 +84,59 @@ def test_each_familys_dropout_keys_are_what_its_config_sets_from_dropout():
         set_keys = {k for k, v in config.to_dict().items() if v == 0.3}
         assert set_keys == set(spec.dropout_keys), (spec.name, set_keys)
         assert spec.dropout_of(config) == 0.3 and spec.dropout_of(hf_config(shape, 0.0)) == 0.0
+
+
+def test_every_presets_config_reads_back_as_the_preset(tmp_path):
+    """`--model_name_or_path` of a checkpoint saved from a preset plans the preset itself: hf_config and the family's
+    shape_from_config are inverses, for every family (a Qwen2 config.json names its own model_type and class). A
+    BLOOM config holds no sequence length (ALiBi): it reads as the one BLOOM trained with."""
+    from hfscale.models import hf_config, pretrained_shape
+
+    def sizes(shape):
+        positions = 2048 if shape.family == "bloom" else shape.positions
+        return (shape.family, shape.n_layer, shape.hidden, shape.n_head, shape.kv_heads, shape.ffn_size, shape.vocab,
+                positions, shape.tied_head, shape.rope_theta)
+
+    for name, shape in PRESETS.items():
+        folder = tmp_path / name
+        hf_config(shape).save_pretrained(folder)
+        assert sizes(pretrained_shape(str(folder), weights=False)) == sizes(shape), name
+
+
+def saved_for_backward(model, ids) -> int:
+    """Bytes of the distinct storages a training forward keeps for its backward (autograd's saved tensors), parameters
+    left out: the activations."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_qwen2_keeps_for_its_backward_what_llama_keeps(attention):
+    """Why the Qwen2 family takes the Llama family's measured activation terms (Family.activations_as): with the same
+    sizes, Qwen2's forward keeps the same bytes for the backward - its q/k/v biases are added inside their matmuls and
+    keep nothing more - in fp32 and under bf16 autocast."""
+    from hfscale.models import FAMILIES
+
+    assert FAMILIES["qwen2"].activations_as == "llama" and FAMILIES["llama"].activations_as is None
+    sizes = dict(n_layer=2, hidden=96, n_head=6, n_kv_head=2, ffn=256, vocab=512, positions=128)
+    ids = torch.randint(0, 512, (2, 96), generator=torch.Generator().manual_seed(0))
+    for autocast in (False, True):
+        kept = {}
+        for family in ("llama", "qwen2"):
+            shape = replace(PRESETS[f"tiny-{family}"], **sizes)
+            model = build_model(shape, seed=0, attn_implementation=attention)
+            model.train()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                kept[family] = saved_for_backward(model, ids)
+        assert kept["llama"] > 1e6 and kept["qwen2"] == kept["llama"], (autocast, kept)

@@ -210,9 +210,9 @@ def test_powersgd_hook_compresses_after_warmup():
 
 def eight_bit_run(strategy: str) -> dict:
     """The 3-step adamw_8bit run of ddp, zero2 or fsdp: the 8-bit checks' and those strategies' adamw_8bit pair (zero2's
-    on Llama: LLAMA_PAIRS)."""
-    model = ["--model", "tiny-llama"] if (strategy, "adamw_8bit") in LLAMA_PAIRS else []
-    return result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit", *model, steps=3)
+    on Qwen2: QWEN2_PAIRS)."""
+    return result(f"{strategy}-8bit", strategy, "--optim", "adamw_8bit", *pair_model(strategy, "adamw_8bit"),
+                  steps=3)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
@@ -304,9 +304,9 @@ def pair_result(strategy: str, optim: str) -> dict:
     if strategy == "tp":  # the only optimizer tp runs (the others are refused): the tensor-parallel suite's (float8)
         return tp_fp8_run()
     if strategy == "fsdp_tp":  # 2 nodes x 2 processes, as the tensor-parallel suite's job
-        model = ["--model", "tiny-llama"] if (strategy, optim) in LLAMA_PAIRS else []
-        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *model, "--save_steps", "2",
-                                                                  steps=3, key=f"fsdp_tp-2x2-{optim}")
+        return fsdp_tp_job() if optim == "adamw" else fsdp_tp_job("--optim", optim, *pair_model(strategy, optim),
+                                                                  "--save_steps", "2", steps=3,
+                                                                  key=f"fsdp_tp-2x2-{optim}")
     where = _RUN_ELSEWHERE.get((strategy, optim), "")
     kind, _, key = where.partition(":")
     if key:  # a run another test makes, by the conftest function that makes it
@@ -349,14 +349,24 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
 # BLOOM run of its own (every DeepSpeed pair's run is another test's, on GPT-2).
 BLOOM_PAIRS = [("ddp_powersgd", "adamw_8bit"), ("fsdp_offload", "adamw_8bit")]
 BLOOM_RUNS = [("zero3", "adafactor")]
-# ... and Llama (grouped-query attention split by TP, an untied head): torchao's 8-bit AdamW on the 2-D meshes (the
-# matrix's runs of fsdp_tp and fsdp_hybrid with it), bitsandbytes' under ZeRO-2, and PowerSGD with Adafactor (the run
-# tests/test_llama.py makes; it runs the other engines on Llama too)
-LLAMA_PAIRS = [("fsdp_tp", "adamw_8bit"), ("fsdp_hybrid", "adamw_8bit"), ("zero2", "adamw_8bit"),
-               ("ddp_powersgd", "adafactor")]
+# ... and Llama (grouped-query attention split by TP, an untied head): torchao's 8-bit AdamW on HSDP's 2-D mesh (the
+# matrix's run of fsdp_hybrid with it) and PowerSGD with Adafactor (the run tests/test_llama.py makes; it runs the
+# other engines on Llama too)
+LLAMA_PAIRS = [("fsdp_hybrid", "adamw_8bit"), ("ddp_powersgd", "adafactor")]
+# ... and Qwen2, Llama's tensors with biases on q/k/v: fsdp_tp splits those biases with their weights' rows over TP and
+# shards them again over FSDP (the run refuses a layout other than the plan's); torchao's 8-bit AdamW there and
+# bitsandbytes' under ZeRO-2 keep such small tensors' states in 32 bits, each counted by the memory model
+QWEN2_PAIRS = [("fsdp_tp", "adamw_8bit"), ("zero2", "adamw_8bit")]
 # the host-memory runs (conftest.HOST_RUNS) build a Llama too
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
+          **{p: "qwen2" for p in QWEN2_PAIRS},
           **{(s, o): "llama" for name, (s, o, _) in HOST_RUNS.items() if _RUN_ELSEWHERE.get((s, o)) == f"host:{name}"}}
+
+
+def pair_model(strategy: str, optim: str) -> list[str]:
+    """The --model of a pair's own run: tiny-llama or tiny-qwen2 where the pair runs that family, else the default."""
+    family = FAMILY[strategy, optim] if (strategy, optim) in LLAMA_PAIRS + QWEN2_PAIRS else None
+    return ["--model", f"tiny-{family}"] if family else []
 
 
 @pytest.mark.parametrize("strategy,optim,family", [(*p, FAMILY.get(p, "gpt2")) for p in PAIRS

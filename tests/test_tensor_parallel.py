@@ -24,7 +24,8 @@ def parity() -> dict:
     return shared_run("tensor-parallel-probe", lambda folder: probe("tensor_parallel_parity")["ranks"])
 
 
-@pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom"), ("llama", "tiny-llama")])
+@pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom"), ("llama", "tiny-llama"),
+                                           ("qwen2", "tiny-qwen2")])
 def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     for rank in parity:
         got = rank[family]
@@ -42,7 +43,7 @@ def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     assert parity[0][family]["local_numel"] < parity[0][family]["whole_numel"]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama", "qwen2"])
 def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     placements = parity[0][family]
     placements = placements["placements"]
@@ -62,11 +63,13 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     # GPT-2's Conv1D is [in, out], so its column split is dim 1; BLOOM's and Llama's nn.Linear is [out, in]: dim 0
     out_dim = 1 if family == "gpt2" else 0
     first = {"gpt2": "transformer.h.0.mlp.c_fc", "bloom": "transformer.h.0.mlp.dense_h_to_4h",
-             "llama": "model.layers.0.mlp.gate_proj"}[family]
+             "llama": "model.layers.0.mlp.gate_proj", "qwen2": "model.layers.0.mlp.gate_proj"}[family]
     assert placements[f"{first}.weight"] == f"(Shard(dim={out_dim}),)"
-    if family == "llama":  # grouped-query attention: the key/value heads split like the query heads, an untied head
-        assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"
+    if family in ("llama", "qwen2"):  # grouped-query attention: the key/value heads split like the query heads, an
+        assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"  # untied head
         assert placements["lm_head.weight"] == "(Shard(dim=0),)" and "model.embed_tokens.weight" in placements
+    if family == "qwen2":  # each q/k/v bias split with its weight's rows: a rank adds its own heads' biases
+        assert all(placements[f"model.layers.0.self_attn.{p}_proj.bias"] == "(Shard(dim=0),)" for p in "qkv")
 
 
 @pytest.mark.parametrize("name", ["gpt2-fp8", "llama-fp8"])
@@ -92,7 +95,7 @@ def test_the_split_float8_model_computes_as_the_whole_one(parity, name):
         assert placed == "(Replicate(),)" if dim is None else f"dim={dim}" in placed, param
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "gpt2-fp8", "llama-fp8"])
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "qwen2", "gpt2-fp8", "llama-fp8"])
 def test_a_split_models_whole_state_dict_reloads_into_its_slices(parity, name):
     """What tp and fsdp_tp checkpoints and resumes go through (full_state_dict, load_full_state_dict) restores every
     slice exactly - GPT-2 in float8 too, whose nn.Linear weights its state dict shows in Conv1D's layout."""

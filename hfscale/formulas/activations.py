@@ -243,9 +243,10 @@ def activation_mode(family_name: str, attention: str, compute: str, checkpointin
     """`compute`: fp32 | autocast_bf16 (DDP's autocast over fp32 weights) | bf16 (DeepSpeed's and FSDP2's bf16 module).
     flash_attention_2 keeps no s x s matrix, like SDPA; a family without SDPA (BLOOM) runs eager attention. None is
     transformers' own choice: SDPA where the family has it (RunPlan.attention)."""
-    attn = "eager" if not family(family_name).sdpa or attention == "eager" else "sdpa"
+    spec = family(family_name)
+    attn = "eager" if not spec.sdpa or attention == "eager" else "sdpa"
     compute = "bf16" if compute == "fp16" else "autocast_bf16" if compute == "autocast_fp16" else compute
-    return f"{family_name}/{attn}/{compute}/{int(checkpointing)}"
+    return f"{spec.activations_as or spec.name}/{attn}/{compute}/{int(checkpointing)}"
 
 
 def keeps_attention_scores(shape: ModelShape, mode: str, device: str) -> bool:

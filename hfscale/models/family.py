@@ -75,6 +75,9 @@ class Family(ABC):
     position_embedding: str | None = None  # a learned position table's (an nn.Embedding too: GPT-2's wpe)
     final_norm: str  # the norm after the last block (a module path)
     sdpa: bool = True  # transformers' class has SDPA attention (BLOOM's has eager only)
+    # the family whose measured activation terms it takes (formulas/activations.py's tables are keyed by family): one
+    # whose forward keeps the same tensors for the backward - Qwen2's q/k/v biases are added inside their matmuls
+    activations_as: str | None = None
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the

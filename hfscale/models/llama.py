@@ -2,7 +2,7 @@
 SwiGLU MLP (gate, up and down projections, its own intermediate size), rotary positions (no position table),
 grouped-query attention (fewer key/value heads than query heads), no biases anywhere, the head tied to the word
 embedding or not. A Mistral config has the same tensors and is served (its sliding window is its attention's business);
-a Qwen2 config is not: its q/k/v projections carry biases.
+Qwen2's differs by biases on its q/k/v projections and is a family of its own beside this one (qwen2.py).
 
 The presets are the published shapes (each model's config.json): hidden, layers, heads, key/value heads, intermediate
 size, vocabulary, positions, tied head and rotary base. Llama 3.1/3.2's rotary scaling for long contexts is left out:
@@ -22,10 +22,11 @@ def _llama(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied, rope
 
 
 class Llama(Family):
-    name = "llama"
+    name, title = "llama", "Llama"
     model_types = ("llama", "mistral")
-    differs = {"qwen2": "its q/k/v projections carry biases (Qwen2's attention always has them; Llama's has none)"}
     class_name = "LlamaForCausalLM"
+    config_class = "LlamaConfig"
+    qkv_bias = False  # biases on the query, key and value projections (Qwen2's); none anywhere else
     tied_default = False
     gated_mlp = True
     own_widths = True
@@ -59,10 +60,12 @@ class Llama(Family):
 
     def tensors(self, shape):
         h, f, v, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.kv_hidden
-        block = [("self_attn.q_proj.weight", (h, h)), ("self_attn.k_proj.weight", (kv, h)),
-                 ("self_attn.v_proj.weight", (kv, h)), ("self_attn.o_proj.weight", (h, h)),
-                 ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
-                 ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+        block = [tensor for proj, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv))
+                 for tensor in [(f"self_attn.{proj}.weight", (width, h)),
+                                *([(f"self_attn.{proj}.bias", (width,))] if self.qkv_bias else [])]]
+        block += [("self_attn.o_proj.weight", (h, h)),
+                  ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
+                  ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
         return [(self.embedding, (v, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
                 ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
@@ -73,15 +76,17 @@ class Llama(Family):
                                f"(grouped-query attention shares each among a whole number of query heads); choose a "
                                f"divisor of {shape.n_head}")
 
+    # what a config of a served model_type must say for the tensors above (Qwen2's config has no such keys)
+    config_needs = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
     dropout_keys = ("attention_dropout",)  # its attention probabilities alone: no dropout_sites
     softmax_fp32 = True
     autocast_fp32_queries = True
 
     def hf_config(self, shape, dropout=0.0, **extra):
-        from transformers import LlamaConfig
+        import transformers
 
         theta = shape.rope_theta or 10000.0
-        return LlamaConfig(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
+        return getattr(transformers, self.config_class)(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
                            num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
                            intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
                            max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
@@ -90,15 +95,15 @@ class Llama(Family):
 
     def shape_from_config(self, config):
         heads, hidden = config.num_attention_heads, config.hidden_size
-        refused = differing(config, {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False})
+        refused = differing(config, self.config_needs)
         head_dim = getattr(config, "head_dim", None)
         if head_dim not in (None, hidden // max(heads, 1)):
             refused.append(f"head_dim={head_dim} (needs hidden_size / num_attention_heads = {hidden // max(heads, 1)})")
         if refused:
-            raise HfscaleError(f"its {config.model_type} config differs from the Llama shape hfscale trains: "
+            raise HfscaleError(f"its {config.model_type} config differs from the {self.title} shape hfscale trains: "
                                f"{', '.join(refused)}")
         rope = getattr(config, "rope_parameters", None) or {}
-        return ModelShape("llama", config.num_hidden_layers, hidden, heads, config.vocab_size,
+        return ModelShape(self.name, config.num_hidden_layers, hidden, heads, config.vocab_size,
                           config.max_position_embeddings, config.intermediate_size,
                           getattr(config, "num_key_value_heads", None) or heads,
                           bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"))

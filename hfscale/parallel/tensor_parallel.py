@@ -1,4 +1,4 @@
-"""hfscale's tensor parallelism for HF GPT-2, BLOOM and Llama on torch's DTensor: each family's plan is a table in its
+"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama and Qwen2 on torch's DTensor: each family's plan is a table in its
 module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this module applies it.
 
 Megatron's layout: each block's QKV projections and first MLP matmuls split by output columns (whole query and

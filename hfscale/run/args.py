@@ -50,15 +50,15 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2, bloom or llama (mistral) checkpoint (local directory or "
-                                        "Hub name); overrides --model."})
+        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral) or qwen2 checkpoint (local "
+                                        "directory or Hub name); overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
     num_key_value_heads: int | None = field(default=None, metadata={
-        "help": "Override a Llama preset's key/value heads (grouped-query attention; must divide the heads)."})
+        "help": "Override a Llama or Qwen2 preset's key/value heads (grouped-query attention; must divide the heads)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
-        "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama: its intermediate size; not BLOOM)."})
+        "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen2: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
     dropout: float | None = field(default=None, metadata={"help": "The model's hidden and attention dropout (default: a preset's 0, as in BLOOM pretraining; a checkpoint's own config's - transformers' GPT-2 sets 0.1)."})
