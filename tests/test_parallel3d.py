@@ -475,6 +475,16 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     assert (model["family"], model["n_kv_head"], model["tied"], model["ffn"]) == ("llama", 4, False, 5632)
     project.main([str(imported), "--gpus", "16,32", *links])
     assert {p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]} == {16, 32}
+    # Megatron's Qwen2 recipes put the q/k/v biases back (add_qkv_bias): the qwen2 family, and projected as one
+    (tmp_path / "1B-megatron-qwen2.out").write_text(LOG.replace("  seq_length", f"  add_qkv_bias ... True\n{llama_args}"))
+    megatron.main([str(tmp_path / "1B-megatron-qwen2.out"), "--out", str(tmp_path / "imported")])
+    capsys.readouterr()
+    imported = tmp_path / "imported" / "1B-megatron-qwen2" / "results.json"
+    qwen2 = json.loads(imported.read_text())["model"]
+    assert (qwen2["family"], qwen2["n_kv_head"], qwen2["tied"], qwen2["ffn"]) == ("qwen2", 4, False, 5632)
+    assert {k: v for k, v in qwen2.items() if k != "family"} == {k: v for k, v in model.items() if k != "family"}
+    project.main([str(imported), "--gpus", "16", *links])
+    assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
 
 
 def test_megatron_layouts_projected_from_a_run_keep_its_dropout_masks(tmp_path, capsys):

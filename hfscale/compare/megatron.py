@@ -77,7 +77,8 @@ def logged_shape(header: dict) -> dict:
     """The model shape the log's arguments state (ModelRecord fields), for `hfscale project` to plan from: a GPT
     (learned positions up to max_position_embeddings, else seq_length), with ALiBi a BLOOM, or with rotary positions, a
     SwiGLU MLP, RMSNorm and no linear biases a Llama (its query groups the key/value heads when grouped-query attention
-    is on, its head untied when the log says so). The vocabulary is the padded one Megatron reports, else the GPT-2
+    is on, its head untied when the log says so), a Qwen2 where add_qkv_bias puts biases back on q, k and v. The
+    vocabulary is the padded one Megatron reports, else the GPT-2
     tokenizer's 50257 as Megatron pads it. Empty when the log does not state its layers, hidden size and heads, or
     states another architecture (experts, or only some of Llama's parts)."""
     if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")) or header.get("other_architecture"):
@@ -87,7 +88,8 @@ def logged_shape(header: dict) -> dict:
         return {}
     vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
     positions = header.get("positions") or header.get("seq_len") or 2048
-    shape = {"family": "llama" if all(llama_parts) else "bloom" if header.get("alibi") else "gpt2",
+    llama = "qwen2" if header.get("qkv_bias") else "llama"  # biases on q/k/v alone: disable_bias_linear + add_qkv_bias
+    shape = {"family": llama if all(llama_parts) else "bloom" if header.get("alibi") else "gpt2",
              "n_layer": header["n_layer"], "hidden": header["hidden"], "n_head": header["n_head"], "vocab": vocab,
              "positions": positions, "ffn": header.get("ffn")}
     if all(llama_parts):

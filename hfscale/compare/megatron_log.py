@@ -53,9 +53,11 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "context_par
                  # the interleaved schedule: Megatron prints both once either is given (None otherwise)
                  "virtual_pipeline_model_parallel_size": "vp",
                  "num_layers_per_virtual_pipeline_stage": "layers_per_virtual_stage"}
-# the arguments that make a Megatron model Llama-shaped (hfscale's llama family) when all are on
+# the arguments that make a Megatron model Llama-shaped (hfscale's llama family) when all are on; with add_qkv_bias
+# too (Megatron's Qwen2 recipes), the qwen2 family's shape
 LLAMA_ARGUMENTS = {"swiglu": "swiglu", "group_query_attention": "gqa",
-                   "untie_embeddings_and_output_weights": "untied", "disable_bias_linear": "no_bias"}
+                   "untie_embeddings_and_output_weights": "untied", "disable_bias_linear": "no_bias",
+                   "add_qkv_bias": "qkv_bias"}
 # what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
 # a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
 LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")
