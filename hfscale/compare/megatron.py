@@ -78,9 +78,9 @@ def logged_shape(header: dict) -> dict:
     (learned positions up to max_position_embeddings, else seq_length), with ALiBi a BLOOM, or with rotary positions, a
     SwiGLU MLP, RMSNorm and no linear biases a Llama (its query groups the key/value heads when grouped-query attention
     is on, its head untied when the log says so), a Qwen2 where add_qkv_bias puts biases back on q, k and v. The
-    vocabulary is the padded one Megatron reports, else the GPT-2
-    tokenizer's 50257 as Megatron pads it. Empty when the log does not state its layers, hidden size and heads, or
-    states another architecture (experts, or only some of Llama's parts)."""
+    vocabulary is the padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when
+    the log does not state its layers, hidden size and heads, or states another architecture (experts, or only some of
+    Llama's parts)."""
     if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")) or header.get("other_architecture"):
         return {}
     llama_parts = [header.get(k, False) for k in ("rope", "swiglu", "rmsnorm", "no_bias")]

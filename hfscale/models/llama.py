@@ -86,12 +86,13 @@ class Llama(Family):
         import transformers
 
         theta = shape.rope_theta or 10000.0
-        return getattr(transformers, self.config_class)(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
-                           num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
-                           intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
-                           max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
-                           rope_parameters={"rope_type": "default", "rope_theta": theta}, attention_dropout=dropout,
-                           **extra)
+        config_class = getattr(transformers, self.config_class)
+        return config_class(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
+                            num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
+                            intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
+                            max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
+                            rope_parameters={"rope_type": "default", "rope_theta": theta}, attention_dropout=dropout,
+                            **extra)
 
     def shape_from_config(self, config):
         heads, hidden = config.num_attention_heads, config.hidden_size

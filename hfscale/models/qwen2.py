@@ -1,9 +1,10 @@
 """Qwen2 (transformers' Qwen2ForCausalLM), the shape of Qwen2 and Qwen2.5: Llama's (RMSNorms, a SwiGLU MLP of its own
-width, rotary positions, grouped-query attention) with biases on the query, key and value projections - no other
-bias, the output projection's included. Everything else hfscale knows is the Llama family's: the TP plan (a bias split
-with its column-parallel weight's rows), the dropout keys, and the activation terms measured on Llama, as the biases are
-added inside their projections' matmuls and keep nothing more for the backward (tests/test_models.py compares what the
-two keep). Its sliding window, like Mistral's, is its attention's business (off in every Qwen2.5 config).
+width, rotary positions, grouped-query attention) with biases on the query, key and value projections, and none
+elsewhere (not on the output projection either). Everything else hfscale knows is the Llama family's: the TP plan (a
+bias split with its column-parallel weight's rows), the dropout keys, and the activation terms measured on Llama, as
+the biases are added inside their projections' matmuls and keep nothing more for the backward (tests/test_models.py
+compares what the two keep). Its sliding window, like Mistral's, is its attention's business (off in every Qwen2.5
+config).
 
 The presets are the published Qwen2.5 base models (each model's config.json): hidden, layers, heads, key/value heads,
 intermediate size, vocabulary, positions, tied head and rotary base.

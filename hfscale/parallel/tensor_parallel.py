@@ -1,5 +1,6 @@
-"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama and Qwen2 on torch's DTensor: each family's plan is a table in its
-module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this module applies it.
+"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama and Qwen2 on torch's DTensor: each family's plan is a
+table in its module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this
+module applies it.
 
 Megatron's layout: each block's QKV projections and first MLP matmuls split by output columns (whole query and
 key/value heads per rank), its attention output projection and last MLP matmul split by input rows (their partial
