@@ -642,6 +642,11 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                                                                              "--steps", "20"))),
         Section("fp8", 400, (), script="fp8_matmul.py"),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^llama/")))),
+    "qwen2": ("qwen2.5-1.5b eager and compiled: the allocator's peak beside the estimate, which takes the Llama rows' "
+              "CUDA activation terms (Family.activations_as: its q/k/v biases keep nothing more on CPU), and the MFU", (
+        # MBS 4: `hfscale estimate` fits at most 5 eager on 80 GB (its 151,936-token logits), 10 compiled
+        Section("qwen2-1.5b", 300, ("--model", "qwen2.5-1.5b", "--seq_len", "2048", "--per_device_train_batch_size",
+                                    "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),)),
     "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
             "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
         Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
