@@ -30,7 +30,8 @@ def test_param_formula_equals_model_numel(name):
 
 
 @pytest.mark.parametrize("name,published", [("llama-3.1-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400),
-                                            ("smollm2-135m", 134_515_008), ("tinyllama-1.1b", 1_100_048_384)])
+                                            ("smollm2-135m", 134_515_008), ("tinyllama-1.1b", 1_100_048_384),
+                                            ("mistral-7b", 7_248_023_552)])
 def test_llama_presets_have_the_published_sizes(name, published):
     assert metrics.param_count(PRESETS[name]) == published
 

@@ -52,6 +52,8 @@ class Llama(Family):
         "llama-3.1-8b": _llama(32, 4096, 32, 8, 14336, LLAMA3_VOCAB, 131072, False, 500000.0),
         "llama-3.1-70b": _llama(80, 8192, 64, 8, 28672, LLAMA3_VOCAB, 131072, False, 500000.0),
         "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, LLAMA3_VOCAB, 131072, False, 500000.0),
+        # Mistral-7B-v0.3 (no sliding window since v0.2): built as a LlamaForCausalLM, whose tensors are Mistral's
+        "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32768, 32768, False, 1000000.0),
     }
 
     def default_ffn(self, hidden):
