@@ -62,9 +62,11 @@ class Llama(Family):
 
     def tensors(self, shape):
         h, f, v, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.kv_hidden
-        block = [tensor for proj, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv))
-                 for tensor in [(f"self_attn.{proj}.weight", (width, h)),
-                                *([(f"self_attn.{proj}.bias", (width,))] if self.qkv_bias else [])]]
+        block = []
+        for proj, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
+            block.append((f"self_attn.{proj}.weight", (width, h)))
+            if self.qkv_bias:  # each bias right after its weight, as the model's parameters come
+                block.append((f"self_attn.{proj}.bias", (width,)))
         block += [("self_attn.o_proj.weight", (h, h)),
                   ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
                   ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
