@@ -22,10 +22,6 @@ from contextlib import contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-if os.environ.get("EXP_NO_TORCHAO"):
-    import transformers.utils.import_utils as _iu
-    import transformers.utils as _u
-    _iu.is_torchao_available = _u.is_torchao_available = lambda *a, **k: False
 from transformers import default_data_collator, set_seed  # noqa: E402
 
 from hfscale.errors import HfscaleError, exit_on_user_error  # noqa: E402
