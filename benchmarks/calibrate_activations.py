@@ -1,4 +1,4 @@
-"""Measure what a training step of HF GPT-2/BLOOM/Llama really holds, and fit the activation constants of
+"""Measure what a training step of HF GPT-2/BLOOM/Llama/Qwen3 really holds, and fit the activation constants of
 hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
 
 What is measured, per shape, in a fresh process (one thread, glibc's mmap threshold fixed at 64 KiB so that freed
@@ -7,11 +7,11 @@ forward minus before it (what autograd keeps for the backward; the weights are a
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
 features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama per-layer b·s·f and b·s·kv, its MLP and
-key/value widths varied apart from h - in bytes per element, for each (family, attention, precision, checkpointing)
-mode.
+key/value widths varied apart from h, for Qwen3 those and per-layer b·s·q, its query width - in bytes per element,
+for each (family, attention, precision, checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
-    python benchmarks/calibrate_activations.py --modes llama  # a family's modes
+    python benchmarks/calibrate_activations.py --modes qwen3  # a family's modes
     python benchmarks/calibrate_activations.py --modes gpt2/eager/fp32/0 --json out.json
     python benchmarks/calibrate_activations.py --fit benchmarks/results/h*_*/cuda_activations.jsonl
     python benchmarks/calibrate_activations.py --forward fused --modes gpt2/sdpa/autocast_bf16/0   # the fused loss
@@ -34,26 +34,32 @@ LLAMA_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(SHAPES, (2, 2, 2, 2, 4, 
                                                         (704, 704, 704, 704, 1408, 1024, 704))]
 LLAMA_SHAPES += [(4, 256, 4, 8192, 512, 4, 4, 704), (4, 256, 4, 8192, 512, 4, 2, 1024),
                  (4, 256, 4, 8192, 512, 4, 1, 512)]
+# Qwen3's, with a head width after them: Llama's shapes at hidden / heads, then heads x head_dim (the query width) and
+# key/value heads x head_dim varied apart from h and from each other
+QWEN3_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_SHAPES]
+QWEN3_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 512, 4, 2, 704, 64),
+                 (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
-                                                       ("llama", ("eager", "sdpa")))
+                                                       ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
+SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn", "head_dim")  # a shape tuple's
 
 
 def shapes_of(family: str) -> list[tuple]:
-    return LLAMA_SHAPES if family == "llama" else SHAPES
+    return {"llama": LLAMA_SHAPES, "qwen3": QWEN3_SHAPES}.get(family, SHAPES)
 
 
 def row_shape(family: str, r: dict):
-    """The ModelShape of a measured row (its key/value heads and MLP width where the row has them)."""
+    """The ModelShape of a measured row (its key/value heads, MLP width and head width where the row has them)."""
     from hfscale.formulas.metrics import ModelShape
 
     return ModelShape(family, r["n_layer"], r["hidden"], r["heads"], r["vocab"], max(r["seq"], 256), r.get("ffn"),
-                      r.get("kv_heads"))
+                      r.get("kv_heads"), head_dim=r.get("head_dim"))
 
 
 def shape_row(shape: tuple) -> dict:
-    """A SHAPES / LLAMA_SHAPES tuple as a row's sizes."""
-    return dict(zip(("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn"), shape))
+    """A SHAPES / LLAMA_SHAPES / QWEN3_SHAPES tuple as a row's sizes."""
+    return dict(zip(SIZES, shape))
 
 PROBE = r"""
 import contextlib, json, sys, torch
@@ -66,11 +72,11 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 fam, attn, prec, ck = sys.argv[2].split("/")
-l, h, a, v, s, b, kv, f = (int(x) if x != "-" else None for x in sys.argv[3:11])
-model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn, float(sys.argv[12]))
-if sys.argv[11] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
+l, h, a, v, s, b, kv, f, hd = (int(x) if x != "-" else None for x in sys.argv[3:12])
+model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv, head_dim=hd), 0, attn, float(sys.argv[13]))
+if sys.argv[12] != "model":  # as hfscale trains it: no KV cache (and the fused loss if asked); "model": its own forward
     from hfscale.run.forward import use_training_forward
-    use_training_forward(model, sys.argv[11] == "fused")
+    use_training_forward(model, sys.argv[12] == "fused")
 if ck == "1":
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 if prec == "bf16":
@@ -98,7 +104,7 @@ FORWARDS = ("training", "fused", "model")  # hfscale's training forward, with th
 
 def measure(mode: str, shape: tuple, forward: str = "training", dropout: float = 0.0) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    sizes = [*map(str, shape), *["-"] * (8 - len(shape))]  # a GPT-2/BLOOM shape: no key/value heads or MLP width
+    sizes = [*map(str, shape), *["-"] * (len(SIZES) - len(shape))]  # GPT-2/BLOOM: no key/value heads, MLP or head width
     proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO), mode, *sizes, forward, str(dropout)], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode:
@@ -421,12 +427,15 @@ def main() -> None:
         if opts.json:
             opts.json.write_text(json.dumps({"measured": rows, "dropout_coefficients": table}, indent=2))
         return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(2)  # two probes at a time, each a process of one thread: its resident set is its own
     for mode in modes:
         fam, attn, prec, ck = mode.split("/")
         rows, ys = [], []
-        for shape in shapes_of(fam):
+        shapes = shapes_of(fam)
+        for shape, m in zip(shapes, pool.map(lambda shape: measure(mode, shape, opts.forward), shapes)):
             sizes = shape_row(shape)
-            m = measure(mode, shape, opts.forward)
             measured.append({"mode": mode, "shape": shape, "forward": opts.forward, **m})
             if opts.forward == "fused":
                 report_other_rows([{"mode": mode, **sizes, "fused_loss": True, **m}], device="cpu")

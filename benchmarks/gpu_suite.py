@@ -55,7 +55,7 @@ GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4,
                (4, 1024, 32, 50257, 1024, 4), (2, 1536, 12, 32768, 1536, 2)]  # (layers, hidden, heads, vocab, seq, MBS)
 DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)),
-                                                            ("llama", ("sdpa",)))
+                                                            ("llama", ("sdpa",)), ("qwen3", ("sdpa",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 # Llama's: (key/value heads, MLP width) after the sizes, varied apart from the hidden size and from each other (its
 # activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES)
@@ -63,6 +63,11 @@ LLAMA_GRID_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(GRID_SHAPES, (4, 4,
                                                               (2816, 2816, 2816, 2816, 5632, 2816, 2816, 4096))]
 LLAMA_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 16, 2816), (4, 1024, 16, 50257, 1024, 4, 2, 4096)]
 LLAMA_DRY_SHAPES = [(*shape, 2, f) for shape, f in zip(DRY_SHAPES, (352, 256))]
+# Qwen3's: a head width after those, hidden / heads and then apart from it (a b·s·q term of its own: QWEN3_SHAPES)
+QWEN3_GRID_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_GRID_SHAPES]
+QWEN3_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 4, 2816, 128), (4, 1024, 8, 50257, 1024, 4, 4, 2816, 64),
+                      (4, 1024, 16, 50257, 1024, 4, 8, 2816, 96)]
+QWEN3_DRY_SHAPES = [(*shape, 64) for shape in LLAMA_DRY_SHAPES]
 REFERENCES = ("eager", "compiled", "loss-only")  # the hand-written steps, in the order they run
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
 # --fused_linear_cross_entropy's modes (the estimate's fused_loss_bytes, structural until measured): the first shapes
@@ -410,13 +415,14 @@ def grid_point(mode: str, shape: tuple, compiled: bool, device: str, fused_loss:
     from hfscale.run.memory import StepMemory
 
     fam, attn, prec, ck = mode.split("/")
-    l, h, a, v, s, b, *widths = shape  # a Llama shape: then its key/value heads and MLP width
-    kv, f = widths or (None, None)
+    l, h, a, v, s, b, *widths = shape  # Llama's: then its key/value heads and MLP width; Qwen3's, its head width
+    kv, f, head_dim = (*widths, None, None, None)[:3]
     row = {"mode": f"{mode}/{int(compiled)}", "n_layer": l, "hidden": h, "heads": a, "vocab": v, "seq": s, "mbs": b,
-           **({"kv_heads": kv, "ffn": f} if widths else {}),
+           **({"kv_heads": kv, "ffn": f} if widths else {}), **({"head_dim": head_dim} if head_dim else {}),
            "fused_loss": fused_loss, "kv_cache": False, "logits_output": False}  # run/forward.py: the loss alone
     try:
-        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv), 0, attn, dropout).to(device)
+        model = build_model(ModelShape(fam, l, h, a, v, max(s, 256), f, kv, head_dim=head_dim), 0, attn,
+                            dropout).to(device)
     except ValueError as err:  # e.g. BLOOM with SDPA: transformers refuses it
         return {**row, "error": f"ValueError: {str(err)[:160]}"}
     if ck == "1":
@@ -647,6 +653,12 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
         # MBS 4: `hfscale estimate` fits at most 5 eager on 80 GB (its 151,936-token logits), 10 compiled
         Section("qwen2-1.5b", 300, ("--model", "qwen2.5-1.5b", "--seq_len", "2048", "--per_device_train_batch_size",
                                     "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),)),
+    "qwen3": ("qwen3-1.7b compiled (the allocator's peak beside the estimate, whose Qwen3 terms are CPU-fitted "
+              "until this plan's grid measures them), then the Qwen3 rows of the CUDA activation grid (their head "
+              "width apart from hidden / heads)", (
+        Section("qwen3-1.7b", 240, ("--model", "qwen3-1.7b", "--seq_len", "2048", "--per_device_train_batch_size",
+                                    "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
+        Section("grid", 540, ("--only", "grid", "--grid_filter", "^qwen3/")))),
     "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
             "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
         Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
@@ -911,10 +923,12 @@ def main() -> None:
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
         compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
-        llama = LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES  # --grid_shapes: GPT-2's and BLOOM's
+        own = {"llama": LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES,  # --grid_shapes: GPT-2's and BLOOM's
+               "qwen3": QWEN3_DRY_SHAPES if opts.dry_run else QWEN3_GRID_SHAPES}
 
         def of(mode: str, pool: list) -> list:
-            return pool if not mode.startswith("llama/") else llama[:len(pool)] if pool is compiled_shapes else llama
+            family = own.get(mode.split("/")[0])
+            return pool if family is None else family[:len(pool)] if pool is compiled_shapes else family
 
         points = [(m, shape, False, False) for m in GRID_MODES for shape in of(m, shapes)]
         fused = [(m, shape, False, True) for m in FUSED_MODES for shape in compiled_shapes]

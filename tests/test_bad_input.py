@@ -225,8 +225,9 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     mistyped.mkdir()
     (mistyped / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two", "n_embd": 64, "n_head": 4}')
     # families hfscale does not serve, or shapes it cannot train, named before their missing weights
-    configs = {"opt": '{"model_type": "opt"}', "qwen3": '{"model_type": "qwen3"}',
+    configs = {"opt": '{"model_type": "opt"}', "qwen3-moe": '{"model_type": "qwen3_moe"}',
                "gelu-qwen2": '{"model_type": "qwen2", "hidden_act": "gelu"}',
+               "biased-qwen3": '{"model_type": "qwen3", "attention_bias": true}',
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
                "biased": '{"model_type": "llama", "attention_bias": true}',
                "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
@@ -251,9 +252,11 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (mistyped, "its config.json: Validation error for field 'n_layer': TypeError: Field "
                                       "'n_layer' expected int, got str (value: 'two')"),
                            (tmp_path / "opt", "its config's model type 'opt' is not supported; hfscale knows: gpt2, "
-                                              "bloom, llama, mistral, qwen2"),
-                           (tmp_path / "qwen3", "model type 'qwen3' is not served: per-head RMSNorms on its queries "
-                                                "and keys"),
+                                              "bloom, llama, mistral, qwen2, qwen3"),
+                           (tmp_path / "qwen3-moe", "model type 'qwen3_moe' is not served: a mixture of experts in "
+                                                    "place of each block's MLP"),
+                           (tmp_path / "biased-qwen3", "its qwen3 config differs from the Qwen3 shape hfscale trains: "
+                                                       "attention_bias=True (needs False)"),
                            (tmp_path / "gelu-qwen2", "its qwen2 config differs from the Qwen2 shape hfscale trains: "
                                                      "hidden_act='gelu' (needs 'silu')"),
                            (tmp_path / "gqa", "its config's 5 key/value heads do not divide the 32 attention heads"),
@@ -563,6 +566,16 @@ def test_ignore_data_skip_resumes_from_another_data_position(tmp_path):
     assert resolve_resume(str(older.parent), tmp_path, expected) == str(older)
     with pytest.raises(HfscaleError, match="incomplete checkpoint"):
         resolve_resume(str(tmp_path / "older"), tmp_path, expected)  # a folder of run folders is none of them
+    # a marker from before Qwen3 names no head size: its heads were hidden / heads wide, which the run's are too
+    marker = json.loads((older / "hfscale_checkpoint.json").read_text())
+    del marker["model"]["head_size"]
+    (older / "hfscale_checkpoint.json").write_text(json.dumps(marker))
+    assert resolve_resume(str(older), tmp_path, expected) == str(older)
+    qwen3 = identity("ddp", "adamw", 1, resolve_shape("tiny-qwen3"))
+    marker["model"] = {k: v for k, v in qwen3["model"].items() if k != "head_size"}
+    (older / "hfscale_checkpoint.json").write_text(json.dumps(marker))
+    with pytest.raises(HfscaleError, match="was saved with model"):  # 16-wide heads, where the run's are 32
+        resolve_resume(str(older), tmp_path, qwen3)
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -96,10 +96,17 @@ LLAMA_HELD_OUT = ["--model", "tiny-llama", "--n_layer", "3", "--hidden_size", "3
                   "--default_tokenizer_vocab", "6144", "--seq_len", "224", "--per_device_train_batch_size", "6"]
 
 
-@pytest.mark.parametrize("attention,checkpointing", [("sdpa", False), ("sdpa", True)])
-def test_the_llama_activation_estimate_matches_the_measured_step(tmp_path, attention, checkpointing):
+# ... and a Qwen3 one (calibrate_activations.py QWEN3_SHAPES): tiny-qwen3's 32-wide heads on a 384-wide model, so its
+# queries are 192 wide, half the model's width (no calibration shape's are under three quarters of it)
+QWEN3_HELD_OUT = ["--model", "tiny-qwen3", *LLAMA_HELD_OUT[2:]]
+
+
+@pytest.mark.parametrize("model,attention,checkpointing", [("llama", "sdpa", False), ("llama", "sdpa", True),
+                                                           ("qwen3", "sdpa", False)])
+def test_the_activation_estimate_matches_the_measured_step(tmp_path, model, attention, checkpointing):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "hfscale", "train", *LLAMA_HELD_OUT, "--max_steps", "4", "--logging_steps", "1",
+    held_out = {"llama": LLAMA_HELD_OUT, "qwen3": QWEN3_HELD_OUT}[model]
+    cmd = [sys.executable, "-m", "hfscale", "train", *held_out, "--max_steps", "4", "--logging_steps", "1",
            "--save_strategy", "no", "--attn_implementation", attention, "--output_dir", str(out),
            *(["--activation_checkpointing"] if checkpointing else [])]
     proc = run(cmd, timeout=600, environ={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"})

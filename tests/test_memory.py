@@ -441,6 +441,9 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     (["--device_memory_gb", "-1"], "--device_memory_gb must be positive"),
     (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
+    (["--head_dim", "128"], "--head_dim: GPT-2's heads are hidden / heads wide; a head width of its own is Qwen3's"),
+    (["--model", "tiny-qwen3", "--head_dim", "0"], "model head_dim must be between 1 and 65,536, got 0"),
+    (["--model", "tiny-qwen3", "--head_dim", "33"], "head_dim 33 is odd: rotary positions rotate pairs"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)
@@ -613,6 +616,30 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
     for mode, (worst, leave_one_out) in fit["quality"].items():
         limit = LEAVE_ONE_OUT_LIMIT.get(mode, 0.16 if mode.endswith("/1") else 0.02)
         assert worst <= 0.025 and leave_one_out <= limit, (mode, worst, leave_one_out)
+
+
+def test_the_qwen3_cpu_terms_are_the_fit_of_their_committed_rows():
+    """Qwen3's CPU coefficients (its query width a ninth term) are the least-squares fit of the rows
+    `calibrate_activations.py --modes qwen3` measured and committed, as they stand: a hand-edited or stale table fails
+    here. Every row lies within 3% of the estimate; a held-out shape run for real, within 10% (tests/test_llama.py)."""
+    import numpy as np
+
+    calibrate = load_benchmark("calibrate_activations")
+    measured = json.loads((REPO / "benchmarks" / "results" / "activations_qwen3_2026-11-29.json").read_text())
+    rows = [{"mode": r["mode"], **calibrate.shape_row(r["shape"]), "activations": r["activations"]}
+            for r in measured["measured"]]
+    modes = sorted({r["mode"] for r in rows})
+    assert modes == sorted(m for m in act.ACTIVATION_COEFFICIENTS["cpu"] if m.startswith("qwen3/")) and len(modes) == 12
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        features = [act.activation_features(calibrate.row_shape("qwen3", r), r["seq"], r["mbs"]) for r in mine]
+        assert len({r["head_dim"] * r["heads"] for r in mine}) > 2 and len(features[0]) == 9  # the query width varies
+        fitted = np.linalg.lstsq(np.array(features, float), np.array([r["activations"] for r in mine], float),
+                                 rcond=None)[0]
+        assert act.ACTIVATION_COEFFICIENTS["cpu"][mode] == pytest.approx(fitted, abs=2e-3), mode
+        for r in mine:
+            estimate = act.activations(calibrate.row_shape("qwen3", r), r["seq"], r["mbs"], mode)
+            assert estimate.kept == pytest.approx(r["activations"], rel=0.03), (mode, r)
 
 
 # Llama under autocast, unfolded: its other rows predict the one without GQA 4.5% low (the same grid in bf16: 0.6%);

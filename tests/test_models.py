@@ -94,8 +94,8 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
 
     def sizes(shape):
         positions = 2048 if shape.family == "bloom" else shape.positions
-        return (shape.family, shape.n_layer, shape.hidden, shape.n_head, shape.kv_heads, shape.ffn_size, shape.vocab,
-                positions, shape.tied_head, shape.rope_theta)
+        return (shape.family, shape.n_layer, shape.hidden, shape.n_head, shape.kv_heads, shape.head_size,
+                shape.ffn_size, shape.vocab, positions, shape.tied_head, shape.rope_theta)
 
     for name, shape in PRESETS.items():
         folder = tmp_path / name

@@ -353,19 +353,23 @@ BLOOM_RUNS = [("zero3", "adafactor")]
 # matrix's run of fsdp_hybrid with it) and PowerSGD with Adafactor (the run tests/test_llama.py makes; it runs the
 # other engines on Llama too)
 LLAMA_PAIRS = [("fsdp_hybrid", "adamw_8bit"), ("ddp_powersgd", "adafactor")]
-# ... and Qwen2, Llama's tensors with biases on q/k/v: fsdp_tp splits those biases with their weights' rows over TP and
-# shards them again over FSDP (the run refuses a layout other than the plan's); torchao's 8-bit AdamW there and
-# bitsandbytes' under ZeRO-2 keep such small tensors' states in 32 bits, each counted by the memory model
-QWEN2_PAIRS = [("fsdp_tp", "adamw_8bit"), ("zero2", "adamw_8bit")]
+# ... and Qwen2, Llama's tensors with biases on q/k/v: bitsandbytes' 8-bit Adam under ZeRO-2 keeps such small
+# tensors' states in 32 bits, counted by the memory model (tests/test_tensor_parallel.py splits its biases over TP)
+QWEN2_PAIRS = [("zero2", "adamw_8bit")]
+# ... and Qwen3, with its per-head q/k norms and queries wider than the model: fsdp_tp keeps those norms whole over TP
+# (their gradients summed over the TP group) and shards them over FSDP, the projections at the query width split over
+# TP and again over FSDP (the run refuses a layout other than the plan's), with torchao's 8-bit AdamW
+QWEN3_PAIRS = [("fsdp_tp", "adamw_8bit")]
 # the host-memory runs (conftest.HOST_RUNS) build a Llama too
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
-          **{p: "qwen2" for p in QWEN2_PAIRS},
+          **{p: "qwen2" for p in QWEN2_PAIRS}, **{p: "qwen3" for p in QWEN3_PAIRS},
           **{(s, o): "llama" for name, (s, o, _) in HOST_RUNS.items() if _RUN_ELSEWHERE.get((s, o)) == f"host:{name}"}}
 
 
 def pair_model(strategy: str, optim: str) -> list[str]:
-    """The --model of a pair's own run: tiny-llama or tiny-qwen2 where the pair runs that family, else the default."""
-    family = FAMILY[strategy, optim] if (strategy, optim) in LLAMA_PAIRS + QWEN2_PAIRS else None
+    """The --model of a pair's own run: tiny-llama, tiny-qwen2 or tiny-qwen3 where the pair runs that family, else the
+    default."""
+    family = FAMILY[strategy, optim] if (strategy, optim) in LLAMA_PAIRS + QWEN2_PAIRS + QWEN3_PAIRS else None
     return ["--model", f"tiny-{family}"] if family else []
 
 

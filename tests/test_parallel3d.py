@@ -485,6 +485,20 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     assert {k: v for k, v in qwen2.items() if k != "family"} == {k: v for k, v in model.items() if k != "family"}
     project.main([str(imported), "--gpus", "16", *links])
     assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
+    # its Qwen3 recipes: per-head q/k norms (qk_layernorm) and a head width of their own (kv_channels 256 on 16 heads
+    # of a 2048-wide model); a Llama with a head width apart from hidden / heads is no model the formulas know
+    (tmp_path / "1B-megatron-qwen3.out").write_text(
+        LOG.replace("  seq_length", f"  qk_layernorm ... True\n  kv_channels ... 256\n{llama_args}"))
+    (tmp_path / "1B-megatron-wide.out").write_text(LOG.replace("  seq_length", f"  kv_channels ... 256\n{llama_args}"))
+    megatron.main([str(tmp_path / f"1B-megatron-{n}.out") for n in ("qwen3", "wide")] + ["--out",
+                                                                                        str(tmp_path / "imported")])
+    capsys.readouterr()
+    qwen3 = json.loads((tmp_path / "imported" / "1B-megatron-qwen3" / "results.json").read_text())["model"]
+    assert (qwen3["family"], qwen3["head_dim"], qwen3["n_kv_head"], qwen3["ffn"]) == ("qwen3", 256, 4, 5632)
+    wide = json.loads((tmp_path / "imported" / "1B-megatron-wide" / "results.json").read_text())["model"]
+    assert wide["n_head"] is None
+    project.main([str(tmp_path / "imported" / "1B-megatron-qwen3" / "results.json"), "--gpus", "16", *links])
+    assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
 
 
 def test_megatron_layouts_projected_from_a_run_keep_its_dropout_masks(tmp_path, capsys):

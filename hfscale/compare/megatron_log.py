@@ -52,12 +52,13 @@ ARGUMENT_KEYS = {"world_size": "world", "data_parallel_size": "dp", "context_par
                  "padded_vocab_size": "vocab", "log_interval": "log_interval", "num_query_groups": "query_groups",
                  # the interleaved schedule: Megatron prints both once either is given (None otherwise)
                  "virtual_pipeline_model_parallel_size": "vp",
-                 "num_layers_per_virtual_pipeline_stage": "layers_per_virtual_stage"}
+                 "num_layers_per_virtual_pipeline_stage": "layers_per_virtual_stage",
+                 "kv_channels": "head_dim"}  # a head's width (Megatron sets it to hidden / heads unless given)
 # the arguments that make a Megatron model Llama-shaped (hfscale's llama family) when all are on; with add_qkv_bias
-# too (Megatron's Qwen2 recipes), the qwen2 family's shape
+# too (Megatron's Qwen2 recipes), the qwen2 family's shape; with qk_layernorm (its Qwen3 recipes), the qwen3 family's
 LLAMA_ARGUMENTS = {"swiglu": "swiglu", "group_query_attention": "gqa",
                    "untie_embeddings_and_output_weights": "untied", "disable_bias_linear": "no_bias",
-                   "add_qkv_bias": "qkv_bias"}
+                   "add_qkv_bias": "qkv_bias", "qk_layernorm": "qk_norm"}
 # what launchers write before each line: srun --label's "12: ", torchrun --tee's "[default3]:" or "[rank3]:",
 # a "[2024-05-01 10:00:00]" timestamp, or several of them ("3: [default3]:")
 LAUNCHER_PREFIX = re.compile(r"^(?:\s*(?:\d+:|\[[^\]]*\]:?))+ ?")

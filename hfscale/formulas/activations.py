@@ -1,7 +1,6 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
-backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM and Llama, by device,
-precision,
-attention, checkpointing, torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
+backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2, which
+keeps what Llama keeps) and Qwen3, by device, precision, attention, checkpointing, torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
 (benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
 states of a rank; docs/estimate.md has the tables.
 """
@@ -20,10 +19,10 @@ from .metrics import ModelShape
 # CPU fit and says so. The rows each table was fitted on, and how well: docs/estimate.md ("Where the tables come from").
 ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logits", "b·s·h", "b·s² mask",
                        "weight matrices (autocast saves their bf16 copies)", "per layer b·s·f (MLP width)",
-                       "per layer b·s·kv (key/value width)")
+                       "per layer b·s·kv (key/value width)", "per layer b·s·q (query width)")
 # GPT-2's and BLOOM's MLP is 4h wide and their keys and values h: the first feature holds those tensors, and their modes
 # have the first six coefficients. A family whose MLP and key/value widths vary apart from h (Llama: Family.own_widths)
-# has all eight.
+# has eight; one whose query width (heads x head_dim) does too (Qwen3: Family.own_head_width), nine.
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     "cpu": {
     'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
@@ -57,6 +56,20 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'llama/sdpa/autocast_bf16/1': (4.404, -0.03, 4.167, 8.32, 1.145, 0.605, -0.266, -0.226),
     'llama/sdpa/bf16/0': (20.04, -0.001, 3.997, 8.686, -0.103, 0.001, 8.004, 4.012),
     'llama/sdpa/bf16/1': (1.985, -0.007, 3.992, 7.718, 0.348, 0.032, -0.006, 0.052),
+    # Qwen3: its query width (heads x head_dim) varied apart from h too; its per-head q/k norms keep their inputs and
+    # outputs, counted in the b·s·q and b·s·kv terms
+    'qwen3/eager/fp32/0': (24.101, 3.993, 3.99, 11.657, 0.7, 0.006, 15.979, 7.998, 24.139),
+    'qwen3/eager/fp32/1': (4.117, -0.007, 3.998, 11.654, 4.463, 0.037, -0.108, 0.14, 0.066),
+    'qwen3/eager/autocast_bf16/0': (25.946, 6.0, 3.992, 11.124, 0.33, 2.01, 7.914, 5.961, 14.191),
+    'qwen3/eager/autocast_bf16/1': (4.706, -0.036, 4.174, 5.274, 5.812, 0.713, -0.285, -0.209, -0.069),
+    'qwen3/eager/bf16/0': (15.945, 6.005, 3.995, 8.32, 0.156, 0.009, 7.977, 6.067, 14.131),
+    'qwen3/eager/bf16/1': (1.491, 0.0, 4.0, 10.067, 1.964, -0.015, -0.007, 0.121, 0.033),
+    'qwen3/sdpa/fp32/0': (24.028, -0.005, 4.003, 11.255, 0.701, 0.048, 15.953, 16.027, 16.173),
+    'qwen3/sdpa/fp32/1': (3.977, -0.018, 3.983, 12.097, 0.631, 0.012, -0.012, 0.027, 0.096),
+    'qwen3/sdpa/autocast_bf16/0': (26.098, 0.013, 3.985, 10.063, 0.536, 2.02, 7.936, 10.075, 10.096),
+    'qwen3/sdpa/autocast_bf16/1': (4.248, -0.031, 4.197, 9.643, 0.641, 0.536, -0.215, -0.303, -0.023),
+    'qwen3/sdpa/bf16/0': (16.041, 0.03, 3.998, 8.734, -0.244, -0.001, 7.906, 10.362, 9.96),
+    'qwen3/sdpa/bf16/1': (1.499, -0.004, 3.999, 9.889, 0.021, -0.001, -0.005, 0.062, 0.061),
 },
     "cuda": {  # no KV cache (rows measured with it have it taken off), SDPA without a b·a·s² term but fp32 with GQA
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
@@ -138,7 +151,7 @@ def counted_dropout(shape: ModelShape, mode: str, device: str) -> tuple[float, .
             own_copy = compute == "fp32" or (compute == "bf16" and not spec.softmax_fp32)
             per_scores = mask(probabilities) + (probabilities if own_copy else 0)
     coefficients = [per_bsh, per_scores, 0.0, embedding_sites * mask(embedding), 0.0, 0.0]
-    return tuple(coefficients + ([0.0, 0.0] if spec.own_widths else []))
+    return tuple(coefficients + [0.0] * (feature_count(spec) - len(coefficients)))
 
 
 def dropout_coefficients(shape: ModelShape, mode: str, device: str) -> tuple[tuple[float, ...], str]:
@@ -201,9 +214,9 @@ def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:
 
 
 def activation_features(shape: ModelShape, seq: int, micro_batch: int) -> list[int]:
-    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order: six, or
-    eight for a family with widths of its own. The weight matrices are those a forward multiplies by (the blocks' and
-    the head's: autocast casts each)."""
+    """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order: six,
+    eight for a family with MLP and key/value widths of its own, nine with a query width too. The weight matrices are
+    those a forward multiplies by (the blocks' and the head's: autocast casts each)."""
     b, s, h, l = micro_batch, seq, shape.hidden, shape.n_layer
     spec = shape.spec
     block_matrices = sum(d[0] * d[1] for _, d in spec.block_tensors(shape) if len(d) == 2)
@@ -211,7 +224,14 @@ def activation_features(shape: ModelShape, seq: int, micro_batch: int) -> list[i
                 l * block_matrices + shape.vocab * h]
     if spec.own_widths:
         features += [l * b * s * shape.ffn_size, l * b * s * shape.kv_hidden]
+    if spec.own_head_width:
+        features.append(l * b * s * shape.q_hidden)
     return features
+
+
+def feature_count(spec) -> int:
+    """How many of ACTIVATION_FEATURES a family's modes have (their coefficients' length)."""
+    return 6 + (2 if spec.own_widths else 0) + (1 if spec.own_head_width else 0)
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
@@ -321,7 +341,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     linear, attention = tp_activation_scales(tp, mode.endswith("/1"))
     scores = keeps_attention_scores(shape, mode, device if calibration == device else "cpu")
     feats[0], feats[1] = feats[0] * linear, feats[1] * attention * scores
-    for width in range(6, len(feats)):  # a block's MLP and key/value tensors: column-parallel outputs, split
+    for width in range(6, len(feats)):  # a block's MLP, key/value and query tensors: column-parallel outputs, split
         feats[width] *= 1 if linear == 1 else 1 / tp
     feats[5] /= tp  # autocast's weight copies: of this rank's slices (every block matrix and the head are split)
     if tp > 1:

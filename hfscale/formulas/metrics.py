@@ -52,15 +52,17 @@ def forward_flops_per_sequence(shape: ModelShape, seq: int) -> dict[str, int]:
 
     Attention scores (QK^T) and context (AV) are counted over the full s x s square, as the kernels compute
     them (and as torch's FlopCounterMode counts them); causal masking does not skip work in eager/SDPA math.
-    Grouped-query attention projects keys and values to kv_hidden each; a gated MLP (Llama's SwiGLU) has three
-    h x f matrices, GPT-2's and BLOOM's two.
+    Grouped-query attention projects keys and values to kv_hidden each, and queries to q_hidden (heads x head
+    width: the hidden size unless the model sets its own head_dim, as Qwen3 does), which is also the width the scores,
+    the context and the output projection work over; a gated MLP (Llama's SwiGLU) has three h x f matrices, GPT-2's
+    and BLOOM's two.
     """
-    h, f, s, l, kv = shape.hidden, shape.ffn_size, seq, shape.n_layer, shape.kv_hidden
+    h, f, s, l, q, kv = shape.hidden, shape.ffn_size, seq, shape.n_layer, shape.q_hidden, shape.kv_hidden
     return {
-        "qkv": l * 2 * s * h * (h + 2 * kv),
-        "attention_scores": l * 2 * s * s * h,
-        "attention_context": l * 2 * s * s * h,
-        "attention_output": l * 2 * s * h * h,
+        "qkv": l * 2 * s * h * (q + 2 * kv),
+        "attention_scores": l * 2 * s * s * q,
+        "attention_context": l * 2 * s * s * q,
+        "attention_output": l * 2 * s * q * h,
         "mlp": l * 2 * mlp_matrices(shape) * s * h * f,
         "lm_head": 2 * s * h * shape.vocab,
     }

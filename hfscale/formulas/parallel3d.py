@@ -116,15 +116,16 @@ def layer_activation_terms(shape: ModelShape, dropout: bool = True) -> tuple[flo
     replicated over TP (split only under sequence parallelism): the two norms' inputs 4, the QKV and MLP matmuls'
     inputs 2 + 2, and - with dropout - the attention output's and the MLP output's masks 1 + 1;
     split: Q 2, K and V 2 each at the key/value width (grouped-query attention: kv_hidden/h of it), the attention
-    output (the projection's input) 2, and the MLP's inner tensors - GeLU's input and output 2 + 2 at the ffn width,
+    output (the projection's input) 2 - Q and the attention output at the query width (q_hidden/h: 1 unless the model
+    sets its own head width) - and the MLP's inner tensors - GeLU's input and output 2 + 2 at the ffn width,
     SwiGLU's gate and up outputs and their product 2 + 2 + 2;
     scores: the softmax output 2, and with attention dropout its mask 1 and output 2.
     GPT (ffn 4h, dropout): (10, 24, 5), the paper's 34sbh + 5as^2b. Llama 3.1 70B (ffn 3.5h, 8 of 64 heads' keys and
     values, no dropout): (8, 25.5, 2)."""
     h = shape.hidden
-    kv = shape.kv_hidden / h
+    q, kv = shape.q_hidden / h, shape.kv_hidden / h
     mlp = (6 if shape.spec.gated_mlp else 4) * shape.ffn_size / h
-    return 8.0 + (2.0 if dropout else 0.0), 2 + 4 * kv + 2 + mlp, 2.0 + (3.0 if dropout else 0.0)
+    return 8.0 + (2.0 if dropout else 0.0), 2 * q + 4 * kv + 2 * q + mlp, 2.0 + (3.0 if dropout else 0.0)
 
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,

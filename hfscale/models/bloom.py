@@ -14,7 +14,7 @@ def _bloom(n_layer, hidden, n_head):
 
 
 class Bloom(Family):
-    name = "bloom"
+    name, title = "bloom", "BLOOM"
     model_types = ("bloom",)
     class_name = "BloomForCausalLM"
     block_prefix = "transformer.h"

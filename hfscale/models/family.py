@@ -28,6 +28,7 @@ class ModelShape:
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     tied: bool | None = None  # the LM head is the word embedding; None: the family's default
     rope_theta: float | None = None  # rotary base of a family with rotary positions; None: the family's default
+    head_dim: int | None = None  # width of one attention head; None: hidden / heads (Qwen3's is its own)
 
     @property
     def spec(self) -> "Family":
@@ -42,13 +43,20 @@ class ModelShape:
         return self.n_kv_head if self.n_kv_head is not None else self.n_head
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.n_head
+    def head_size(self) -> int:
+        """One attention head's width: head_dim where the model sets its own, else hidden / heads."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.n_head
+
+    @property
+    def q_hidden(self) -> int:
+        """Width of the query projection (and of the attention output): heads x head size - the hidden size unless
+        the model sets a head_dim of its own."""
+        return self.n_head * self.head_size
 
     @property
     def kv_hidden(self) -> int:
         """Width of the key (and of the value) projection: key/value heads x head size."""
-        return self.kv_heads * self.head_dim
+        return self.kv_heads * self.head_size
 
     @property
     def tied_head(self) -> bool:
@@ -62,6 +70,7 @@ class Family(ABC):
     """One transformers architecture. Subclasses set the class attributes and define the abstract methods."""
 
     name: str
+    title: str  # as people write it: GPT-2, BLOOM, Llama
     model_types: tuple[str, ...]  # the transformers model_types served (config.json's "model_type")
     differs: dict[str, str] = {}  # model_types of a near shape it does not serve -> what differs
     class_name: str  # its transformers causal-LM class
@@ -79,6 +88,7 @@ class Family(ABC):
     # whose forward keeps the same tensors for the backward - Qwen2's q/k/v biases are added inside their matmuls
     activations_as: str | None = None
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
+    own_head_width: bool = False  # with own_widths: a query width (heads x head_dim) apart from h, a term of its own
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
     # embeddings' b·s·h sum); every family drops its attention probabilities too (activations.counted_dropout)
@@ -87,7 +97,9 @@ class Family(ABC):
     autocast_fp32_queries: bool = False  # under autocast its queries are fp32 (RoPE's fp32 cos and sin), and so are
     # the probabilities its attention dropout meets: the values' matmul casts them after it
     # module inside a block -> how tensor parallelism splits it (parallel/tensor_parallel.py applies it): colwise (by
-    # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split)
+    # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split), or
+    # per_head: a module applied to each head alone (Qwen3's q/k norms), whole on every rank and fed the rank's heads,
+    # so its gradient is summed over the TP group (transformers' replicated_with_grad_allreduce)
     tp_plan: dict[str, str]
 
     # ---- for each family to define ----------------------------------------------------------------------------------
@@ -134,11 +146,12 @@ class Family(ABC):
         return name.startswith(self.block_prefix + ".")
 
     def _module_style(self, name: str) -> tuple[str | None, str]:
-        """(the TP style of the block module `name` (a parameter) belongs to, or None; "weight" | "bias")."""
+        """(the split style - colwise* or rowwise - of the block module `name` (a parameter) belongs to, or None: a
+        module the plan keeps whole; "weight" | "bias")."""
         module, _, kind = name.rpartition(".")
         for planned, style in self.tp_plan.items():
             if module.endswith("." + planned):
-                return style, kind
+                return (style if style.startswith(("colwise", "rowwise")) else None), kind
         return None, kind
 
     def tp_split_dim(self, name: str, conv1d: bool | None = None) -> int | None:

@@ -12,7 +12,7 @@ def _gpt2(n_layer, hidden, n_head, positions=1024, vocab=VOCAB):
 
 
 class GPT2(Family):
-    name = "gpt2"
+    name, title = "gpt2", "GPT-2"
     model_types = ("gpt2",)
     class_name = "GPT2LMHeadModel"
     conv1d = True

@@ -27,6 +27,7 @@ class Llama(Family):
     class_name = "LlamaForCausalLM"
     config_class = "LlamaConfig"
     qkv_bias = False  # biases on the query, key and value projections (Qwen2's); none anywhere else
+    qk_norm = False  # per-head RMSNorms on the queries and keys (Qwen3's q_norm, k_norm)
     tied_default = False
     gated_mlp = True
     own_widths = True
@@ -61,14 +62,16 @@ class Llama(Family):
         return 256 * ceil(8 * hidden / 3 / 256)
 
     def tensors(self, shape):
-        h, f, v, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.kv_hidden
+        h, f, v, q, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.q_hidden, shape.kv_hidden
         block = []
-        for proj, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
+        for proj, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             block.append((f"self_attn.{proj}.weight", (width, h)))
             if self.qkv_bias:  # each bias right after its weight, as the model's parameters come
                 block.append((f"self_attn.{proj}.bias", (width,)))
-        block += [("self_attn.o_proj.weight", (h, h)),
-                  ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
+        block.append(("self_attn.o_proj.weight", (h, q)))
+        if self.qk_norm:  # one head's width each, applied to every head
+            block += [("self_attn.q_norm.weight", (shape.head_size,)), ("self_attn.k_norm.weight", (shape.head_size,))]
+        block += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
                   ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
         return [(self.embedding, (v, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
@@ -102,7 +105,7 @@ class Llama(Family):
         heads, hidden = config.num_attention_heads, config.hidden_size
         refused = differing(config, self.config_needs)
         head_dim = getattr(config, "head_dim", None)
-        if head_dim not in (None, hidden // max(heads, 1)):
+        if not self.own_head_width and head_dim not in (None, hidden // max(heads, 1)):
             refused.append(f"head_dim={head_dim} (needs hidden_size / num_attention_heads = {hidden // max(heads, 1)})")
         if refused:
             raise HfscaleError(f"its {config.model_type} config differs from the {self.title} shape hfscale trains: "
@@ -111,7 +114,8 @@ class Llama(Family):
         return ModelShape(self.name, config.num_hidden_layers, hidden, heads, config.vocab_size,
                           config.max_position_embeddings, config.intermediate_size,
                           getattr(config, "num_key_value_heads", None) or heads,
-                          bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"))
+                          bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"),
+                          (head_dim or hidden // max(heads, 1)) if self.own_head_width else None)
 
 
 LLAMA_FAMILY = register(Llama())

@@ -23,8 +23,6 @@ def _qwen2(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied):
 class Qwen2(Llama):
     name, title = "qwen2", "Qwen2"
     model_types = ("qwen2",)
-    differs = {"qwen3": "per-head RMSNorms on its queries and keys (q_norm, k_norm), and a head_dim apart from "
-                        "hidden / heads"}
     class_name = "Qwen2ForCausalLM"
     config_class = "Qwen2Config"
     qkv_bias = True

@@ -12,17 +12,21 @@ from .family import ModelShape, all_presets, family_for_model_type
 PRESETS: dict[str, ModelShape] = all_presets()
 
 # The shape overrides every model flag set takes (hfscale train's ModelArguments and the planners' options).
-MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "num_key_value_heads", "ffn_hidden_size", "vocab_size")
+MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "num_key_value_heads", "head_dim", "ffn_hidden_size",
+                   "vocab_size")
 
 
 def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = None, n_head: int | None = None,
                   ffn: int | None = None, vocab: int | None = None, positions: int | None = None,
-                  n_kv_head: int | None = None) -> ModelShape:
+                  n_kv_head: int | None = None, head_dim: int | None = None) -> ModelShape:
     """A preset with explicit overrides applied, validated."""
     if preset not in PRESETS:
         raise one_of("model preset", preset, PRESETS)
+    if head_dim is not None and not PRESETS[preset].spec.own_head_width:
+        raise HfscaleError(f"--head_dim: {PRESETS[preset].spec.title}'s heads are hidden / heads wide; a head width "
+                           f"of its own is Qwen3's ({', '.join(n for n, s in PRESETS.items() if s.spec.own_head_width)})")
     overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions,
-                     n_kv_head=n_kv_head)
+                     n_kv_head=n_kv_head, head_dim=head_dim)
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
     validate_shape(shape)
     return shape
@@ -31,20 +35,21 @@ def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = 
 def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trust_remote_code: bool = False,
                 n_layer: int | None = None, hidden_size: int | None = None, n_head: int | None = None,
                 ffn_hidden_size: int | None = None, vocab_size: int | None = None,
-                num_key_value_heads: int | None = None, weights: bool = True) -> ModelShape:
+                num_key_value_heads: int | None = None, weights: bool = True,
+                head_dim: int | None = None) -> ModelShape:
     """The shape of the model these flags name: a pretrained checkpoint's config (read, not its weights), else the
     preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve.
     `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
     if model_name_or_path:
         overrides = dict(n_layer=n_layer, hidden_size=hidden_size, n_head=n_head, ffn_hidden_size=ffn_hidden_size,
-                         vocab_size=vocab_size, num_key_value_heads=num_key_value_heads)
+                         vocab_size=vocab_size, num_key_value_heads=num_key_value_heads, head_dim=head_dim)
         given = next((flag for flag, value in overrides.items() if value is not None), None)
         if given:  # a checkpoint's weights have its config's sizes: the override was ignored without a word
             raise HfscaleError(f"--{given} overrides a preset's shape; {model_name_or_path!r} brings its own "
                                f"config: drop --{given}")
         return pretrained_shape(model_name_or_path, trust_remote_code, weights)
     return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size,
-                         n_kv_head=num_key_value_heads)
+                         n_kv_head=num_key_value_heads, head_dim=head_dim)
 
 
 # Far beyond any model trained (the deepest ~1,000 layers, the widest hidden ~25k, vocabularies ~1M, contexts ~1M
@@ -52,6 +57,7 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
 # billion layers would take every byte of the host before answering
 SHAPE_BOUNDS = {"n_layer": 4096, "hidden": 2**20, "n_head": 2**20, "vocab": 2**24, "positions": 2**24,
                 "ffn_size": 2**22, "kv_heads": 2**20}
+HEAD_DIM_BOUND = 2**16  # a head width set apart from hidden / heads (Qwen3's 128)
 
 
 def validate_shape(shape: ModelShape) -> None:
@@ -63,8 +69,10 @@ def validate_shape(shape: ModelShape) -> None:
         if getattr(shape, name) > SHAPE_BOUNDS[name]:
             raise HfscaleError(f"model {name} {getattr(shape, name):,} is beyond what hfscale plans (at most "
                                f"{SHAPE_BOUNDS[name]:,}, far beyond any model trained)")
-    if shape.hidden % shape.n_head:
+    if shape.head_dim is None and shape.hidden % shape.n_head:  # a head is hidden / heads wide unless set apart
         raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden})")
+    if shape.head_dim is not None and not 0 < shape.head_dim <= HEAD_DIM_BOUND:
+        raise HfscaleError(f"model head_dim must be between 1 and {HEAD_DIM_BOUND:,}, got {shape.head_dim}")
     shape.spec.check(shape)
 
 

@@ -1,4 +1,4 @@
-"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama and Qwen2 on torch's DTensor: each family's plan is a
+"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama, Qwen2 and Qwen3 on torch's DTensor: each family's plan is a
 table in its module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this
 module applies it.
 
@@ -18,6 +18,8 @@ DTensor's full tensor is the HF tensor, in HF's shape and order:
   whole heads together. Its ALiBi biases, built for every head, are sliced to the rank's heads.
 - Llama's q, k and v are separate nn.Linear layers: each splits by output rows, so a rank holds n_head / TP query
   heads and n_kv_head / TP key/value heads (the grouped-query ratio unchanged); its attention reshapes by head size.
+- Qwen3's per-head q/k norms stay whole on every rank and take the rank's heads (_per_head): their gradients are
+  summed over the group.
 Each attention module then runs its own n_head / TP heads (the family's adapt_attention_for_tp). Proven in
 tests/test_tensor_parallel.py (2 processes, gloo): the loss, every gradient, the clipped norm and AdamW steps equal
 the unsharded model's.
@@ -125,6 +127,21 @@ def _replicate(module, mesh, converted: dict) -> None:
     module.register_forward_hook(lambda m, args, out: _local(out))
 
 
+def _per_head(module, mesh) -> None:
+    """A module applied to each head alone (Qwen3's q/k norms, their weights one head wide): its parameters whole on
+    every rank (Replicate), its input this rank's heads - a (..., heads, head_dim) view, Shard on the heads dimension.
+    The weight's gradient is then a sum over heads that lie on several ranks, which DTensor completes over the group
+    (transformers' replicated_with_grad_allreduce); fed as Replicate, each rank would step on its own heads' share."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    for name, param in list(module.named_parameters(recurse=False)):
+        setattr(module, name, torch.nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()])))
+    module.register_forward_pre_hook(
+        lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 2)], run_check=False), *args[1:]))
+    module.register_forward_hook(lambda m, args, out: _local(out))
+
+
 def _vocab_parallel(model, mesh) -> None:
     """The word embedding and the LM head split by vocabulary rows (Shard(0)) as Megatron splits them - one parameter
     when the head is tied to the embedding, two when not (Llama's): the embedding's partial lookups are summed
@@ -182,6 +199,8 @@ def apply_tensor_parallel(model, mesh, spec):
             module = block.get_submodule(name)
             if style.startswith("colwise"):
                 _colwise(module, mesh, fused=3 if style.endswith("fused3") else 1)
+            elif style == "per_head":
+                _per_head(module, mesh)
             else:
                 _rowwise(module, mesh)
         spec.adapt_attention_for_tp(block.get_submodule(spec.attention_module), tp, mesh.get_local_rank())

@@ -50,15 +50,18 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral) or qwen2 checkpoint (local "
+        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2 or qwen3 checkpoint (local "
                                         "directory or Hub name); overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
     num_key_value_heads: int | None = field(default=None, metadata={
-        "help": "Override a Llama or Qwen2 preset's key/value heads (grouped-query attention; must divide the heads)."})
+        "help": "Override a Llama or Qwen preset's key/value heads (grouped-query attention; must divide the heads)."})
+    head_dim: int | None = field(default=None, metadata={
+        "help": "Override a Qwen3 preset's head width (its queries are heads x head_dim wide; other families' heads "
+                "are hidden / heads)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
-        "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen2: its intermediate size; not BLOOM)."})
+        "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice)."})
     dropout: float | None = field(default=None, metadata={"help": "The model's hidden and attention dropout (default: a preset's 0, as in BLOOM pretraining; a checkpoint's own config's - transformers' GPT-2 sets 0.1)."})
@@ -74,7 +77,7 @@ class ModelArguments:
             raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
             resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size,
-                          self.vocab_size, n_kv_head=self.num_key_value_heads)
+                          self.vocab_size, n_kv_head=self.num_key_value_heads, head_dim=self.head_dim)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
     def dropout_probability(self) -> float:
@@ -85,7 +88,7 @@ class ModelArguments:
         """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""
         return model_shape(self.model, self.model_name_or_path, self.trust_remote_code, self.n_layer,
                            self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size,
-                           self.num_key_value_heads)
+                           self.num_key_value_heads, head_dim=self.head_dim)
 
 
 def has_tokenizer_files(path: str) -> bool:

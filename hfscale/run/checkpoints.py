@@ -101,7 +101,8 @@ def write_marker(path: Path, info: dict) -> dict:
     return marker
 
 
-MODEL_IDENTITY = ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size", "kv_heads", "tied_head")
+MODEL_IDENTITY = ("family", "n_layer", "hidden", "n_head", "vocab", "positions", "ffn_size", "kv_heads", "tied_head",
+                  "head_size")
 
 
 def identity(strategy: str, optim: str, world_size: int, shape, data: dict | None = None) -> dict:
@@ -157,10 +158,14 @@ def resolve_resume(value: str | None, output_dir: Path, expected: dict, data_ski
 
 def saved_model(marker: dict):
     """A marker's model identity; one written before Llama (GPT-2 and BLOOM alone) holds no key/value heads or tied
-    head, and had one key/value head per query head and a tied head."""
+    head, and had one key/value head per query head and a tied head; one written before Qwen3 holds no head size, and
+    had hidden / heads."""
     model = marker.get("model")
     if isinstance(model, dict) and "kv_heads" not in model and "n_head" in model:
-        return {**model, "kv_heads": model["n_head"], "tied_head": True}
+        model = {**model, "kv_heads": model["n_head"], "tied_head": True}
+    if isinstance(model, dict) and "head_size" not in model and isinstance(model.get("hidden"), int) \
+            and isinstance(model.get("n_head"), int) and model["n_head"] > 0:
+        model = {**model, "head_size": model["hidden"] // model["n_head"]}
     return model
 
 
