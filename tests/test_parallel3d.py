@@ -41,14 +41,17 @@ def test_activation_formulas_are_the_papers_table(s, b, h, a):
 
 def test_layer_terms_follow_the_models_widths():
     """Korthikanti et al. count a GPT layer tensor by tensor; the same count at other widths: Llama's SwiGLU keeps
-    three ffn-wide tensors where GeLU keeps two, grouped-query attention's keys and values are kv_hidden wide, and
-    a model trained without dropout keeps no masks and no dropped-out scores."""
+    three ffn-wide tensors where GeLU keeps two, grouped-query attention's keys and values are kv_hidden wide, Qwen3's
+    queries and attention output q_hidden wide (its own head width), and a model trained without dropout keeps no
+    masks and no dropped-out scores."""
     gpt = PRESETS["gpt2-1.3b"]
     assert p3d.layer_activation_terms(gpt) == p3d.GPT_LAYER_TERMS == (10, 24, 5)  # the paper's 34sbh + 5as^2b
     assert p3d.layer_activation_terms(gpt, dropout=False) == (8, 24, 2)
     llama = PRESETS["llama-3.1-70b"]  # h 8192, ffn 28672 = 3.5h, 8 of 64 heads' keys and values
     # split: Q 2 + K, V 2 x 2 x 1/8 + attention output 2 + 3 x 2 x 3.5 of SwiGLU
     assert p3d.layer_activation_terms(llama, dropout=False) == (8, 2 + 0.5 + 2 + 21, 2)
+    qwen3 = PRESETS["qwen3-0.6b"]  # h 1024, 16 heads of 128: queries and the attention output 2h wide, k and v h
+    assert p3d.layer_activation_terms(qwen3, dropout=False) == (8, 2 * 2 + 2 * 2 * 1 + 2 * 2 + 3 * 2 * 3, 2)
     s, b, t = 4096, 1, 8
     run = p3d.GridRun(llama, p3d.Grid(t, 4, 2), s, b, 8, "bf16", dropout=False)
     kept = p3d.stage_memory(run, 1).activations  # a middle stage: its layers alone, 3 micro-batches in flight

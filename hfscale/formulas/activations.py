@@ -1,8 +1,9 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
-backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2, which
-keeps what Llama keeps) and Qwen3, by device, precision, attention, checkpointing, torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
-(benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
-states of a rank; docs/estimate.md has the tables.
+backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2,
+which keeps what Llama keeps) and Qwen3, by device, precision, attention, checkpointing, torch.compile, tensor
+parallelism and the fused loss. Coefficients fitted to measurements (benchmarks/calibrate_activations.py); pure
+functions, no torch at import. formulas/memory.py adds them to the model states of a rank; docs/estimate.md has the
+tables.
 """
 
 from dataclasses import dataclass
