@@ -296,11 +296,12 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
     return coef, outlier, float(max(abs(X @ coef - y) / y)), float(max(loo))
 
 
-# What dropout adds lies in the per-layer b·s·h and b·a·s² features, the embeddings' b·s·h and Llama's per-layer widths
-# (masks of the tensors a layer drops, and what SDPA's math kernel keeps on CPU): the shapes that vary those apart -
-# layers, sequence and micro-batch, heads; Llama's key/value heads and MLP width.
-DROPOUT_FEATURES = (0, 1, 3, 6, 7)
-DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)], "llama": [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)]}
+# What dropout adds lies in the per-layer b·s·h and b·a·s² features, the embeddings' b·s·h and Llama's and Qwen3's
+# per-layer widths (masks of the tensors a layer drops, and what SDPA's math kernel keeps on CPU): the shapes that vary
+# those apart - layers, sequence and micro-batch, heads; key/value heads and MLP width; Qwen3's query width.
+DROPOUT_FEATURES = (0, 1, 3, 6, 7, 8)
+DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)], "llama": [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)],
+                  "qwen3": [QWEN3_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
 # a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
 DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
 
