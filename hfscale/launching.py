@@ -8,6 +8,7 @@ results file says so; the caller goes on.
 """
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -207,7 +208,7 @@ class RunSpec:
 def stub_results(run: RunSpec, status: str, error: str | None, fixed: list[str]) -> Results:
     """The row of a run that never wrote a results file (refused up front, or died before training)."""
     return Results(status=status, error=error, run_name=run.name, strategy=run.strategy, optim=run.optim,
-                   sweep=run.sweep_record,
+                   sweep={**run.sweep_record, "fixed": list(fixed)},
                    model=ModelRecord(name=flag_value(fixed, "--model") or "tiny", params_model=planned_params(fixed)),
                    config=ConfigRecord(world_size=run.num_processes,
                                        per_device_train_batch_size=run.per_device_train_batch_size,
@@ -252,8 +253,24 @@ def record_outcome(run: RunSpec, run_dir: Path, status: str, error: str | None, 
         results = stub_results(run, status, error, fixed)
     if results.status != "ok" or status != "ok":
         results.status, results.error, results.log_tail = status, error, log_tail if status != "ok" else None
-    results.sweep = {"wall_s": round(seconds, 2), **run.sweep_record}
+    results.sweep = {"wall_s": round(seconds, 2), **run.sweep_record, "fixed": list(fixed)}
     write_results(run_dir, results)
+
+
+def check_same_flags(runs, out: Path, fixed: list[str], command: str) -> None:
+    """Refuse, before anything runs, an --out whose finished runs were trained with other flags than `fixed` (the
+    flags every run of this sweep or tune shares: the model, its sizes, the sequence, ...): their names say only the
+    axes, so each would be taken as already done - a tune of one model into another's folder ranked the other's
+    trials. A results file from before the flags were recorded is taken as it is."""
+    for run in runs:
+        path = out / run.name / RESULTS_FILE
+        if finished_status(out / run.name) is None:
+            continue
+        recorded = (read_results(path).sweep or {}).get("fixed")
+        if recorded is not None and list(recorded) != list(fixed):
+            raise HfscaleError(f"{out / run.name} is a run of other training flags ({shlex.join(recorded) or 'none'}; "
+                               f"this {command} passes {shlex.join(fixed) or 'none'}), which its name does not "
+                               f"say: give another --out, or remove it")
 
 
 def start_up_refusal(train_args: list[str], processes: int) -> tuple[RunPlan | None, str | None]:

@@ -3,6 +3,7 @@
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -705,6 +706,23 @@ def test_other_commands_refuse_bad_input(tmp_path, argv, expected, hfscale_cli):
     proc = hfscale_cli(argv, cwd=tmp_path)
     _check_refused(proc, expected, tmp_path / "runs")
     assert not (tmp_path / "OUT").exists()
+
+
+def test_a_tune_whose_every_trial_this_host_cannot_start_is_refused_in_one_line(tmp_path, hfscale_cli, monkeypatch):
+    """A model that fits the --device the tune plans for but not this host's RAM, which each trial's own start-up
+    checks: refused before anything is written (before: every trial recorded as refused, and the tune ended with exit
+    1 and a table of refusals). The host is made 16 GB here, whatever this machine has."""
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(total=16 * 10**9, available=16 * 10**9))
+    out = tmp_path / "tune"
+    proc = hfscale_cli(["tune", "--model", "bloom-7b1", "--n_layer", "5", "--num_processes", "2", "--strategy", "ddp",
+                        "--out", str(out)])
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith("hfscale: error: every trial would be refused as it starts on this machine: "
+                           "ddp-adamw-np2-mbs1-gas1: the model states alone need") and "this host has 16.0 GB" in line
+    assert not out.exists()
 
 
 def test_export_of_a_run_directory_without_a_usable_checkpoint_names_them(tmp_path, hfscale_cli):

@@ -14,7 +14,7 @@ NAMES = {
     "--strategy": ["ddp", "ddp_powersgd", "fsdp", "fsdp_offload", "zero1", "zero2", "zero2_offload", "zero3",
                    "zero3_offload"],
     "--optim": ["adamw", "adafactor", "adamw_8bit", "adamw_torch", "sgd"],
-    "--model": ["tiny", "tiny-bloom", "gpt2-124m", "bloom-560m", "bigscience-104b", "gpt5"],
+    "--model": ["tiny", "tiny-bloom", "tiny-llama", "tiny-qwen3", "gpt2-124m", "bloom-560m", "bigscience-104b", "gpt5"],
     "--lr_scheduler_type": ["linear", "cosine", "constant", "bogus"],
     "--resume_from_checkpoint": ["latest", "/nonexistent/checkpoint-3"],
     "--deepspeed": ["ds_configs/zero1.json", "ds_configs/zero3.json", "/nonexistent.json"],
@@ -22,7 +22,8 @@ NAMES = {
     "--model_name_or_path": ["/nonexistent/model"],
     "--report_to": ["none", "tensorboard", "tensorboard,none"],
 }
-NUMBERS = ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+NUMBERS = ["--n_layer", "--hidden_size", "--n_head", "--num_key_value_heads", "--head_dim", "--ffn_hidden_size",
+           "--vocab_size", "--seq_len",
            "--per_device_train_batch_size", "--gradient_accumulation_steps", "--global_batch_size", "--max_steps",
            "--powersgd_rank", "--powersgd_warmup_steps", "--logging_steps", "--save_steps", "--perf_warmup_steps",
            "--token_budget", "--peak_tflops", "--learning_rate", "--dropout", "--default_tokenizer_vocab"]
@@ -189,14 +190,14 @@ def test_any_data_file_is_read_or_refused_in_one_line(tmp_path_factory, file):
 # The planning commands' numeric flags (each command's own parser lists them), their comma-separated number lists,
 # and the names they take
 PLANNER_NUMBERS = {
-    "estimate": ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+    "estimate": ["--n_layer", "--hidden_size", "--n_head", "--head_dim", "--ffn_hidden_size", "--vocab_size", "--seq_len",
                  "--gradient_accumulation_steps", "--gpus", "--gpus_per_node", "--device_memory_gb",
                  "--host_memory_gb"],
     "project": ["--tokens_per_s_per_gpu", "--tflops_per_gpu", "--n_layer", "--hidden_size", "--n_head",
                 "--ffn_hidden_size", "--vocab_size", "--seq_len", "--per_device_train_batch_size",
                 "--gradient_accumulation_steps", "--global_batch_size", "--device_memory_gb", "--gpus_per_node",
                 "--intra_latency_us", "--inter_latency_us", "--token_budget", "--gain_threshold"],
-    "tune": ["--n_layer", "--hidden_size", "--n_head", "--ffn_hidden_size", "--vocab_size", "--seq_len",
+    "tune": ["--n_layer", "--hidden_size", "--n_head", "--head_dim", "--ffn_hidden_size", "--vocab_size", "--seq_len",
              "--num_processes", "--global_batch_size", "--device_memory_gb", "--token_budget", "--timeout",
              "--time_budget"],
     "slurm": ["--nodes", "--gpus_per_node", "--cpus_per_task", "--port", "--requeue"],
@@ -204,7 +205,7 @@ PLANNER_NUMBERS = {
 PLANNER_LISTS = {"estimate": ["--per_device_train_batch_size", "--tp", "--pp"],
                  "project": ["--tp", "--pp", "--gpus", "--intra_bw", "--inter_bw"],
                  "tune": ["--per_device_train_batch_size"], "slurm": []}
-PLANNER_NAMES = {"--model": ["tiny", "gpt2-1.3b", "bloom-7b1", "bigscience-176b", "gpt5"],
+PLANNER_NAMES = {"--model": ["tiny", "gpt2-1.3b", "bloom-7b1", "bigscience-176b", "qwen3-8b", "gpt5"],
                  "--strategy": ["ddp", "zero3", "fsdp_hybrid", "tp", "megatron", "zero9", "all"],
                  "--optim": ["adamw", "adafactor", "adamw_8bit", "all", "adam9"],
                  "--device": ["A100-80GB", "H100-80GB", "V100-16GB", "TPU-v9"]}

@@ -55,6 +55,27 @@ def test_interrupted_sweep_skips_what_finished(swept):
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/results.json")} == before
 
 
+def test_a_sweep_of_other_flags_into_the_folder_is_refused_before_anything_runs(swept):
+    """A run's name says its axes, not the flags every run shares: a sweep (or a tune) of another model or sequence
+    into a folder of finished runs would take them as its own, already done. Refused in one line, dry run or not,
+    nothing written; the same flags are still the resumed sweep (test_interrupted_sweep_skips_what_finished)."""
+    out = swept[0]  # three sweeps, each of its own flags and its own runs (conftest.swept): allowed
+    first = [f"{s}-{o}-np2-mbs4-gas1" for s in ("ddp", "zero2_offload") for o in ("adamw", "adafactor")]
+    assert all(json.loads((out / run / "results.json").read_text())["sweep"]["fixed"] == SWEEP_FIXED for run in first)
+    assert json.loads((out / "zero1-adamw-np2-mbs4-gas1" / "results.json").read_text())["sweep"]["fixed"] == [
+        *SWEEP_FIXED, "--max_steps", "1000000"]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    other = [a if a != "64" else "32" for a in SWEEP_FIXED]  # --seq_len 32
+    assert other != SWEEP_FIXED
+    for dry in ([], ["--dry_run"]):
+        proc = hfscale_here("sweep", "--out", out, *SWEEP, *dry, "--", *other)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        line, = proc.stderr.strip().splitlines()
+        assert line.startswith(f"hfscale: error: {out}/ddp-adamw-np2-mbs4-gas1 is a run of other training flags (")
+        assert "--seq_len 64" in line and "--seq_len 32" in line and "give another --out, or remove it" in line
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_a_dry_run_says_what_the_sweep_would_do_and_does_nothing(swept):
     """On the swept folder with zero3 added: the finished runs are skipped, the refused pair is refused again
     (--retry_failed decides it anew), each zero3 run is its launch command with zero3's shipped files; nothing is

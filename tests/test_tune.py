@@ -113,6 +113,22 @@ def test_second_tune_call_skips_finished_trials(tuned):
     assert json.loads((out / "tune.json").read_text())["winner"] == report["winner"]
 
 
+def test_a_tune_of_other_flags_into_the_folder_is_refused_before_any_trial(tuned, hfscale_cli, monkeypatch):
+    """A trial's name says its axes, not the model or the flags after `--`: a tune of other training flags into this
+    folder would take these trials as its own, already done, and rank them. Refused in one line; nothing written."""
+    from hfscale import launching
+
+    out, _ = tuned
+    monkeypatch.setattr(launching, "run_training", lambda *a, **k: pytest.fail("a trial was launched"))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    proc = hfscale_cli(["tune", *TUNE, "--out", str(out), "--", *TRIAL_ARGS[:1], "6", *TRIAL_ARGS[2:]])  # 6 steps
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith(f"hfscale: error: {out}/trials/") and "is a run of other training flags" in line
+    assert "--max_steps 5" in line and "--max_steps 6" in line
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_winner_files_train_for_real(tuned, tmp_path):
     out, report = tuned
     best = out / "best"

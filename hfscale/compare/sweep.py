@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from ..errors import ArgumentParser, HfscaleError
 from ..files import atomic_write_text, check_writable_dir, exclusive_dir, load_yaml
 from ..flags import RENAMED, comma_list, refuse_renamed, split_train_args
-from ..launching import RunSpec, check_training_flags, decided_without_launch, run_one, strategy_launch
+from ..launching import (RunSpec, check_same_flags, check_training_flags, decided_without_launch, run_one,
+                         strategy_launch)
 from ..parallel.distributed import check_local_processes
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
@@ -188,6 +189,7 @@ def parse_sweep(argv: list[str]) -> tuple[SweepSpec, object]:
 def dry_run(spec: SweepSpec, retry_failed: bool) -> None:
     """What the sweep would do, run by run: the rows decided without a launch (already done; refused by the strategy
     table or by what one node's processes can run), and the launch command of every other one."""
+    check_same_flags(expand(spec), Path(spec.out), spec.train_args, "sweep")
     for run in expand(spec):
         row = decided_without_launch(run, Path(spec.out), spec.train_args, retry_failed)
         if row is not None:
@@ -205,6 +207,7 @@ def main(argv: list[str]) -> None:
     if opts.dry_run:
         return dry_run(spec, opts.retry_failed)
     check_writable_dir(spec.out, "--out")
+    check_same_flags(expand(spec), Path(spec.out), spec.train_args, "sweep")
     with exclusive_dir(spec.out, "--out", "sweep"):  # a second sweep into it would record its runs over this one's
         rows = run_sweep(spec, retry_failed=opts.retry_failed)
     counts = {s: sum(r["status"] == s for r in rows) for s in (*STATUSES, STOPPED)}

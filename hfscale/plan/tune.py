@@ -39,7 +39,8 @@ from ..formulas.float8 import FLOAT8_DEVICES, device_roofline, float8_step
 from ..formulas.peaks import device_key
 from ..formulas.precision import float8_device_refusal
 from ..formulas.metrics import GB, days_to_train
-from ..launching import TRAIN_SCRIPT, RunSpec, check_training_flags, default_num_processes, refuse_run_file, run_one
+from ..launching import (TRAIN_SCRIPT, RunSpec, check_same_flags, check_training_flags, default_num_processes,
+                         refuse_run_file, run_one, start_up_refusal)
 from ..parallel.distributed import check_local_processes, device_capability, on_accelerator
 from ..parallel.strategies import get_strategy
 from ..run.planning import FP16_NEEDS_GPU
@@ -367,6 +368,14 @@ def tune(opts, fixed: list[str]) -> int:
              *(["--fused_linear_cross_entropy"] if opts.fused_linear_cross_entropy else [])]
     trials_dir = opts.out / "trials"
     planned = [c for c in cands if c.status == "planned"]
+    for cand in planned:  # what each trial's own start-up would refuse on this machine (its host's RAM, its layout)
+        cand.reason = start_up_refusal(cand.run.train_args([*flags, *fixed]), cand.run.num_processes)[1]
+        cand.status = "refused" if cand.reason else "planned"
+    if planned and all(c.status == "refused" for c in planned):
+        raise HfscaleError(f"every trial would be refused as it starts on this machine: {planned[0].run.name}: "
+                           f"{planned[0].reason}")
+    planned = [c for c in planned if c.status == "planned"]
+    check_same_flags([c.run for c in planned], trials_dir, [*flags, *fixed], "tune")
     start = time.monotonic()
     bar = tqdm(planned, desc="tune", unit="trial")
     for cand in bar:
@@ -400,5 +409,6 @@ def tune(opts, fixed: list[str]) -> int:
     print(text)
     print(f"{summary['tried']} trials, {summary['pruned_by_estimate'] + summary['pruned_float8']} pruned "
           f"({pruned_by(cands)}), "
-          f"{summary['refused']} refused by the strategy table, {summary['seconds']} s")
+          f"{summary['refused']} refused (by the strategy table, or as they would start here), "
+          f"{summary['seconds']} s")
     return 0 if ok else 1
