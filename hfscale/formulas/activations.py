@@ -158,7 +158,7 @@ def counted_dropout(shape: ModelShape, mode: str, device: str) -> tuple[float, .
             own_copy = compute == "fp32" or (compute == "bf16" and not spec.softmax_fp32)
             per_scores = mask(probabilities) + (probabilities if own_copy else 0)
     coefficients = [per_bsh, per_scores, 0.0, embedding_sites * mask(embedding), 0.0, 0.0]
-    return tuple(coefficients + [0.0] * (feature_count(spec) - len(coefficients)))
+    return tuple(coefficients + [0.0] * (len(activation_features(shape, 1, 1)) - len(coefficients)))
 
 
 def dropout_coefficients(shape: ModelShape, mode: str, device: str) -> tuple[tuple[float, ...], str]:
@@ -234,11 +234,6 @@ def activation_features(shape: ModelShape, seq: int, micro_batch: int) -> list[i
     if spec.own_head_width:
         features.append(l * b * s * shape.q_hidden)
     return features
-
-
-def feature_count(spec) -> int:
-    """How many of ACTIVATION_FEATURES a family's modes have (their coefficients' length)."""
-    return 6 + (2 if spec.own_widths else 0) + (1 if spec.own_head_width else 0)
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:

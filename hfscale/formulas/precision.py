@@ -81,7 +81,8 @@ COLUMNS, ROWS = "colwise", "rowwise"  # the tp_plan styles' prefixes: split by o
 def block_linears(shape, tp: int = 1) -> list[tuple[int, int, int]]:
     """(in, out, count) of each distinct linear layer of one decoder block that float8 converts, as one rank of a TP
     group of `tp` multiplies by it: Llama's q (h x q, the query width: h unless the model sets its own head width),
-    o (q x h), k, v (h x kv), gate, up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output (h x h), MLP in (h x f) and out. Under TP the layers split as the families'
+    o (q x h), k, v (h x kv), gate, up (h x f) and down (f x h); GPT-2's and BLOOM's fused QKV (h x 3h), output
+    (h x h), MLP in (h x f) and out. Under TP the layers split as the families'
     tp_plan splits them (Megatron's): QKV and the first MLP layers by output columns, the attention output and the
     last MLP layer by input rows. A layer converts when both its dimensions on a rank are multiples of 16 (what
     torch._scaled_mm takes), as run/float8.converts decides on the built model."""
