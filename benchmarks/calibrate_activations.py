@@ -6,9 +6,9 @@ tensors go back to the kernel and RSS follows the tensors alive): `activations` 
 forward minus before it (what autograd keeps for the backward; the weights are already resident), and `peak` = the
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
-features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama per-layer b·s·f and b·s·kv, its MLP and
-key/value widths varied apart from h, for Qwen3 those and per-layer b·s·q, its query width - in bytes per element,
-for each (family, attention, precision, checkpointing) mode.
+features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama and Qwen3 per-layer b·s·f, b·s·kv and
+b·s·q, their MLP, key/value and query widths varied apart from h - in bytes per element, for each (family, attention,
+precision, checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes qwen3  # a family's modes
@@ -34,11 +34,11 @@ LLAMA_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(SHAPES, (2, 2, 2, 2, 4, 
                                                         (704, 704, 704, 704, 1408, 1024, 704))]
 LLAMA_SHAPES += [(4, 256, 4, 8192, 512, 4, 4, 704), (4, 256, 4, 8192, 512, 4, 2, 1024),
                  (4, 256, 4, 8192, 512, 4, 1, 512)]
-# Qwen3's, with a head width after them: Llama's shapes at hidden / heads, then heads x head_dim (the query width) and
-# key/value heads x head_dim varied apart from h and from each other
-QWEN3_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_SHAPES]
-QWEN3_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 512, 4, 2, 704, 64),
-                 (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
+# Llama's and Qwen3's, with a head width after them: those shapes at hidden / heads, then heads x head_dim (the query
+# width) and key/value heads x head_dim varied apart from h and from each other
+HEAD_WIDTH_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_SHAPES]
+HEAD_WIDTH_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 512, 4, 2, 704, 64),
+                      (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
                                                        ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
@@ -46,7 +46,16 @@ SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn",
 
 
 def shapes_of(family: str) -> list[tuple]:
-    return {"llama": LLAMA_SHAPES, "qwen3": QWEN3_SHAPES}.get(family, SHAPES)
+    return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES}.get(family, SHAPES)
+
+
+def fold_query_width(X):
+    """A mode's feature matrix without its query-width column where every row's queries are h wide (a GPU grid of
+    Llama's: the column equals the b·s·h one, and the fit's b·s·h term holds both - the row the estimate then takes for
+    such shapes alone, activations.fitted_row)."""
+    import numpy as np
+
+    return X[:, :8] if X.shape[1] == 9 and np.array_equal(X[:, 8], X[:, 0]) else X
 
 
 def row_shape(family: str, r: dict):
@@ -58,7 +67,7 @@ def row_shape(family: str, r: dict):
 
 
 def shape_row(shape: tuple) -> dict:
-    """A SHAPES / LLAMA_SHAPES / QWEN3_SHAPES tuple as a row's sizes."""
+    """A SHAPES / LLAMA_SHAPES / HEAD_WIDTH_SHAPES tuple as a row's sizes."""
     return dict(zip(SIZES, shape))
 
 PROBE = r"""
@@ -210,12 +219,13 @@ def fit_rows(rows: list[dict], device: str = "cuda") -> dict:
     modes = sorted({"/".join(r["mode"].split("/")[:4]) for r in rows})
     for mode in modes:
         mine = [r for r in rows if r["mode"].startswith(mode + "/") or r["mode"] == mode]
-        columns = len(features(mine[0])) if mine else 6
+        columns = fold_query_width(np.array([features(r) for r in mine], float)).shape[1] if mine else 6
         if len(mine) < columns:
             print(f"{mode:28s} {len(mine)} row(s): too few to fit {columns} coefficients, left to the estimate's "
                   "fallback")
             continue
-        X, y = np.array([features(r) for r in mine], float), np.array([r["activations"] for r in mine], float)
+        X = fold_query_width(np.array([features(r) for r in mine], float))
+        y = np.array([r["activations"] for r in mine], float)
         # SDPA's kernels keep no b·a·s² matrix (0.005 in every unfolded fit) but where torch runs its math kernel: a
         # column left free only makes the fit unstable where heads vary in one shape alone
         X[:, 1] *= [keeps_attention_scores(row_shape(mode.split("/")[0], r), mode, device) for r in mine]
@@ -300,8 +310,9 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
 # per-layer widths (masks of the tensors a layer drops, and what SDPA's math kernel keeps on CPU): the shapes that vary
 # those apart - layers, sequence and micro-batch, heads; key/value heads and MLP width; Qwen3's query width.
 DROPOUT_FEATURES = (0, 1, 3, 6, 7, 8)
-DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)], "llama": [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)],
-                  "qwen3": [QWEN3_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
+DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)],
+                  "llama": [HEAD_WIDTH_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
+DROPOUT_SHAPES["qwen3"] = DROPOUT_SHAPES["llama"]
 # a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
 DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
 
@@ -342,7 +353,8 @@ def fit_dropout(rows: list[dict]) -> dict[str, list[float]]:
     rows = [r for r in rows if r["mode"].split("/")[4:] in ([], ["0"])]  # eager steps (a GPU grid's compiled: not)
     for mode in sorted({"/".join(r["mode"].split("/")[:4]) for r in rows}):
         mine = [r for r in rows if "/".join(r["mode"].split("/")[:4]) == mode]
-        X = np.array([activation_features(row_shape(mode.split("/")[0], r), r["seq"], r["mbs"]) for r in mine], float)
+        X = fold_query_width(np.array([activation_features(row_shape(mode.split("/")[0], r), r["seq"], r["mbs"])
+                                       for r in mine], float))
         delta = np.array([r["activations"] - r["without"]["activations"] for r in mine], float)
         columns = [i for i in DROPOUT_FEATURES if i < X.shape[1]]
         coef = np.zeros(X.shape[1])

@@ -58,16 +58,19 @@ GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "
                                                             ("llama", ("sdpa",)), ("qwen3", ("sdpa",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 # Llama's: (key/value heads, MLP width) after the sizes, varied apart from the hidden size and from each other (its
-# activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES)
+# activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES), and then
+# a head width after them (below)
 LLAMA_GRID_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(GRID_SHAPES, (4, 4, 4, 4, 8, 4, 8, 4),
                                                               (2816, 2816, 2816, 2816, 5632, 2816, 2816, 4096))]
 LLAMA_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 16, 2816), (4, 1024, 16, 50257, 1024, 4, 2, 4096)]
 LLAMA_DRY_SHAPES = [(*shape, 2, f) for shape, f in zip(DRY_SHAPES, (352, 256))]
-# Qwen3's: a head width after those, hidden / heads and then apart from it (a b·s·q term of its own: QWEN3_SHAPES)
-QWEN3_GRID_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_GRID_SHAPES]
-QWEN3_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 4, 2816, 128), (4, 1024, 8, 50257, 1024, 4, 4, 2816, 64),
-                      (4, 1024, 16, 50257, 1024, 4, 8, 2816, 96)]
-QWEN3_DRY_SHAPES = [(*shape, 64) for shape in LLAMA_DRY_SHAPES]
+# Llama's and Qwen3's: a head width after those, hidden / heads and then apart from it (a b·s·q term: the query
+# width; calibrate_activations.py HEAD_WIDTH_SHAPES). The Llama rows measured before 2026-11-29 have none: their fit's
+# b·s·h term holds the queries', and serves shapes whose queries are h wide alone (activations.fitted_row)
+HEAD_WIDTH_GRID_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_GRID_SHAPES]
+HEAD_WIDTH_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 4, 2816, 128), (4, 1024, 8, 50257, 1024, 4, 4, 2816, 64),
+                           (4, 1024, 16, 50257, 1024, 4, 8, 2816, 96)]
+HEAD_WIDTH_DRY_SHAPES = [(*shape, 64) for shape in LLAMA_DRY_SHAPES]
 REFERENCES = ("eager", "compiled", "loss-only")  # the hand-written steps, in the order they run
 COMPILED_SHAPES = 3  # compiling costs tens of seconds per shape: the compiled grid takes the first few shapes
 # --fused_linear_cross_entropy's modes (the estimate's fused_loss_bytes, structural until measured): the first shapes
@@ -639,8 +642,8 @@ def _ddp(*args: str) -> tuple[str, ...]:
 _SHAPES_8 = ("--grid_shapes", "8x1024x16x50257x1024x8,8x1024x16x50257x1024x16")
 PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
     "llama": ("llama-3.2-1b compiled (MFU, beside the hand-written loss-only step, the allocator's peak beside the "
-              "estimate), float8 per layer, the Llama rows of the CUDA activation grid (ran on an H200, 2026-11-28; "
-              "the MFU goal is an H100's)", (
+              "estimate), float8 per layer, the Llama rows of the CUDA activation grid (ran on an H200, 2026-11-28, "
+              "before the grid varied Llama's query width; the MFU goal is an H100's)", (
         Section("llama1b", 200, ("--model", "llama-3.2-1b", "--seq_len", "2048", "--only", "reference,runs",
                                  "--strategy", "ddp", "--optim", "adamw", "--no-pairs", "--references", "loss-only",
                                  "--ddp_variants", "compiled", "--steps", "20")),
@@ -923,8 +926,8 @@ def main() -> None:
     if "grid" in sections:
         shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
         compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
-        own = {"llama": LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES,  # --grid_shapes: GPT-2's and BLOOM's
-               "qwen3": QWEN3_DRY_SHAPES if opts.dry_run else QWEN3_GRID_SHAPES}
+        widths = HEAD_WIDTH_DRY_SHAPES if opts.dry_run else HEAD_WIDTH_GRID_SHAPES
+        own = {"llama": widths, "qwen3": widths}  # --grid_shapes: GPT-2's and BLOOM's
 
         def of(mode: str, pool: list) -> list:
             family = own.get(mode.split("/")[0])

@@ -231,7 +231,9 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                "biased-qwen3": '{"model_type": "qwen3", "attention_bias": true}',
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
                "biased": '{"model_type": "llama", "attention_bias": true}',
-               "wide-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
+               "odd-heads": '{"model_type": "mistral", "hidden_size": 1024, "num_attention_heads": 8, '
+                            '"head_dim": 75}',
+               "wide-qwen2": '{"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 8, '
                              '"head_dim": 256}',
                # torch's nn.Dropout would refuse it in every rank
                "loose-dropout": '{"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, '
@@ -263,7 +265,9 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (tmp_path / "gqa", "its config's 5 key/value heads do not divide the 32 attention heads"),
                            (tmp_path / "biased", "its llama config differs from the Llama shape hfscale trains: "
                                                  "attention_bias=True (needs False)"),
-                           (tmp_path / "wide-heads", "head_dim=256 (needs hidden_size / num_attention_heads = 128)"),
+                           (tmp_path / "odd-heads", "RoPE requires an even rotary dimension, but got `head_dim`=75"),
+                           (tmp_path / "wide-qwen2", "its qwen2 config differs from the Qwen2 shape hfscale trains: "
+                                                     "head_dim=256 (needs hidden_size / num_attention_heads = 128)"),
                            (tmp_path / "loose-dropout", "its config's attention_dropout 1.5 is not a dropout "
                                                         "probability (0 to 1)"),
                            (untokenized, "has no tokenizer files (tokenizer.json or tokenizer_config.json)")):

@@ -408,12 +408,14 @@ def test_the_grid_measures_each_point_with_and_without_dropout_for_the_dropout_f
     assert set(table) == {"gpt2/sdpa/autocast_bf16/0"} and table["gpt2/sdpa/autocast_bf16/0"][1] > 0
 
 
-def test_a_qwen3_grid_row_carries_its_head_width_to_the_fit():
-    """The `qwen3` plan's grid: a Qwen3 point is built at its head width (the queries heads x head_dim wide, apart from
-    the hidden size), its row says so, and calibrate_activations.py --fit plans the same shape from it."""
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_a_grid_row_carries_its_head_width_to_the_fit(family):
+    """The `qwen3` and `llama` plans' grids: a Qwen3 or Llama point is built at its head width (the queries heads x
+    head_dim wide, apart from the hidden size), its row says so, and calibrate_activations.py --fit plans the same shape
+    from it."""
     suite = _suite()
-    shape = suite.QWEN3_DRY_SHAPES[0]
-    row = suite.grid_point("qwen3/sdpa/fp32/0", shape, False, "cpu")
+    shape = suite.HEAD_WIDTH_DRY_SHAPES[0]
+    row = suite.grid_point(f"{family}/sdpa/fp32/0", shape, False, "cpu")
     assert "error" not in row and row["head_dim"] == shape[-1] != row["hidden"] // row["heads"]
-    planned = load_benchmark("calibrate_activations").row_shape("qwen3", row)
+    planned = load_benchmark("calibrate_activations").row_shape(family, row)
     assert (planned.head_size, planned.q_hidden, planned.kv_hidden) == (64, 4 * 64, 2 * 64)

@@ -229,8 +229,8 @@ def test_dropout_on_cuda_is_counted_with_one_byte_masks_and_none_in_the_fused_at
     assert act.counted_dropout(gpt2, "gpt2/eager/bf16/0", "cuda") == (2, 1 + 2, 0, 1, 0, 0)
     assert act.counted_dropout(gpt2, "gpt2/eager/autocast_bf16/0", "cuda") == (2, 1, 0, 1, 0, 0)  # for the cast copy
     assert act.counted_dropout(gpt2, "gpt2/eager/fp32/1", "cuda") == (0, 0, 0, 1, 0, 0)  # the embeddings' alone
-    assert act.counted_dropout(llama, "llama/sdpa/bf16/0", "cuda") == (0,) * 8
-    assert act.counted_dropout(llama, "llama/sdpa/fp32/0", "cuda") == (0, 1 + 4, 0, 0, 0, 0, 0, 0)
+    assert act.counted_dropout(llama, "llama/sdpa/bf16/0", "cuda") == (0,) * 9
+    assert act.counted_dropout(llama, "llama/sdpa/fp32/0", "cuda") == (0, 1 + 4, 0, 0, 0, 0, 0, 0, 0)
     assert act.counted_dropout(PRESETS["bloom-560m"], "bloom/eager/bf16/0", "cuda") == (2, 1, 0, 0, 0, 0)
     with_masks = act.activations(gpt2, 1024, 8, "gpt2/sdpa/bf16/0", "cuda", dropout=True)
     without = act.activations(gpt2, 1024, 8, "gpt2/sdpa/bf16/0", "cuda")
@@ -443,9 +443,13 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     (["--device_memory_gb", "-1"], "--device_memory_gb must be positive"),
     (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
-    (["--head_dim", "128"], "--head_dim: GPT-2's heads are hidden / heads wide; a head width of its own is Qwen3's"),
+    (["--head_dim", "128"], "--head_dim: GPT-2's heads are hidden / heads wide; a head width of its own is set on a "
+                            "Llama or Qwen3 preset"),
+    (["--model", "qwen2.5-0.5b", "--head_dim", "128"], "--head_dim: Qwen2's heads are hidden / heads wide"),
     (["--model", "tiny-qwen3", "--head_dim", "0"], "model head_dim must be between 1 and 65,536, got 0"),
-    (["--model", "tiny-qwen3", "--head_dim", "33"], "head_dim 33 is odd: rotary positions rotate pairs"),
+    (["--model", "tiny-qwen3", "--head_dim", "33"], "head width 33 is odd: rotary positions rotate pairs"),
+    (["--model", "mistral-nemo-12b", "--head_dim", "127"], "head width 127 is odd: rotary positions rotate pairs"),
+    (["--model", "tiny-llama", "--hidden_size", "60"], "head width 15 is odd: rotary positions rotate pairs"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)
@@ -620,28 +624,56 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
         assert worst <= 0.025 and leave_one_out <= limit, (mode, worst, leave_one_out)
 
 
-def test_the_qwen3_cpu_terms_are_the_fit_of_their_committed_rows():
-    """Qwen3's CPU coefficients (its query width a ninth term) are the least-squares fit of the rows
-    `calibrate_activations.py --modes qwen3` measured and committed, as they stand: a hand-edited or stale table fails
+@pytest.mark.parametrize("family,measured", [("llama", "activations_llama_2026-11-29.json"),
+                                             ("qwen3", "activations_qwen3_2026-11-29.json")])
+def test_the_cpu_terms_with_a_query_width_are_the_fit_of_their_committed_rows(family, measured):
+    """Llama's and Qwen3's CPU coefficients (their query width a ninth term) are the least-squares fit of the rows
+    `calibrate_activations.py --modes FAMILY` measured and committed, as they stand: a hand-edited or stale table fails
     here. Every row lies within 3% of the estimate; a held-out shape run for real, within 10% (tests/test_llama.py)."""
     import numpy as np
 
     calibrate = load_benchmark("calibrate_activations")
-    measured = json.loads((REPO / "benchmarks" / "results" / "activations_qwen3_2026-11-29.json").read_text())
+    measured = json.loads((REPO / "benchmarks" / "results" / measured).read_text())
     rows = [{"mode": r["mode"], **calibrate.shape_row(r["shape"]), "activations": r["activations"]}
             for r in measured["measured"]]
     modes = sorted({r["mode"] for r in rows})
-    assert modes == sorted(m for m in act.ACTIVATION_COEFFICIENTS["cpu"] if m.startswith("qwen3/")) and len(modes) == 12
+    assert modes == sorted(m for m in act.ACTIVATION_COEFFICIENTS["cpu"] if m.startswith(family + "/"))
+    assert len(modes) == 12
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
-        features = [act.activation_features(calibrate.row_shape("qwen3", r), r["seq"], r["mbs"]) for r in mine]
+        features = [act.activation_features(calibrate.row_shape(family, r), r["seq"], r["mbs"]) for r in mine]
         assert len({r["head_dim"] * r["heads"] for r in mine}) > 2 and len(features[0]) == 9  # the query width varies
         fitted = np.linalg.lstsq(np.array(features, float), np.array([r["activations"] for r in mine], float),
                                  rcond=None)[0]
         assert act.ACTIVATION_COEFFICIENTS["cpu"][mode] == pytest.approx(fitted, abs=2e-3), mode
         for r in mine:
-            estimate = act.activations(calibrate.row_shape("qwen3", r), r["seq"], r["mbs"], mode)
+            estimate = act.activations(calibrate.row_shape(family, r), r["seq"], r["mbs"], mode)
             assert estimate.kept == pytest.approx(r["activations"], rel=0.03), (mode, r)
+
+
+def test_a_row_fitted_where_the_queries_were_h_wide_serves_those_shapes_alone():
+    """The CUDA Llama rows were measured before the grid varied the query width: their fit has no b·s·q term, its
+    b·s·h term holding the queries' tensors. It serves a Llama whose queries are h wide - written out as head_dim or
+    not - while one whose queries are not (Mistral-Nemo: 32 heads of 128 on a 5120-wide model) takes the CPU fit, which
+    varied them, and says so; Qwen2 (Llama's terms) gets the b·s·q term at its h-wide queries."""
+    mode = "llama/sdpa/bf16/0"
+    assert len(act.ACTIVATION_COEFFICIENTS["cuda"][mode]) == 8 and len(act.ACTIVATION_COEFFICIENTS["cpu"][mode]) == 9
+    llama, nemo = PRESETS["llama-3.1-8b"], PRESETS["mistral-nemo-12b"]
+    on_cuda = act.activations(llama, 4096, 1, mode, "cuda")
+    assert on_cuda.calibration == "cuda"
+    assert act.activations(replace(llama, head_dim=128), 4096, 1, mode, "cuda") == on_cuda
+    apart = act.activations(nemo, 4096, 1, mode, "cuda")
+    assert apart.calibration == f"cpu (no cuda measurement of {mode} with queries 4096 wide, apart from h)"
+    assert apart.kept == act.activations(nemo, 4096, 1, mode, "cpu").kept
+    # the query width is priced: Nemo's 4096-wide queries on 5120 keep less than were they 5120 wide
+    assert apart.kept < act.activations(replace(nemo, head_dim=160), 4096, 1, mode, "cpu").kept
+    qwen2 = PRESETS["qwen2.5-7b"]
+    cpu = act.ACTIVATION_COEFFICIENTS["cpu"][mode]
+    features = act.activation_features(qwen2, 1024, 2)
+    features[1] = 0  # SDPA keeps no b·a·s² scores on CPU
+    assert features[8] == features[0] and len(cpu) == len(features)
+    assert act.activations(qwen2, 1024, 2, act.activation_mode("qwen2", "sdpa", "bf16", False)).kept == pytest.approx(
+        sum(c * x for c, x in zip(cpu, features)), abs=1)
 
 
 # Llama under autocast, unfolded: its other rows predict the one without GQA 4.5% low (the same grid in bf16: 0.6%);

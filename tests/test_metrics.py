@@ -31,7 +31,10 @@ def test_param_formula_equals_model_numel(name):
 
 @pytest.mark.parametrize("name,published", [("llama-3.1-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400),
                                             ("smollm2-135m", 134_515_008), ("tinyllama-1.1b", 1_100_048_384),
-                                            ("mistral-7b", 7_248_023_552)])
+                                            ("mistral-7b", 7_248_023_552),
+                                            # their checkpoints' totals: 32 heads of 128 on a 5120-wide model
+                                            ("mistral-nemo-12b", 12_247_782_400),
+                                            ("mistral-small-24b", 23_572_403_200)])
 def test_llama_presets_have_the_published_sizes(name, published):
     assert metrics.param_count(PRESETS[name]) == published
 
@@ -76,12 +79,13 @@ SHAPES = [
     ModelShape("llama", 3, 96, 6, 1000, 512, ffn=320, n_kv_head=6, tied=True),
     ModelShape("qwen2", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # Llama's with q/k/v biases: no matmul FLOPs more
     ModelShape("qwen3", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # queries 128 wide on a 64-wide model
+    ModelShape("llama", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # Mistral-Nemo's way, no q/k norms
 ]
 
 
 @pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32),
                                        (SHAPES[3], 256), (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128),
-                                       (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256)])
+                                       (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))
@@ -92,7 +96,7 @@ def test_exact_flops_match_torch_flop_counter(shape, seq):
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant (default)", "reentrant"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.family}-h{s.hidden}-f{s.ffn_size}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.family}-h{s.hidden}-f{s.ffn_size}-d{s.head_size}")
 def test_hardware_flops_with_checkpointing_match_torch_flop_counter(shape, reentrant):
     """HFU's numerator, checked against what torch counts when activation checkpointing really recomputes: a
     forward + backward with transformers' gradient checkpointing on, as the Trainer enables it (its default is

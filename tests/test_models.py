@@ -1,5 +1,6 @@
 """hfscale/models.py's build_model: transformers' own initialisation, drawn once."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -89,18 +90,27 @@ def test_each_familys_dropout_keys_are_what_its_config_sets_from_dropout():
 def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     """`--model_name_or_path` of a checkpoint saved from a preset plans the preset itself: hf_config and the family's
     shape_from_config are inverses, for every family (a Qwen2 config.json names its own model_type and class). A
-    BLOOM config holds no sequence length (ALiBi): it reads as the one BLOOM trained with."""
+    BLOOM config holds no sequence length (ALiBi): it reads as the one BLOOM trained with. A Llama config writes its
+    head width out whatever it is; read back, a Llama's is set only where apart from hidden / heads, as the presets'."""
     from hfscale.models import hf_config, pretrained_shape
 
     def sizes(shape):
         positions = 2048 if shape.family == "bloom" else shape.positions
         return (shape.family, shape.n_layer, shape.hidden, shape.n_head, shape.kv_heads, shape.head_size,
-                shape.ffn_size, shape.vocab, positions, shape.tied_head, shape.rope_theta)
+                shape.head_dim, shape.ffn_size, shape.vocab, positions, shape.tied_head, shape.rope_theta)
 
     for name, shape in PRESETS.items():
         folder = tmp_path / name
         hf_config(shape).save_pretrained(folder)
         assert sizes(pretrained_shape(str(folder), weights=False)) == sizes(shape), name
+    # Mistral-Nemo-Base-2407's own config.json (transformers 4's keys, model_type mistral): the preset
+    nemo = {"architectures": ["MistralForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+            "intermediate_size": 14336, "max_position_embeddings": 1024000, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 131072}
+    (tmp_path / "nemo").mkdir()
+    (tmp_path / "nemo" / "config.json").write_text(json.dumps(nemo))
+    assert pretrained_shape(str(tmp_path / "nemo"), weights=False) == PRESETS["mistral-nemo-12b"]
 
 
 def saved_for_backward(model, ids) -> int:

@@ -489,19 +489,25 @@ def test_a_megatron_log_projects_from_the_throughput_its_own_layout_achieved(tmp
     project.main([str(imported), "--gpus", "16", *links])
     assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
     # its Qwen3 recipes: per-head q/k norms (qk_layernorm) and a head width of their own (kv_channels 256 on 16 heads
-    # of a 2048-wide model); a Llama with a head width apart from hidden / heads is no model the formulas know
+    # of a 2048-wide model); a Llama with such heads (Mistral-Nemo's recipe) is a Llama whose queries are 4096 wide,
+    # a Qwen2 with them no model hfscale knows
     (tmp_path / "1B-megatron-qwen3.out").write_text(
         LOG.replace("  seq_length", f"  qk_layernorm ... True\n  kv_channels ... 256\n{llama_args}"))
     (tmp_path / "1B-megatron-wide.out").write_text(LOG.replace("  seq_length", f"  kv_channels ... 256\n{llama_args}"))
-    megatron.main([str(tmp_path / f"1B-megatron-{n}.out") for n in ("qwen3", "wide")] + ["--out",
-                                                                                        str(tmp_path / "imported")])
+    (tmp_path / "1B-megatron-wide-qwen2.out").write_text(
+        LOG.replace("  seq_length", f"  add_qkv_bias ... True\n  kv_channels ... 256\n{llama_args}"))
+    megatron.main([str(tmp_path / f"1B-megatron-{n}.out") for n in ("qwen3", "wide", "wide-qwen2")]
+                  + ["--out", str(tmp_path / "imported")])
     capsys.readouterr()
     qwen3 = json.loads((tmp_path / "imported" / "1B-megatron-qwen3" / "results.json").read_text())["model"]
     assert (qwen3["family"], qwen3["head_dim"], qwen3["n_kv_head"], qwen3["ffn"]) == ("qwen3", 256, 4, 5632)
     wide = json.loads((tmp_path / "imported" / "1B-megatron-wide" / "results.json").read_text())["model"]
-    assert wide["n_head"] is None
-    project.main([str(tmp_path / "imported" / "1B-megatron-qwen3" / "results.json"), "--gpus", "16", *links])
-    assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
+    assert (wide["family"], wide["head_dim"], wide["n_kv_head"]) == ("llama", 256, 4)
+    assert json.loads((tmp_path / "imported" / "1B-megatron-wide-qwen2" / "results.json").read_text())["model"][
+        "n_head"] is None
+    for name in ("qwen3", "wide"):
+        project.main([str(tmp_path / "imported" / f"1B-megatron-{name}" / "results.json"), "--gpus", "16", *links])
+        assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["points"]] == [16]
 
 
 def test_megatron_layouts_projected_from_a_run_keep_its_dropout_masks(tmp_path, capsys):

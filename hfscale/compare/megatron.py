@@ -78,10 +78,10 @@ def logged_shape(header: dict) -> dict:
     (learned positions up to max_position_embeddings, else seq_length), with ALiBi a BLOOM, or with rotary positions, a
     SwiGLU MLP, RMSNorm and no linear biases a Llama (its query groups the key/value heads when grouped-query attention
     is on, its head untied when the log says so), a Qwen2 where add_qkv_bias puts biases back on q, k and v, a Qwen3
-    where qk_layernorm adds per-head norms on the queries and keys (its head width kv_channels). The vocabulary is the
-    padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when the log does not
-    state its layers, hidden size and heads, or states another architecture (experts, only some of Llama's parts,
-    both of Qwen2's and Qwen3's, or - but for Qwen3 - a head width apart from hidden / heads)."""
+    where qk_layernorm adds per-head norms on the queries and keys; a Llama's or Qwen3's head width is kv_channels. The
+    vocabulary is the padded one Megatron reports, else the GPT-2 tokenizer's 50257 as Megatron pads it. Empty when the
+    log does not state its layers, hidden size and heads, or states another architecture (experts, only some of
+    Llama's parts, both of Qwen2's and Qwen3's, or a head width apart from hidden / heads on a GPT, BLOOM or Qwen2)."""
     if not all(header.get(k) for k in ("n_layer", "hidden", "n_head")) or header.get("other_architecture"):
         return {}
     llama_parts = [header.get(k, False) for k in ("rope", "swiglu", "rmsnorm", "no_bias")]
@@ -89,7 +89,7 @@ def logged_shape(header: dict) -> dict:
         return {}
     own_head_dim = header.get("head_dim", header["hidden"] // header["n_head"]) != header["hidden"] // header["n_head"]
     qwen3 = all(llama_parts) and header.get("qk_norm")
-    if (qwen3 and header.get("qkv_bias")) or (own_head_dim and not qwen3):
+    if header.get("qkv_bias") and (qwen3 or own_head_dim) or (own_head_dim and not all(llama_parts)):
         return {}
     vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
     positions = header.get("positions") or header.get("seq_len") or 2048
@@ -101,7 +101,7 @@ def logged_shape(header: dict) -> dict:
     if all(llama_parts):
         shape.update(n_kv_head=header.get("query_groups") if header.get("gqa") else header["n_head"],
                      tied=not header.get("untied", False))
-    if qwen3:
+    if qwen3 or own_head_dim:  # Qwen3's shapes carry their head width always, as its configs do
         shape["head_dim"] = header.get("head_dim") or header["hidden"] // header["n_head"]
     return shape
 

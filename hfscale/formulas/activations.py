@@ -22,8 +22,9 @@ ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logi
                        "weight matrices (autocast saves their bf16 copies)", "per layer b·s·f (MLP width)",
                        "per layer b·s·kv (key/value width)", "per layer b·s·q (query width)")
 # GPT-2's and BLOOM's MLP is 4h wide and their keys and values h: the first feature holds those tensors, and their modes
-# have the first six coefficients. A family whose MLP and key/value widths vary apart from h (Llama: Family.own_widths)
-# has eight; one whose query width (heads x head_dim) does too (Qwen3: Family.own_head_width), nine.
+# have the first six coefficients. A family whose MLP, key/value and query widths vary apart from h (Llama, Qwen3:
+# Family.own_widths) has nine. A row of eight was fitted where the queries were h wide, its b·s·h term holding theirs:
+# it serves a shape whose queries are h wide alone (fitted_row).
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     "cpu": {
     'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
@@ -44,19 +45,19 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'bloom/eager/autocast_bf16/1': (3.423, -0.022, 4.171, 10.446, 4.92, 0.463),
     'bloom/eager/bf16/0': (32.314, 5.98, 3.999, 5.613, 0.524, -0.011),
     'bloom/eager/bf16/1': (2.154, -0.015, 3.991, 6.271, 2.322, -0.02),
-    # Llama: its MLP and key/value widths varied apart from h
-    'llama/eager/fp32/0': (40.49, 3.984, 3.99, 10.627, 0.931, 0.018, 15.981, -0.151),
-    'llama/eager/fp32/1': (4.244, -0.015, 3.99, 10.594, 4.733, 0.069, -0.017, -0.036),
-    'llama/eager/autocast_bf16/0': (34.24, 5.983, 3.992, 8.209, 0.839, 2.07, 8.015, 0.212),
-    'llama/eager/autocast_bf16/1': (4.031, -0.022, 4.167, 8.677, 5.19, 0.589, -0.137, -0.32),
-    'llama/eager/bf16/0': (24.023, 5.987, 3.991, 7.079, 0.632, 0.031, 8.11, -0.163),
-    'llama/eager/bf16/1': (2.051, -0.009, 3.995, 6.755, 2.432, 0.061, 0.034, -0.011),
-    'llama/sdpa/fp32/0': (32.092, -0.001, 3.999, 10.758, 0.722, 0.036, 16.046, 7.902),
-    'llama/sdpa/fp32/1': (4.032, -0.016, 3.995, 11.716, 0.6, 0.038, -0.015, -0.005),
-    'llama/sdpa/autocast_bf16/0': (30.096, 0.01, 3.996, 9.346, 0.253, 2.049, 7.998, 4.054),
-    'llama/sdpa/autocast_bf16/1': (4.404, -0.03, 4.167, 8.32, 1.145, 0.605, -0.266, -0.226),
-    'llama/sdpa/bf16/0': (20.04, -0.001, 3.997, 8.686, -0.103, 0.001, 8.004, 4.012),
-    'llama/sdpa/bf16/1': (1.985, -0.007, 3.992, 7.718, 0.348, 0.032, -0.006, 0.052),
+    # Llama: its MLP, key/value and query widths varied apart from h (HEAD_WIDTH_SHAPES)
+    'llama/eager/fp32/0': (24.176, 3.98, 3.988, 11.016, 0.916, 0.034, 15.991, -0.112, 16.155),
+    'llama/eager/fp32/1': (4.167, -0.019, 3.995, 10.641, 4.792, 0.043, -0.016, -0.064, 0.112),
+    'llama/eager/autocast_bf16/0': (25.762, 5.996, 3.986, 9.542, 0.704, 2.064, 8.006, 0.347, 8.056),
+    'llama/eager/autocast_bf16/1': (4.426, -0.015, 4.171, 8.324, 5.366, 0.597, -0.303, -0.336, -0.05),
+    'llama/eager/bf16/0': (15.919, 5.986, 3.99, 7.742, 0.584, -0.012, 8.094, 0.153, 8.026),
+    'llama/eager/bf16/1': (1.881, -0.007, 3.996, 7.637, 2.315, 0.034, 0.025, -0.033, 0.091),
+    'llama/sdpa/fp32/0': (24.247, -0.009, 3.997, 10.859, 0.789, 0.015, 15.978, 8.077, 8.012),
+    'llama/sdpa/fp32/1': (3.991, -0.017, 3.994, 11.339, 0.739, 0.049, -0.018, -0.093, 0.14),
+    'llama/sdpa/autocast_bf16/0': (26.066, -0.001, 3.985, 9.914, 0.644, 2.045, 7.899, 4.256, 4.066),
+    'llama/sdpa/autocast_bf16/1': (4.64, -0.036, 4.155, 7.247, 1.865, 0.636, -0.297, -0.5, 0.024),
+    'llama/sdpa/bf16/0': (15.947, 0.011, 3.993, 7.898, 0.37, -0.001, 8.002, 4.096, 4.058),
+    'llama/sdpa/bf16/1': (1.899, -0.008, 3.999, 7.537, 0.32, 0.06, -0.002, -0.006, 0.055),
     # Qwen3: its query width (heads x head_dim) varied apart from h too; its per-head q/k norms keep their inputs and
     # outputs, counted in the b·s·q and b·s·kv terms
     'qwen3/eager/fp32/0': (24.101, 3.993, 3.99, 11.657, 0.7, 0.006, 15.979, 7.998, 24.139),
@@ -116,12 +117,12 @@ DROPOUT_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {"cpu": {
     'gpt2/sdpa/autocast_bf16/0': (10.122, 11.985, 0.0, 4.408, 0.0, 0.0),
     'gpt2/sdpa/bf16/0': (10.106, 11.999, 0.0, 1.64, 0.0, 0.0),
     'gpt2/sdpa/fp32/0': (8.035, 12.0, 0.0, 4.086, 0.0, 0.0),
-    'llama/eager/autocast_bf16/0': (-0.193, 3.992, 0.0, 1.481, 0.0, 0.0, 0.044, -0.267),
-    'llama/eager/bf16/0': (-0.08, 2.006, 0.0, -0.414, 0.0, 0.0, 0.046, -0.078),
-    'llama/eager/fp32/0': (0.113, 8.0, 0.0, -0.241, 0.0, 0.0, 0.009, -0.112),
-    'llama/sdpa/autocast_bf16/0': (10.073, 11.973, 0.0, 0.548, 0.0, 0.0, 0.035, -4.069),
-    'llama/sdpa/bf16/0': (9.583, 11.992, 0.0, 1.532, 0.0, 0.0, 0.039, -3.897),
-    'llama/sdpa/fp32/0': (8.06, 12.002, 0.0, -0.216, 0.0, 0.0, 0.013, -8.105),
+    'llama/eager/autocast_bf16/0': (0.08, 4.006, 0.0, -0.308, 0.0, 0.0, -0.018, 0.073, -0.031),
+    'llama/eager/bf16/0': (-0.056, 2.012, 0.0, 0.268, 0.0, 0.0, -0.047, -0.007, 0.042),
+    'llama/eager/fp32/0': (0.084, 7.999, 0.0, -0.628, 0.0, 0.0, 0.042, -0.134, 0.056),
+    'llama/sdpa/autocast_bf16/0': (0.354, 11.991, 0.0, 0.031, 0.0, 0.0, -0.076, -3.753, 9.86),
+    'llama/sdpa/bf16/0': (0.103, 11.979, 0.0, -0.341, 0.0, 0.0, 0.015, -4.086, 10.151),
+    'llama/sdpa/fp32/0': (-0.001, 11.999, 0.0, -0.2, 0.0, 0.0, 0.033, -8.022, 8.004),
     'qwen3/eager/autocast_bf16/0': (0.184, 3.993, 0.0, -0.96, 0.0, 0.0, 0.013, 0.026, 0.075),
     'qwen3/eager/bf16/0': (0.096, 2.005, 0.0, -0.557, 0.0, 0.0, 0.01, 0.021, -0.009),
     'qwen3/eager/fp32/0': (0.072, 8.0, 0.0, -0.278, 0.0, 0.0, 0.009, -0.115, 0.053),
@@ -163,9 +164,9 @@ def counted_dropout(shape: ModelShape, mode: str, device: str) -> tuple[float, .
 
 def dropout_coefficients(shape: ModelShape, mode: str, device: str) -> tuple[tuple[float, ...], str]:
     """(what dropout adds per element of each feature, where that comes from): the device's fit, else the count."""
-    table = DROPOUT_COEFFICIENTS.get(device, {})
-    if mode in table:
-        return table[mode], f", dropout's masks as measured ({device})"
+    row = fitted_row(DROPOUT_COEFFICIENTS.get(device, {}), mode, shape)
+    if row is not None:
+        return row, f", dropout's masks as measured ({device})"
     return counted_dropout(shape, mode, device), f", dropout's masks counted (not measured on {device})"
 
 
@@ -222,18 +223,26 @@ def tp_activation_scales(tp: int, checkpointing: bool) -> tuple[float, float]:
 
 def activation_features(shape: ModelShape, seq: int, micro_batch: int) -> list[int]:
     """The element counts ACTIVATION_COEFFICIENTS multiply (bytes per element), in ACTIVATION_FEATURES order: six,
-    eight for a family with MLP and key/value widths of its own, nine with a query width too. The weight matrices are
-    those a forward multiplies by (the blocks' and the head's: autocast casts each)."""
+    nine for a family with MLP, key/value and query widths of their own. The weight matrices are those a forward
+    multiplies by (the blocks' and the head's: autocast casts each)."""
     b, s, h, l = micro_batch, seq, shape.hidden, shape.n_layer
     spec = shape.spec
     block_matrices = sum(d[0] * d[1] for _, d in spec.block_tensors(shape) if len(d) == 2)
     features = [l * b * s * h, l * b * shape.n_head * s * s, b * s * shape.vocab, b * s * h, b * s * s,
                 l * block_matrices + shape.vocab * h]
     if spec.own_widths:
-        features += [l * b * s * shape.ffn_size, l * b * s * shape.kv_hidden]
-    if spec.own_head_width:
-        features.append(l * b * s * shape.q_hidden)
+        features += [l * b * s * shape.ffn_size, l * b * s * shape.kv_hidden, l * b * s * shape.q_hidden]
     return features
+
+
+def fitted_row(table: dict, mode: str, shape: ModelShape) -> tuple[float, ...] | None:
+    """`mode`'s coefficients in `table` for `shape`, or None: not measured, or fitted on shapes whose queries were h
+    wide (a row shorter than the features: its b·s·h term holds the queries' tensors) while this shape's are not."""
+    row = table.get(mode)
+    missing = 0 if row is None else len(activation_features(shape, 1, 1)) - len(row)
+    if row is None or (missing and shape.q_hidden != shape.hidden):
+        return None
+    return tuple(row) + (0.0,) * missing
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
@@ -334,9 +343,11 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     gradient), while all the parameters' gradients exist. Measured on CPU with the fused loss, where no logits hide
     it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
-    if mode not in table:  # no measurement of this mode on this device (yet): the CPU fit, and say so
-        table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode})"
-    if mode not in table:
+    if fitted_row(table, mode, shape) is None:  # no measurement of this mode (or shape) on this device: the CPU fit
+        apart = f" with queries {shape.q_hidden} wide, apart from h" if mode in table else ""
+        table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode}{apart})"
+    coefficients = fitted_row(table, mode, shape)
+    if coefficients is None:
         raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
     cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE
     feats = activation_features(shape, seq, micro_batch)
@@ -348,7 +359,7 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     feats[5] /= tp  # autocast's weight copies: of this rank's slices (every block matrix and the head are split)
     if tp > 1:
         calibration += f", per-layer terms x {linear:.3f} / x {attention:.3f} under TP {tp} (Korthikanti et al. 2022)"
-    kept = sum(c * x for c, x in zip(table[mode], feats))
+    kept = sum(c * x for c, x in zip(coefficients, feats))
     block_dropout = None  # what a recomputed block's masks add: the uncheckpointed mode's, per layer
     if dropout:
         masks, note = dropout_coefficients(shape, mode, device)  # the device's kernels, whichever fit the rest is
@@ -364,17 +375,17 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
         kept += cache if kv_cache else -cache
         calibration += ", with the KV cache" if kv_cache else ", the KV cache of the fit's steps taken off"
     peak_extra = LOGITS_PEAK_COPIES * 4 * micro_batch * seq * shape.vocab
-    loss_share = table[mode][2] * feats[2]  # the fp32 logits
+    loss_share = coefficients[2] * feats[2]  # the fp32 logits
     fused_kept = fused_running = 0  # the fused loss's own: torch.compile cannot drop the gradients its forward makes
     if fused_loss:
         fused_kept, fused_running = fused_loss_bytes(shape, seq, micro_batch, mode)
         # the logits' terms out, and the head's share of the weight copies autocast keeps (the loss casts its own)
-        kept += fused_kept - loss_share - table[mode][5] * shape.vocab * shape.hidden
+        kept += fused_kept - loss_share - coefficients[5] * shape.vocab * shape.hidden
         peak_extra, loss_share = 0, fused_kept
         calibration += ", fused loss: the logits' terms replaced by its own (fused_loss_bytes)"
     float8_peak = 0
     if float8:
-        kept -= table[mode][5] * shape.n_layer * float8_block_elements(shape, tp) if "autocast" in mode else 0
+        kept -= coefficients[5] * shape.n_layer * float8_block_elements(shape, tp) if "autocast" in mode else 0
         float8_peak = float8_operand_bytes(micro_batch * seq, block_linears(shape, tp))
         calibration += ", float8: no autocast copies of the converted weights, one layer's float8 operands at the peak"
     backward_end = 0.0
@@ -398,7 +409,8 @@ def recomputed_block_bytes(shape: ModelShape, seq: int, micro_batch: int, mode: 
     uncheckpointed coefficients in `table`, the calibration the step's figures come from, per b·s·h and per b·a·s²
     element), its backward's gradients beside them (RECOMPUTE_GRADIENT_BYTES), and with dropout its masks (`dropout`:
     the uncheckpointed mode's dropout_coefficients)."""
-    full = table.get(mode[:-1] + "0") or ACTIVATION_COEFFICIENTS["cpu"][mode[:-1] + "0"]
+    full = fitted_row(table, mode[:-1] + "0", shape) or fitted_row(ACTIVATION_COEFFICIENTS["cpu"], mode[:-1] + "0",
+                                                                   shape)
     per_bsh, per_scores = RECOMPUTE_GRADIENT_BYTES.get(device, {}).get(
         mode, RECOMPUTE_GRADIENT_DEFAULT.get(device, (0.0, 0.0)))
     bsh = micro_batch * seq * shape.hidden

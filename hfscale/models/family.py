@@ -18,7 +18,7 @@ from ..errors import HfscaleError, one_of
 class ModelShape:
     """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
 
-    family: str  # a registered family: gpt2 | bloom | llama
+    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3
     n_layer: int
     hidden: int
     n_head: int
@@ -28,7 +28,7 @@ class ModelShape:
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     tied: bool | None = None  # the LM head is the word embedding; None: the family's default
     rope_theta: float | None = None  # rotary base of a family with rotary positions; None: the family's default
-    head_dim: int | None = None  # width of one attention head; None: hidden / heads (Qwen3's is its own)
+    head_dim: int | None = None  # width of one attention head; None: hidden / heads (Qwen3's, Mistral-Nemo's: own)
 
     @property
     def spec(self) -> "Family":
@@ -88,7 +88,8 @@ class Family(ABC):
     # whose forward keeps the same tensors for the backward - Qwen2's q/k/v biases are added inside their matmuls
     activations_as: str | None = None
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
-    own_head_width: bool = False  # with own_widths: a query width (heads x head_dim) apart from h, a term of its own
+    own_head_width: bool = False  # heads of a width of their own (the config's head_dim), so queries heads x head_dim
+    # wide apart from h: the shape's head_dim, the --head_dim override
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
     # embeddings' b·s·h sum); every family drops its attention probabilities too (activations.counted_dropout)

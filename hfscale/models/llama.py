@@ -1,12 +1,15 @@
 """Llama (transformers' LlamaForCausalLM), the shape most models are trained in today: RMSNorms without biases, a gated
 SwiGLU MLP (gate, up and down projections, its own intermediate size), rotary positions (no position table),
 grouped-query attention (fewer key/value heads than query heads), no biases anywhere, the head tied to the word
-embedding or not. A Mistral config has the same tensors and is served (its sliding window is its attention's business);
-Qwen2's differs by biases on its q/k/v projections and is a family of its own beside this one (qwen2.py).
+embedding or not, and heads of a width of their own where the config sets one (`head_dim`: Mistral-Nemo's and Mistral
+Small's 32 heads of 128 on a 5120-wide model, so their queries are 4096 wide). A Mistral config has the same tensors
+and is served (its sliding window is its attention's business); Qwen2's differs by biases on its q/k/v projections and
+is a family of its own beside this one (qwen2.py).
 
-The presets are the published shapes (each model's config.json): hidden, layers, heads, key/value heads, intermediate
-size, vocabulary, positions, tied head and rotary base. Llama 3.1/3.2's rotary scaling for long contexts is left out:
-hfscale trains from scratch at a few thousand tokens, where the scaling changes nothing it measures.
+The presets are the published shapes (each model's config.json): hidden, layers, heads, key/value heads, the head
+width where it is apart from hidden / heads, intermediate size, vocabulary, positions, tied head and rotary base.
+Llama 3.1/3.2's rotary scaling for long contexts is left out: hfscale trains from scratch at a few thousand tokens,
+where the scaling changes nothing it measures.
 """
 
 from math import ceil
@@ -14,11 +17,11 @@ from math import ceil
 from ..errors import HfscaleError
 from .family import UNTIED_HEAD, Family, ModelShape, differing, register
 
-LLAMA3_VOCAB, SMOLLM2_VOCAB = 128256, 49152
+LLAMA3_VOCAB, SMOLLM2_VOCAB, MISTRAL_VOCAB = 128256, 49152, 131072  # Mistral's: its Tekken tokenizer's
 
 
-def _llama(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied, rope_theta):
-    return ModelShape("llama", n_layer, hidden, n_head, vocab, positions, ffn, n_kv_head, tied, rope_theta)
+def _llama(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied, rope_theta, head_dim=None):
+    return ModelShape("llama", n_layer, hidden, n_head, vocab, positions, ffn, n_kv_head, tied, rope_theta, head_dim)
 
 
 class Llama(Family):
@@ -31,6 +34,7 @@ class Llama(Family):
     tied_default = False
     gated_mlp = True
     own_widths = True
+    own_head_width = True  # a config's head_dim apart from hidden / heads (LlamaConfig's and MistralConfig's)
     block_prefix = "model.layers"
     attention_module = "self_attn"
     embedding = "model.embed_tokens.weight"
@@ -55,6 +59,9 @@ class Llama(Family):
         "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, LLAMA3_VOCAB, 131072, False, 500000.0),
         # Mistral-7B-v0.3 (no sliding window since v0.2): built as a LlamaForCausalLM, whose tensors are Mistral's
         "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32768, 32768, False, 1000000.0),
+        # Mistral-Nemo-Base-2407 and Mistral-Small-24B-Base-2501: 32 heads of 128 on a 5120-wide model
+        "mistral-nemo-12b": _llama(40, 5120, 32, 8, 14336, MISTRAL_VOCAB, 1024000, False, 1000000.0, 128),
+        "mistral-small-24b": _llama(40, 5120, 32, 8, 32768, MISTRAL_VOCAB, 32768, False, 100000000.0, 128),
     }
 
     def default_ffn(self, hidden):
@@ -82,6 +89,10 @@ class Llama(Family):
             raise HfscaleError(f"{shape.kv_heads} key/value heads do not divide the {shape.n_head} attention heads "
                                f"(grouped-query attention shares each among a whole number of query heads); choose a "
                                f"divisor of {shape.n_head}")
+        if shape.head_size % 2:
+            raise HfscaleError(f"head width {shape.head_size} is odd: rotary positions rotate pairs of a head's "
+                               f"features; choose an even head_dim (or heads that split the hidden size into even "
+                               f"widths)")
 
     # what a config of a served model_type must say for the tensors above (Qwen2's config has no such keys)
     config_needs = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
@@ -94,6 +105,8 @@ class Llama(Family):
 
         theta = shape.rope_theta or 10000.0
         config_class = getattr(transformers, self.config_class)
+        if shape.head_dim is not None:  # LlamaConfig's default is hidden / heads
+            extra = {"head_dim": shape.head_dim, **extra}
         return config_class(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
                             num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
                             intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
@@ -104,9 +117,9 @@ class Llama(Family):
     def shape_from_config(self, config):
         heads, hidden = config.num_attention_heads, config.hidden_size
         refused = differing(config, self.config_needs)
-        head_dim = getattr(config, "head_dim", None)
-        if not self.own_head_width and head_dim not in (None, hidden // max(heads, 1)):
-            refused.append(f"head_dim={head_dim} (needs hidden_size / num_attention_heads = {hidden // max(heads, 1)})")
+        head_dim, natural = getattr(config, "head_dim", None), hidden // max(heads, 1)
+        if not self.own_head_width and head_dim not in (None, natural):
+            refused.append(f"head_dim={head_dim} (needs hidden_size / num_attention_heads = {natural})")
         if refused:
             raise HfscaleError(f"its {config.model_type} config differs from the {self.title} shape hfscale trains: "
                                f"{', '.join(refused)}")
@@ -115,7 +128,12 @@ class Llama(Family):
                           config.max_position_embeddings, config.intermediate_size,
                           getattr(config, "num_key_value_heads", None) or heads,
                           bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"),
-                          (head_dim or hidden // max(heads, 1)) if self.own_head_width else None)
+                          self.recorded_head_dim(head_dim, natural))
+
+    def recorded_head_dim(self, head_dim: int | None, natural: int) -> int | None:
+        """The shape's head_dim for a config's: set where it is apart from hidden / heads (`natural`), else None - the
+        shape of a Llama whose config writes its head_dim out is the preset's."""
+        return head_dim if self.own_head_width and head_dim not in (None, natural) else None
 
 
 LLAMA_FAMILY = register(Llama())

@@ -26,6 +26,7 @@ class Qwen2(Llama):
     class_name = "Qwen2ForCausalLM"
     config_class = "Qwen2Config"
     qkv_bias = True
+    own_head_width = False  # Qwen2Config has no head_dim: its heads are hidden / heads wide
     config_needs = {"hidden_act": "silu"}
     activations_as = "llama"
     presets = {

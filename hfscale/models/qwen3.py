@@ -12,7 +12,6 @@ The presets are the published Qwen3 dense base models (each model's config.json)
 heads, head_dim, intermediate size, vocabulary, positions, tied head and rotary base.
 """
 
-from ..errors import HfscaleError
 from .family import ModelShape, register
 from .llama import Llama
 from .qwen2 import QWEN_VOCAB
@@ -32,7 +31,6 @@ class Qwen3(Llama):
     class_name = "Qwen3ForCausalLM"
     config_class = "Qwen3Config"
     qk_norm = True
-    own_head_width = True
     activations_as = None  # its norms keep more than Llama's blocks do: terms of its own
     config_needs = {"hidden_act": "silu", "attention_bias": False}
     tp_plan = {**Llama.tp_plan, "self_attn.q_norm": "per_head", "self_attn.k_norm": "per_head"}
@@ -48,11 +46,10 @@ class Qwen3(Llama):
         "qwen3-32b": _qwen3(64, 5120, 64, 25600, False),
     }
 
-    def check(self, shape):
-        super().check(shape)
-        if shape.head_size % 2:
-            raise HfscaleError(f"head_dim {shape.head_size} is odd: rotary positions rotate pairs of a head's "
-                               f"features; choose an even head_dim")
+    def recorded_head_dim(self, head_dim, natural):
+        """Qwen3's shapes always carry their head width, as its configs do (Qwen3Config's default is 128, not
+        hidden / heads)."""
+        return head_dim or natural
 
     def hf_config(self, shape, dropout=0.0, **extra):
         return super().hf_config(shape, dropout, head_dim=shape.head_size, **extra)

@@ -23,8 +23,9 @@ def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = 
     if preset not in PRESETS:
         raise one_of("model preset", preset, PRESETS)
     if head_dim is not None and not PRESETS[preset].spec.own_head_width:
+        titles = dict.fromkeys(s.spec.title for s in PRESETS.values() if s.spec.own_head_width)
         raise HfscaleError(f"--head_dim: {PRESETS[preset].spec.title}'s heads are hidden / heads wide; a head width "
-                           f"of its own is Qwen3's ({', '.join(n for n, s in PRESETS.items() if s.spec.own_head_width)})")
+                           f"of its own is set on a {' or '.join(titles)} preset")
     overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions,
                      n_kv_head=n_kv_head, head_dim=head_dim)
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
@@ -57,7 +58,7 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
 # billion layers would take every byte of the host before answering
 SHAPE_BOUNDS = {"n_layer": 4096, "hidden": 2**20, "n_head": 2**20, "vocab": 2**24, "positions": 2**24,
                 "ffn_size": 2**22, "kv_heads": 2**20}
-HEAD_DIM_BOUND = 2**16  # a head width set apart from hidden / heads (Qwen3's 128)
+HEAD_DIM_BOUND = 2**16  # a head width set apart from hidden / heads (Qwen3's and Mistral-Nemo's 128)
 
 
 def validate_shape(shape: ModelShape) -> None:

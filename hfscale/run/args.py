@@ -58,8 +58,8 @@ class ModelArguments:
     num_key_value_heads: int | None = field(default=None, metadata={
         "help": "Override a Llama or Qwen preset's key/value heads (grouped-query attention; must divide the heads)."})
     head_dim: int | None = field(default=None, metadata={
-        "help": "Override a Qwen3 preset's head width (its queries are heads x head_dim wide; other families' heads "
-                "are hidden / heads)."})
+        "help": "Override a Llama, Mistral or Qwen3 preset's head width (its queries are heads x head_dim wide; "
+                "GPT-2's, BLOOM's and Qwen2's heads are hidden / heads)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})

@@ -96,7 +96,7 @@ class ModelRecord(_Section):
     n_kv_head: int | None = None  # key/value heads (null in files of earlier runs: one per query head)
     tied: bool | None = None  # the LM head is the word embedding (null: the family's default)
     rope_theta: float | None = None
-    head_dim: int | None = None  # a head's width where the model sets its own (Qwen3; null: hidden / heads)
+    head_dim: int | None = None  # a head's width where the model sets its own (Qwen3, Mistral-Nemo; null: h / heads)
     vocab: int | None = None
     positions: int | None = None
     ffn: int | None = None
