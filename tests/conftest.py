@@ -372,11 +372,13 @@ def llama_parity() -> dict:
     return shared_run("llama-parity", make)
 
 
-def llama_pair_run(strategy: str, optim: str) -> dict:
-    """A 3-step tiny-llama run of one strategy x optimizer pair (tests/test_llama.py's LLAMA_PAIRS; ddp_powersgd x
-    adafactor is also that pair's run in the strategy x optimizer matrix)."""
+def llama_pair_run(strategy: str, optim: str, model: str = "tiny-llama") -> dict:
+    """A 3-step run of one strategy x optimizer pair on a Llama-shaped tiny model (tests/test_llama.py's LLAMA_PAIRS;
+    ddp_powersgd x adafactor on tiny-llama and zero1 x adamw_8bit on tiny-smollm3 are also those pairs' runs in the
+    strategy x optimizer matrix)."""
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
-    return shared_train(f"llama-{strategy}-{optim}", strategy, "--model", "tiny-llama", "--optim", optim, *extra, steps=3)
+    return shared_train(f"{model.removeprefix('tiny-')}-{strategy}-{optim}", strategy, "--model", model, "--optim", optim,
+                        *extra, steps=3)
 
 
 def llama_tp_command(out: Path) -> tuple[list[str], Path]:

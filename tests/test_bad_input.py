@@ -255,7 +255,7 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (mistyped, "its config.json: Validation error for field 'n_layer': TypeError: Field "
                                       "'n_layer' expected int, got str (value: 'two')"),
                            (tmp_path / "opt", "its config's model type 'opt' is not supported; hfscale knows: gpt2, "
-                                              "bloom, llama, mistral, qwen2, qwen3"),
+                                              "bloom, llama, mistral, qwen2, qwen3, smollm3"),
                            (tmp_path / "qwen3-moe", "model type 'qwen3_moe' is not served: a mixture of experts in "
                                                     "place of each block's MLP"),
                            (tmp_path / "biased-qwen3", "its qwen3 config differs from the Qwen3 shape hfscale trains: "

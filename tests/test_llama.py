@@ -171,17 +171,19 @@ def test_a_killed_llama_run_resumes_exactly(tmp_path):
 
 # Beside ddp, zero3, fsdp_offload and tp above: the other engines' routes and the other optimizers' state layouts on
 # Llama (bitsandbytes' 8-bit blocks with the embedding's 32-bit states, Adafactor's factored states of the gated MLP,
-# DeepSpeed's CPU Adam over ZeRO-3's partitions, PowerSGD's compressed buckets), 3 steps each; test_multiprocess.py's
-# matrix runs zero2, fsdp_tp and fsdp_hybrid on it
-LLAMA_PAIRS = [("zero1", "adamw_8bit"), ("zero3_offload", "adamw"), ("ddp_powersgd", "adafactor")]
+# DeepSpeed's CPU Adam over ZeRO-3's partitions, PowerSGD's compressed buckets), 3 steps each - ZeRO-1's on SmolLM3
+# (Llama's tensors, its head tied, a NoPE layer in four, built as SmolLM3ForCausalLM); test_multiprocess.py's matrix
+# runs zero2, fsdp_tp and fsdp_hybrid on Llama-shaped models
+LLAMA_PAIRS = [("zero1", "adamw_8bit", "tiny-smollm3"), ("zero3_offload", "adamw", "tiny-llama"),
+               ("ddp_powersgd", "adafactor", "tiny-llama")]
 
 
-@pytest.mark.parametrize("strategy,optim", LLAMA_PAIRS)
-def test_llama_trains_under_more_strategies_and_optimizers(strategy, optim):
+@pytest.mark.parametrize("strategy,optim,model", LLAMA_PAIRS)
+def test_llama_trains_under_more_strategies_and_optimizers(strategy, optim, model):
     from conftest import llama_pair_run
 
-    res = llama_pair_run(strategy, optim)
-    assert (res["strategy"], res["optim"], res["model"]["family"]) == (strategy, optim, "llama")
+    res = llama_pair_run(strategy, optim, model)
+    assert (res["strategy"], res["optim"], res["model"]["family"]) == (strategy, optim, PRESETS[model].family)
     check = res["strategy_check"]
     assert check["world_size_torch"] == 2 and len(set(map(tuple, check["first_batch_per_rank"]))) == 2
     assert "uint8" in check["optimizer_states"]["dtypes"] if optim == "adamw_8bit" else True

@@ -444,7 +444,7 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
     (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
     (["--head_dim", "128"], "--head_dim: GPT-2's heads are hidden / heads wide; a head width of its own is set on a "
-                            "Llama or Qwen3 preset"),
+                            "Llama, Qwen3 or SmolLM3 preset"),
     (["--model", "qwen2.5-0.5b", "--head_dim", "128"], "--head_dim: Qwen2's heads are hidden / heads wide"),
     (["--model", "tiny-qwen3", "--head_dim", "0"], "model head_dim must be between 1 and 65,536, got 0"),
     (["--model", "tiny-qwen3", "--head_dim", "33"], "head width 33 is odd: rotary positions rotate pairs"),

@@ -65,6 +65,12 @@ def test_qwen_presets_have_the_published_sizes(name):
     assert (metrics.param_count(shape) - embedding) / 1e9 == pytest.approx(non_embedding, rel=tolerance)
 
 
+def test_smollm3_preset_has_the_published_size():
+    """SmolLM3-3B's card prints 3.08B parameters (its checkpoint's total, rounded); the exact count is the meta-device
+    model's (test_param_formula_equals_model_numel)."""
+    assert metrics.param_count(PRESETS["smollm3-3b"]) / 1e9 == pytest.approx(3.08, rel=0.005)
+
+
 def test_bigscience_size_formula_matches_gpt2_with_4h_ffn():
     shape = PRESETS["gpt2-350m"]
     assert metrics.param_count_bigscience(24, 1024, 1024, 50257) == metrics.param_count(shape)
@@ -80,12 +86,14 @@ SHAPES = [
     ModelShape("qwen2", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # Llama's with q/k/v biases: no matmul FLOPs more
     ModelShape("qwen3", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # queries 128 wide on a 64-wide model
     ModelShape("llama", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # Mistral-Nemo's way, no q/k norms
+    ModelShape("smollm3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # its 4th layer NoPE: no FLOPs fewer
 ]
 
 
 @pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32),
                                        (SHAPES[3], 256), (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128),
-                                       (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128)])
+                                       (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128),
+                                       (SHAPES[9], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))

@@ -111,6 +111,14 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "nemo").mkdir()
     (tmp_path / "nemo" / "config.json").write_text(json.dumps(nemo))
     assert pretrained_shape(str(tmp_path / "nemo"), weights=False) == PRESETS["mistral-nemo-12b"]
+    # SmolLM3-3B's, its NoPE layers listed (1: rotary, 0: none)
+    smollm3 = {"architectures": ["SmolLM3ForCausalLM"], "hidden_act": "silu", "hidden_size": 2048,
+               "intermediate_size": 11008, "max_position_embeddings": 65536, "model_type": "smollm3",
+               "no_rope_layers": [1, 1, 1, 0] * 9, "num_attention_heads": 16, "num_hidden_layers": 36,
+               "num_key_value_heads": 4, "rope_theta": 5000000.0, "tie_word_embeddings": True, "vocab_size": 128256}
+    (tmp_path / "smollm3").mkdir()
+    (tmp_path / "smollm3" / "config.json").write_text(json.dumps(smollm3))
+    assert pretrained_shape(str(tmp_path / "smollm3"), weights=False) == PRESETS["smollm3-3b"]
 
 
 def saved_for_backward(model, ids) -> int:
@@ -132,21 +140,24 @@ def saved_for_backward(model, ids) -> int:
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_qwen2_keeps_for_its_backward_what_llama_keeps(attention):
-    """Why the Qwen2 family takes the Llama family's measured activation terms (Family.activations_as): with the same
-    sizes, Qwen2's forward keeps the same bytes for the backward - its q/k/v biases are added inside their matmuls and
-    keep nothing more - in fp32 and under bf16 autocast."""
+def test_qwen2_and_smollm3_keep_for_their_backward_what_llama_keeps(attention):
+    """Why the Qwen2 and SmolLM3 families take the Llama family's measured activation terms (Family.activations_as):
+    with the same sizes, their forwards keep the same bytes for the backward - Qwen2's q/k/v biases are added inside
+    their matmuls and keep nothing more, SmolLM3's NoPE layers (one in four: layer 4 of these) keep their queries and
+    keys unrotated, as many - in fp32 and under bf16 autocast."""
     from hfscale.models import FAMILIES
 
-    assert FAMILIES["qwen2"].activations_as == "llama" and FAMILIES["llama"].activations_as is None
-    sizes = dict(n_layer=2, hidden=96, n_head=6, n_kv_head=2, ffn=256, vocab=512, positions=128)
+    assert FAMILIES["llama"].activations_as is None
+    sizes = dict(n_layer=4, hidden=96, n_head=6, n_kv_head=2, ffn=256, vocab=512, positions=128, tied=False)
     ids = torch.randint(0, 512, (2, 96), generator=torch.Generator().manual_seed(0))
     for autocast in (False, True):
         kept = {}
-        for family in ("llama", "qwen2"):
+        for family in ("llama", "qwen2", "smollm3"):
+            assert family == "llama" or FAMILIES[family].activations_as == "llama"
             shape = replace(PRESETS[f"tiny-{family}"], **sizes)
             model = build_model(shape, seed=0, attn_implementation=attention)
             model.train()
+            assert family != "smollm3" or [layer.self_attn.use_rope for layer in model.model.layers] == [1, 1, 1, 0]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 kept[family] = saved_for_backward(model, ids)
-        assert kept["llama"] > 1e6 and kept["qwen2"] == kept["llama"], (autocast, kept)
+        assert kept["llama"] > 1e6 and kept["qwen2"] == kept["smollm3"] == kept["llama"], (autocast, kept)

@@ -290,7 +290,8 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("ddp", "adamw_8bit"): "8bit:ddp", ("zero2", "adamw_8bit"): "8bit:zero2", ("fsdp", "adamw_8bit"): "8bit:fsdp",
                   ("ddp", "adafactor"): "sweep:ddp-adafactor-np2-mbs4-gas1",  # test_sweep.py's (3 steps, MBS 4)
                   ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1",  # a trial of test_tune.py's (5 steps)
-                  ("ddp_powersgd", "adafactor"): "llama:ddp_powersgd-adafactor"}  # test_llama.py's, on tiny-llama
+                  ("ddp_powersgd", "adafactor"): "llama:ddp_powersgd-adafactor",  # test_llama.py's, on tiny-llama
+                  ("zero1", "adamw_8bit"): "smollm3:zero1-adamw_8bit"}  # ... and on tiny-smollm3
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
 _RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
 _RUN_ELSEWHERE.update({(s, o): f"host:{name}" for name, (s, o, _) in HOST_RUNS.items()
@@ -312,7 +313,8 @@ def pair_result(strategy: str, optim: str) -> dict:
     if key:  # a run another test makes, by the conftest function that makes it
         return {"parity": parity_run, "bf16": bf16_result, "8bit": eight_bit_run, "sweep": swept_run, "tune": tune_trial,
                 "partitions": partition_run, "host": host_memory_run,
-                "llama": lambda pair: llama_pair_run(*pair.split("-"))}[kind](key)
+                "llama": lambda pair: llama_pair_run(*pair.split("-")),
+                "smollm3": lambda pair: llama_pair_run(*pair.split("-"), model="tiny-smollm3")}[kind](key)
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     if (strategy, optim) in BLOOM_PAIRS:
         extra += ["--model", "tiny-bloom", "--bf16"]
@@ -360,9 +362,13 @@ QWEN2_PAIRS = [("zero2", "adamw_8bit")]
 # (their gradients summed over the TP group) and shards them over FSDP, the projections at the query width split over
 # TP and again over FSDP (the run refuses a layout other than the plan's), with torchao's 8-bit AdamW
 QWEN3_PAIRS = [("fsdp_tp", "adamw_8bit")]
+# ... and SmolLM3, Llama's tensors with a tied head and a NoPE layer in four: ZeRO-1 with bitsandbytes' 8-bit Adam, whose
+# 32-bit states of the tied embedding the memory model counts (test_llama.py's run)
+SMOLLM3_PAIRS = [("zero1", "adamw_8bit")]
 # the host-memory runs (conftest.HOST_RUNS) build a Llama too
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
           **{p: "qwen2" for p in QWEN2_PAIRS}, **{p: "qwen3" for p in QWEN3_PAIRS},
+          **{p: "smollm3" for p in SMOLLM3_PAIRS},
           **{(s, o): "llama" for name, (s, o, _) in HOST_RUNS.items() if _RUN_ELSEWHERE.get((s, o)) == f"host:{name}"}}
 
 
