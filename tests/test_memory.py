@@ -429,6 +429,18 @@ def test_the_estimate_says_its_activations_were_fitted_on_gpu_measurements(capsy
         "(benchmarks/results/h*_*/cuda_activations.jsonl)"]
 
 
+def test_the_estimate_states_the_heads_as_a_model_card_does():
+    """The model line of `hfscale estimate`'s assumptions: the heads, the key/value heads where fewer, and the heads'
+    width where it is not hidden / heads - the query projection's then too."""
+    from hfscale.plan.estimate import heads_label
+
+    assert heads_label(PRESETS["gpt2-350m"]) == "16 heads"
+    assert heads_label(PRESETS["llama-3.1-8b"]) == "32 heads (8 key/value)"
+    assert heads_label(PRESETS["mistral-nemo-12b"]) == "32 heads of 128 (8 key/value; queries 4096 wide)"
+    assert heads_label(PRESETS["qwen3-0.6b"]) == "16 heads of 128 (8 key/value; queries 2048 wide)"
+    assert heads_label(PRESETS["smollm2-1.7b"]) == "32 heads"
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["--model", "gpt5"], "unknown model preset 'gpt5'"),
     (["--strategy", "zero4"], "unknown strategy 'zero4'"),

@@ -161,13 +161,24 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def heads_label(shape: ModelShape) -> str:
+    """The attention's heads as a model card states them: 32 heads (8 key/value), and their width where it is not
+    hidden / heads - the query projection's then too (Mistral-Nemo: 32 heads of 128, queries 4096 wide on 5120)."""
+    apart = shape.q_hidden != shape.hidden
+    notes = [*([f"{shape.kv_heads} key/value"] if shape.kv_heads != shape.n_head else []),
+             *([f"queries {shape.q_hidden} wide"] if apart else [])]
+    label = f"{shape.n_head} heads" + (f" of {shape.head_size}" if apart else "")
+    return label + (" (" + "; ".join(notes) + ")" if notes else "")
+
+
 def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[str]:
     precision = precision_from_options(opts)
     recipe = float8_of(opts)
     precision = f"fp8 ({recipe}: the blocks' linear layers; bf16 elsewhere)" if recipe else precision
     return [
         f"model {opts.model_name_or_path or opts.model}: {size_label(param_count(shape))} parameters "
-        f"({param_count(shape):,}), {shape.n_layer} layers, hidden {shape.hidden}, vocab {shape.vocab}",
+        f"({param_count(shape):,}), {shape.n_layer} layers, hidden {shape.hidden}, {heads_label(shape)}, "
+        f"vocab {shape.vocab}",
         f"{opts.gpus} GPUs ({min(opts.gpus, opts.gpus_per_node)} per node) of {device_bytes / GB:g} GB, seq {seq}, "
         f"{precision}{', compiled' if opts.torch_compile else ''}"
         f"{', fused linear cross-entropy' if opts.fused_linear_cross_entropy else ''}, {opts.attn_implementation} "
