@@ -442,28 +442,29 @@ def main() -> None:
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(2)  # two probes at a time, each a process of one thread: its resident set is its own
-    for mode in modes:
-        fam, attn, prec, ck = mode.split("/")
-        rows, ys = [], []
-        shapes = shapes_of(fam)
-        for shape, m in zip(shapes, pool.map(lambda shape: measure(mode, shape, opts.forward), shapes)):
-            sizes = shape_row(shape)
-            measured.append({"mode": mode, "shape": shape, "forward": opts.forward, **m})
+    # two probes at a time, each a process of one thread: its resident set is its own
+    with ThreadPoolExecutor(2) as pool:
+        for mode in modes:
+            fam, attn, prec, ck = mode.split("/")
+            rows, ys = [], []
+            shapes = shapes_of(fam)
+            for shape, m in zip(shapes, pool.map(lambda shape: measure(mode, shape, opts.forward), shapes)):
+                sizes = shape_row(shape)
+                measured.append({"mode": mode, "shape": shape, "forward": opts.forward, **m})
+                if opts.forward == "fused":
+                    report_other_rows([{"mode": mode, **sizes, "fused_loss": True, **m}], device="cpu")
+                    continue
+                rows.append(activation_features(row_shape(fam, sizes), sizes["seq"], sizes["mbs"]))
+                ys.append(m["activations"])
+                print(f"{mode:28s} {shape}  activations {m['activations'] / 1e6:8.1f} MB  "
+                      f"peak {m['peak'] / 1e6:8.1f} MB", flush=True)
             if opts.forward == "fused":
-                report_other_rows([{"mode": mode, **sizes, "fused_loss": True, **m}], device="cpu")
                 continue
-            rows.append(activation_features(row_shape(fam, sizes), sizes["seq"], sizes["mbs"]))
-            ys.append(m["activations"])
-            print(f"{mode:28s} {shape}  activations {m['activations'] / 1e6:8.1f} MB  peak {m['peak'] / 1e6:8.1f} MB",
-                  flush=True)
-        if opts.forward == "fused":
-            continue
-        coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
-        fit = np.array(rows, dtype=float) @ coef
-        worst = max(abs(f - y) / y for f, y in zip(fit, ys))
-        table[mode] = [round(float(c), 3) for c in coef]
-        print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)
+            coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
+            fit = np.array(rows, dtype=float) @ coef
+            worst = max(abs(f - y) / y for f, y in zip(fit, ys))
+            table[mode] = [round(float(c), 3) for c in coef]
+            print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)
     if opts.forward != "fused":
         print_table("ACTIVATION_COEFFICIENTS", table)
     if opts.json:
