@@ -89,7 +89,7 @@ def logged_shape(header: dict) -> dict:
         return {}
     own_head_dim = header.get("head_dim", header["hidden"] // header["n_head"]) != header["hidden"] // header["n_head"]
     qwen3 = all(llama_parts) and header.get("qk_norm")
-    if header.get("qkv_bias") and (qwen3 or own_head_dim) or (own_head_dim and not all(llama_parts)):
+    if (header.get("qkv_bias") and (qwen3 or own_head_dim)) or (own_head_dim and not all(llama_parts)):
         return {}
     vocab = header.get("vocab") or padded_vocab(GPT2_VOCAB, header.get("tp") or 1)
     positions = header.get("positions") or header.get("seq_len") or 2048

@@ -343,10 +343,11 @@ def activations(shape: ModelShape, seq: int, micro_batch: int, mode: str, device
     gradient), while all the parameters' gradients exist. Measured on CPU with the fused loss, where no logits hide
     it: 0.96-1.07 of the step's peak (4 probe rows and a whole run)."""
     table, calibration = ACTIVATION_COEFFICIENTS.get(device, {}), device
-    if fitted_row(table, mode, shape) is None:  # no measurement of this mode (or shape) on this device: the CPU fit
+    coefficients = fitted_row(table, mode, shape)
+    if coefficients is None:  # no measurement of this mode (or shape) on this device (yet): the CPU fit, and say so
         apart = f" with queries {shape.q_hidden} wide, apart from h" if mode in table else ""
         table, calibration = ACTIVATION_COEFFICIENTS["cpu"], f"cpu (no {device} measurement of {mode}{apart})"
-    coefficients = fitted_row(table, mode, shape)
+        coefficients = fitted_row(table, mode, shape)
     if coefficients is None:
         raise ValueError(f"no activation calibration for {mode!r}; known: {', '.join(table)}")
     cache_in_fit = calibration == device and device in FITTED_WITH_KV_CACHE

@@ -24,8 +24,9 @@ def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = 
         raise one_of("model preset", preset, PRESETS)
     if head_dim is not None and not PRESETS[preset].spec.own_head_width:
         *others, last = dict.fromkeys(s.spec.title for s in PRESETS.values() if s.spec.own_head_width)
+        families = f"{', '.join(others)} or {last}" if others else last
         raise HfscaleError(f"--head_dim: {PRESETS[preset].spec.title}'s heads are hidden / heads wide; a head width "
-                           f"of its own is set on a {', '.join(others)} or {last} preset")
+                           f"of its own is set on a {families} preset")
     overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions,
                      n_kv_head=n_kv_head, head_dim=head_dim)
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
