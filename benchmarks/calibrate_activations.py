@@ -40,13 +40,14 @@ HEAD_WIDTH_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_SHAPES]
 HEAD_WIDTH_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 512, 4, 2, 704, 64),
                       (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
-                                                       ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")))
+                                                       ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")),
+                                                       ("gemma3", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
 SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn", "head_dim")  # a shape tuple's
 
 
 def shapes_of(family: str) -> list[tuple]:
-    return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES}.get(family, SHAPES)
+    return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES, "gemma3": HEAD_WIDTH_SHAPES}.get(family, SHAPES)
 
 
 def fold_query_width(X):

@@ -98,19 +98,21 @@ LLAMA_HELD_OUT = ["--model", "tiny-llama", "--n_layer", "3", "--hidden_size", "3
 
 # ... with heads of a width of their own (calibrate_activations.py HEAD_WIDTH_SHAPES): 32-wide heads on a 384-wide
 # model, so the queries are 192 wide, half the model's width (no calibration shape's are under three quarters of it) -
-# a Qwen3 (tiny-qwen3's 32) and a Llama as Mistral-Nemo sets them (--head_dim)
+# a Qwen3 (tiny-qwen3's 32), a Gemma 3 (tiny-gemma3's) and a Llama as Mistral-Nemo sets them (--head_dim)
 QWEN3_HELD_OUT = ["--model", "tiny-qwen3", *LLAMA_HELD_OUT[2:]]
+GEMMA3_HELD_OUT = ["--model", "tiny-gemma3", *LLAMA_HELD_OUT[2:]]
 HEAD_WIDTH_HELD_OUT = [*LLAMA_HELD_OUT, "--head_dim", "32"]
 
 
 @pytest.mark.parametrize("model,attention,checkpointing", [("llama", "sdpa", True), ("llama-heads", "sdpa", False),
-                                                           ("qwen3", "sdpa", False)])
+                                                           ("qwen3", "sdpa", False), ("gemma3", "sdpa", False)])
 def test_the_activation_estimate_matches_the_measured_step(tmp_path, model, attention, checkpointing):
     """The step's peak (one process on this CPU) within 10% of the estimate, on shapes the calibration never saw: a
-    checkpointed Llama, and - uncheckpointed, where the most is kept - a Llama and a Qwen3 whose queries are half the
-    model's width."""
+    checkpointed Llama, and - uncheckpointed, where the most is kept - a Llama, a Qwen3 and a Gemma 3 whose queries are
+    half the model's width."""
     out = tmp_path / "run"
-    held_out = {"llama": LLAMA_HELD_OUT, "llama-heads": HEAD_WIDTH_HELD_OUT, "qwen3": QWEN3_HELD_OUT}[model]
+    held_out = {"llama": LLAMA_HELD_OUT, "llama-heads": HEAD_WIDTH_HELD_OUT, "qwen3": QWEN3_HELD_OUT,
+                "gemma3": GEMMA3_HELD_OUT}[model]
     cmd = [sys.executable, "-m", "hfscale", "train", *held_out, "--max_steps", "4", "--logging_steps", "1",
            "--save_strategy", "no", "--attn_implementation", attention, "--output_dir", str(out),
            *(["--activation_checkpointing"] if checkpointing else [])]

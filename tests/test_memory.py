@@ -456,7 +456,7 @@ def test_the_estimate_states_the_heads_as_a_model_card_does():
     (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be positive"),
     (["--attn_implementation", "flash3"], "unknown attention implementation 'flash3'"),
     (["--head_dim", "128"], "--head_dim: GPT-2's heads are hidden / heads wide; a head width of its own is set on a "
-                            "Llama, Qwen3 or SmolLM3 preset"),
+                            "Llama, Qwen3, SmolLM3 or Gemma 3 preset"),
     (["--model", "qwen2.5-0.5b", "--head_dim", "128"], "--head_dim: Qwen2's heads are hidden / heads wide"),
     (["--model", "tiny-qwen3", "--head_dim", "0"], "model head_dim must be between 1 and 65,536, got 0"),
     (["--model", "tiny-qwen3", "--head_dim", "33"], "head width 33 is odd: rotary positions rotate pairs"),
@@ -637,11 +637,13 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
 
 
 @pytest.mark.parametrize("family,measured", [("llama", "activations_llama_2026-11-29.json"),
-                                             ("qwen3", "activations_qwen3_2026-11-29.json")])
+                                             ("qwen3", "activations_qwen3_2026-11-29.json"),
+                                             ("gemma3", "activations_gemma3_2026-11-29.json")])
 def test_the_cpu_terms_with_a_query_width_are_the_fit_of_their_committed_rows(family, measured):
-    """Llama's and Qwen3's CPU coefficients (their query width a ninth term) are the least-squares fit of the rows
-    `calibrate_activations.py --modes FAMILY` measured and committed, as they stand: a hand-edited or stale table fails
-    here. Every row lies within 3% of the estimate; a held-out shape run for real, within 10% (tests/test_llama.py)."""
+    """Llama's, Qwen3's and Gemma 3's CPU coefficients (their query width a ninth term) are the least-squares fit of the
+    rows `calibrate_activations.py --modes FAMILY` measured and committed, as they stand: a hand-edited or stale table
+    fails here. Every row lies within 3% of the estimate (Gemma 3's checkpointed steps under eager attention within
+    7%: below); a held-out shape run for real, within 10% (tests/test_llama.py)."""
     import numpy as np
 
     calibrate = load_benchmark("calibrate_activations")
@@ -660,7 +662,12 @@ def test_the_cpu_terms_with_a_query_width_are_the_fit_of_their_committed_rows(fa
         assert act.ACTIVATION_COEFFICIENTS["cpu"][mode] == pytest.approx(fitted, abs=2e-3), mode
         for r in mine:
             estimate = act.activations(calibrate.row_shape(family, r), r["seq"], r["mbs"], mode)
-            assert estimate.kept == pytest.approx(r["activations"], rel=0.03), (mode, r)
+            assert estimate.kept == pytest.approx(r["activations"], rel=LOOSER_FIT.get(mode, 0.03)), (mode, r)
+
+
+# Gemma 3's checkpointed steps under eager attention: the nine features describe their rows within 3.1-6.3% (SDPA's
+# within 2.4%), something they keep scaling otherwise (benchmarks/results/cpu_2026-11-29/record.md)
+LOOSER_FIT = {"gemma3/eager/fp32/1": 0.07, "gemma3/eager/autocast_bf16/1": 0.07, "gemma3/eager/bf16/1": 0.07}
 
 
 def test_a_row_fitted_where_the_queries_were_h_wide_serves_those_shapes_alone():

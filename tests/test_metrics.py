@@ -34,7 +34,8 @@ def test_param_formula_equals_model_numel(name):
                                             ("mistral-7b", 7_248_023_552),
                                             # their checkpoints' totals: 32 heads of 128 on a 5120-wide model
                                             ("mistral-nemo-12b", 12_247_782_400),
-                                            ("mistral-small-24b", 23_572_403_200)])
+                                            ("mistral-small-24b", 23_572_403_200),
+                                            ("gemma3-1b", 999_885_952)])
 def test_llama_presets_have_the_published_sizes(name, published):
     assert metrics.param_count(PRESETS[name]) == published
 
@@ -65,6 +66,12 @@ def test_qwen_presets_have_the_published_sizes(name):
     assert (metrics.param_count(shape) - embedding) / 1e9 == pytest.approx(non_embedding, rel=tolerance)
 
 
+@pytest.mark.parametrize("params,label", [(124_439_808, "124M"), (354_823_168, "355M"), (999_885_952, "1B"),
+                                          (999_400_000, "999M"), (1_315_575_808, "1.32B"), (176_247_271_424, "176B")])
+def test_size_labels_read_as_people_write_them(params, label):
+    assert metrics.size_label(params) == label
+
+
 def test_smollm3_preset_has_the_published_size():
     """SmolLM3-3B's card prints 3.08B parameters (its checkpoint's total, rounded); the exact count is the meta-device
     model's (test_param_formula_equals_model_numel)."""
@@ -87,13 +94,14 @@ SHAPES = [
     ModelShape("qwen3", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # queries 128 wide on a 64-wide model
     ModelShape("llama", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # Mistral-Nemo's way, no q/k norms
     ModelShape("smollm3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # its 4th layer NoPE: no FLOPs fewer
+    ModelShape("gemma3", 6, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # 5 windowed layers, 1 global
 ]
 
 
 @pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32),
                                        (SHAPES[3], 256), (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128),
                                        (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128),
-                                       (SHAPES[9], 128)])
+                                       (SHAPES[9], 128), (SHAPES[10], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))

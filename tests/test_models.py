@@ -119,6 +119,16 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "smollm3").mkdir()
     (tmp_path / "smollm3" / "config.json").write_text(json.dumps(smollm3))
     assert pretrained_shape(str(tmp_path / "smollm3"), weights=False) == PRESETS["smollm3-3b"]
+    # Gemma 3 1B's (transformers 4's keys: its global and local rotary bases, a window over 5 layers in 6)
+    gemma3 = {"architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attn_logit_softcapping": None,
+              "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+              "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768,
+              "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+              "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000, "rope_theta": 1000000,
+              "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144}
+    (tmp_path / "gemma3").mkdir()
+    (tmp_path / "gemma3" / "config.json").write_text(json.dumps(gemma3))
+    assert pretrained_shape(str(tmp_path / "gemma3"), weights=False) == PRESETS["gemma3-1b"]
 
 
 def saved_for_backward(model, ids) -> int:

@@ -25,7 +25,8 @@ def parity() -> dict:
 
 
 @pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom"), ("llama", "tiny-llama"),
-                                           ("qwen2", "tiny-qwen2"), ("qwen3", "tiny-qwen3")])
+                                           ("qwen2", "tiny-qwen2"), ("qwen3", "tiny-qwen3"),
+                                           ("gemma3", "tiny-gemma3")])
 def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     for rank in parity:
         got = rank[family]
@@ -43,7 +44,7 @@ def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     assert parity[0][family]["local_numel"] < parity[0][family]["whole_numel"]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3"])
 def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     placements = parity[0][family]
     placements = placements["placements"]
@@ -64,17 +65,22 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     out_dim = 1 if family == "gpt2" else 0
     first = {"gpt2": "transformer.h.0.mlp.c_fc", "bloom": "transformer.h.0.mlp.dense_h_to_4h",
              "llama": "model.layers.0.mlp.gate_proj", "qwen2": "model.layers.0.mlp.gate_proj",
-             "qwen3": "model.layers.0.mlp.gate_proj"}[family]
+             "qwen3": "model.layers.0.mlp.gate_proj", "gemma3": "model.layers.0.mlp.gate_proj"}[family]
     assert placements[f"{first}.weight"] == f"(Shard(dim={out_dim}),)"
     if family in ("llama", "qwen2", "qwen3"):  # grouped-query attention: the key/value heads split like the query heads, an
         assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"  # untied head
         assert placements["lm_head.weight"] == "(Shard(dim=0),)" and "model.embed_tokens.weight" in placements
     if family == "qwen2":  # each q/k/v bias split with its weight's rows: a rank adds its own heads' biases
         assert all(placements[f"model.layers.0.self_attn.{p}_proj.bias"] == "(Shard(dim=0),)" for p in "qkv")
-    if family == "qwen3":  # the per-head norms whole on every rank (their gradients summed over the group: the parity
-        # test above fails if each rank steps on its own heads' share), the projections at the query width split
+    if family in ("qwen3", "gemma3"):  # the per-head norms whole on every rank (their gradients summed over the group:
+        # the parity test above fails if each rank steps on its own heads' share), the projections at the query width
+        # split; Gemma's four block norms whole too, its head tied to the vocabulary-split embedding
         assert {placements[f"model.layers.0.self_attn.{n}_norm.weight"] for n in "qk"} == {"(Replicate(),)"}
         assert placements["model.layers.0.self_attn.o_proj.weight"] == "(Shard(dim=1),)"
+    if family == "gemma3":
+        assert {placements[f"model.layers.0.{n}.weight"] for n in FAMILIES[family].block_norms} == {"(Replicate(),)"}
+        assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"
+        assert "lm_head.weight" not in placements and placements["model.embed_tokens.weight"] == "(Shard(dim=0),)"
 
 
 @pytest.mark.parametrize("name", ["gpt2-fp8", "llama-fp8"])
@@ -100,7 +106,7 @@ def test_the_split_float8_model_computes_as_the_whole_one(parity, name):
         assert placed == "(Replicate(),)" if dim is None else f"dim={dim}" in placed, param
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gpt2-fp8", "llama-fp8"])
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3", "gpt2-fp8", "llama-fp8"])
 def test_a_split_models_whole_state_dict_reloads_into_its_slices(parity, name):
     """What tp and fsdp_tp checkpoints and resumes go through (full_state_dict, load_full_state_dict) restores every
     slice exactly - GPT-2 in float8 too, whose nn.Linear weights its state dict shows in Conv1D's layout."""

@@ -36,7 +36,8 @@ def size_label(params: float | None) -> str:
     """A model size as people write it: 124M, 1.3B, 176B (1e9, not 2^30: the BigScience notes' mistake)."""
     if not params:
         return "?"
-    return f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+    # three figures of millions that round to a thousand are a billion (Gemma 3 1B's 999.9M: "1B", not "1e+03M")
+    return f"{params / 1e9:.3g}B" if float(f"{params / 1e6:.3g}") >= 1000 else f"{params / 1e6:.3g}M"
 
 
 def tflops_label(tflops: float | None) -> str:
@@ -81,14 +82,16 @@ def training_flops_per_sequence(shape: ModelShape, seq: int, recompute: bool,
     Hardware FLOPs add what activation checkpointing recomputes (HFU): the forward of the decoder blocks (the LM
     head is outside them) less the MLP's output projection (GPT-2's c_proj, Llama's down_proj) - torch's non-reentrant
     checkpoint, transformers' default, stops recomputing once the last activation the backward needs is rebuilt
-    (early stop), and nothing needs that matmul's output. `full_recompute`: the reentrant checkpoint
-    (use_reentrant=True), which reruns the whole block. Both checked against torch's FlopCounterMode
+    (early stop), and nothing needs that matmul's output - but where a norm follows it (Gemma 3's
+    post_feedforward_layernorm: Family.mlp_output_normed), whose backward needs it. `full_recompute`: the reentrant
+    checkpoint (use_reentrant=True), which reruns the whole block. Both checked against torch's FlopCounterMode
     (tests/test_metrics.py).
     """
     parts = forward_flops_per_sequence(shape, seq)
     forward = sum(parts.values())
     model = 3 * forward
-    recomputed = forward - parts["lm_head"] - (0 if full_recompute else parts["mlp"] // mlp_matrices(shape))
+    whole_block = full_recompute or shape.spec.mlp_output_normed
+    recomputed = forward - parts["lm_head"] - (0 if whole_block else parts["mlp"] // mlp_matrices(shape))
     return model, model + (recomputed if recompute else 0)
 
 

@@ -18,7 +18,7 @@ from ..errors import HfscaleError, one_of
 class ModelShape:
     """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
 
-    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3
+    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3
     n_layer: int
     hidden: int
     n_head: int
@@ -78,6 +78,7 @@ class Family(ABC):
     tied_default: bool = True
     conv1d: bool = False  # weights stored [in, out] (GPT-2's Conv1D) rather than nn.Linear's [out, in]
     gated_mlp: bool = False  # SwiGLU: gate and up projections, then down (three matrices)
+    mlp_output_normed: bool = False  # a norm takes the MLP's output (Gemma 3's sandwich norms): recomputation reruns it
     block_prefix: str  # the blocks' module path: block i is f"{block_prefix}.{i}"
     attention_module: str  # the attention module inside a block
     embedding: str  # the word embedding's parameter name

@@ -31,6 +31,7 @@ class Llama(Family):
     config_class = "LlamaConfig"
     qkv_bias = False  # biases on the query, key and value projections (Qwen2's); none anywhere else
     qk_norm = False  # per-head RMSNorms on the queries and keys (Qwen3's q_norm, k_norm)
+    block_norms = ("input_layernorm", "post_attention_layernorm")  # a block's hidden-wide RMSNorms, in their order
     tied_default = False
     gated_mlp = True
     own_widths = True
@@ -79,7 +80,7 @@ class Llama(Family):
         if self.qk_norm:  # one head's width each, applied to every head
             block += [("self_attn.q_norm.weight", (shape.head_size,)), ("self_attn.k_norm.weight", (shape.head_size,))]
         block += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
-                  ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+                  *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
         return [(self.embedding, (v, h)),
                 *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
                 ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
@@ -111,8 +112,11 @@ class Llama(Family):
                             num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
                             intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
                             max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
-                            rope_parameters={"rope_type": "default", "rope_theta": theta}, attention_dropout=dropout,
-                            **extra)
+                            rope_parameters=self.rope_parameters(theta), attention_dropout=dropout, **extra)
+
+    def rope_parameters(self, theta: float) -> dict:
+        """The config's rope_parameters for a rotary base (transformers 5's form)."""
+        return {"rope_type": "default", "rope_theta": theta}
 
     def shape_from_config(self, config):
         heads, hidden = config.num_attention_heads, config.hidden_size
@@ -123,12 +127,15 @@ class Llama(Family):
         if refused:
             raise HfscaleError(f"its {config.model_type} config differs from the {self.title} shape hfscale trains: "
                                f"{', '.join(refused)}")
-        rope = getattr(config, "rope_parameters", None) or {}
         return ModelShape(self.name, config.num_hidden_layers, hidden, heads, config.vocab_size,
                           config.max_position_embeddings, config.intermediate_size,
                           getattr(config, "num_key_value_heads", None) or heads,
-                          bool(getattr(config, "tie_word_embeddings", False)), rope.get("rope_theta"),
+                          bool(getattr(config, "tie_word_embeddings", False)), self.rope_theta_of(config),
                           self.recorded_head_dim(head_dim, natural))
+
+    def rope_theta_of(self, config) -> float | None:
+        """The rotary base a config sets (transformers 5's rope_parameters)."""
+        return (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
 
     def recorded_head_dim(self, head_dim: int | None, natural: int) -> int | None:
         """The shape's head_dim for a config's: set where it is apart from hidden / heads (`natural`), else None - the
