@@ -462,6 +462,8 @@ def test_the_estimate_states_the_heads_as_a_model_card_does():
     (["--model", "tiny-qwen3", "--head_dim", "33"], "head width 33 is odd: rotary positions rotate pairs"),
     (["--model", "mistral-nemo-12b", "--head_dim", "127"], "head width 127 is odd: rotary positions rotate pairs"),
     (["--model", "tiny-llama", "--hidden_size", "60"], "head width 15 is odd: rotary positions rotate pairs"),
+    (["--model", "tiny-gemma3", "--n_head", "3", "--num_key_value_heads", "1"],
+     "heads (3) must divide hidden size (64): Gemma 3's config requires it"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)

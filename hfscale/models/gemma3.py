@@ -13,6 +13,7 @@ The image-text Gemma 3 checkpoints (4B-27B, model_type gemma3) hold a vision tow
 The presets are Gemma 3 1B's config.json (tiny-gemma3: tiny-qwen3's sizes with Gemma's block).
 """
 
+from ..errors import HfscaleError
 from .family import ModelShape, register
 from .qwen3 import Qwen3
 
@@ -37,6 +38,12 @@ class Gemma3(Qwen3):
         "tiny-gemma3": ModelShape("gemma3", 2, 64, 4, 2048, 256, 176, 2, True, 1000000.0, 32),
         "gemma3-1b": ModelShape("gemma3", 26, 1152, 4, GEMMA3_VOCAB, 32768, 6912, 1, True, 1000000.0, 256),
     }
+
+    def check(self, shape):
+        super().check(shape)
+        if shape.hidden % shape.n_head:  # Gemma3TextConfig's own rule, whatever the head width
+            raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden}): Gemma 3's config "
+                               f"requires it, its heads' own width apart")
 
     def rope_parameters(self, theta):
         """Gemma 3's global layers rotate with the shape's base, its sliding-window layers with their own."""
