@@ -66,8 +66,8 @@ LLAMA_GRID_SHAPES = [(*shape, kv, f) for shape, kv, f in zip(GRID_SHAPES, (4, 4,
 LLAMA_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 16, 2816), (4, 1024, 16, 50257, 1024, 4, 2, 4096)]
 LLAMA_DRY_SHAPES = [(*shape, 2, f) for shape, f in zip(DRY_SHAPES, (352, 256))]
 # Llama's and Qwen3's: a head width after those, hidden / heads and then apart from it (a b·s·q term: the query
-# width; calibrate_activations.py HEAD_WIDTH_SHAPES). The Llama rows measured before 2026-11-29 have none: their fit's
-# b·s·h term holds the queries', and serves shapes whose queries are h wide alone (activations.fitted_row)
+# width; calibrate_activations.py HEAD_WIDTH_SHAPES). The committed Llama rows have none: their fit's b·s·h term holds
+# the queries', and serves shapes whose queries are h wide alone (activations.fitted_row)
 HEAD_WIDTH_GRID_SHAPES = [(*shape, shape[1] // shape[2]) for shape in LLAMA_GRID_SHAPES]
 HEAD_WIDTH_GRID_SHAPES += [(4, 1024, 16, 50257, 1024, 4, 4, 2816, 128), (4, 1024, 8, 50257, 1024, 4, 4, 2816, 64),
                            (4, 1024, 16, 50257, 1024, 4, 8, 2816, 96)]
