@@ -313,7 +313,7 @@ def fit_mode(X, y, tolerance: float = 0.10, agreement: float = 0.05) -> tuple:
 DROPOUT_FEATURES = (0, 1, 3, 6, 7, 8)
 DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)],
                   "llama": [HEAD_WIDTH_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
-DROPOUT_SHAPES["qwen3"] = DROPOUT_SHAPES["llama"]
+DROPOUT_SHAPES["qwen3"] = DROPOUT_SHAPES["gemma3"] = DROPOUT_SHAPES["llama"]
 # a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
 DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
 
