@@ -377,8 +377,8 @@ def llama_pair_run(strategy: str, optim: str, model: str = "tiny-llama") -> dict
     ddp_powersgd x adafactor on tiny-llama and zero1 x adamw_8bit on tiny-smollm3 are also those pairs' runs in the
     strategy x optimizer matrix)."""
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
-    return shared_train(f"{model.removeprefix('tiny-')}-{strategy}-{optim}", strategy, "--model", model, "--optim", optim,
-                        *extra, steps=3)
+    key = f"{model.removeprefix('tiny-')}-{strategy}-{optim}"
+    return shared_train(key, strategy, "--model", model, "--optim", optim, *extra, steps=3)
 
 
 def llama_tp_command(out: Path) -> tuple[list[str], Path]:

@@ -362,8 +362,8 @@ QWEN2_PAIRS = [("zero2", "adamw_8bit")]
 # (their gradients summed over the TP group) and shards them over FSDP, the projections at the query width split over
 # TP and again over FSDP (the run refuses a layout other than the plan's), with torchao's 8-bit AdamW
 QWEN3_PAIRS = [("fsdp_tp", "adamw_8bit")]
-# ... and SmolLM3, Llama's tensors with a tied head and a NoPE layer in four: ZeRO-1 with bitsandbytes' 8-bit Adam, whose
-# 32-bit states of the tied embedding the memory model counts (test_llama.py's run)
+# ... and SmolLM3, Llama's tensors with a tied head and a NoPE layer in four: ZeRO-1 with bitsandbytes' 8-bit Adam,
+# whose 32-bit states of the tied embedding the memory model counts (test_llama.py's run)
 SMOLLM3_PAIRS = [("zero1", "adamw_8bit")]
 # the host-memory runs (conftest.HOST_RUNS) build a Llama too
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
