@@ -1,14 +1,15 @@
-"""Measure what a training step of HF GPT-2/BLOOM/Llama/Qwen3 really holds, and fit the activation constants of
-hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted table.
+"""Measure what a training step of HF GPT-2/BLOOM/Llama/Qwen3/Gemma 3/OLMo 2 really holds, and fit the activation
+constants of hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted
+table.
 
 What is measured, per shape, in a fresh process (one thread, glibc's mmap threshold fixed at 64 KiB so that freed
 tensors go back to the kernel and RSS follows the tensors alive): `activations` = resident memory after the
 forward minus before it (what autograd keeps for the backward; the weights are already resident), and `peak` = the
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
-features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for Llama and Qwen3 per-layer b·s·f, b·s·kv and
-b·s·q, their MLP, key/value and query widths varied apart from h - in bytes per element, for each (family, attention,
-precision, checkpointing) mode.
+features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for the Llama-shaped families per-layer b·s·f,
+b·s·kv and b·s·q, their MLP, key/value and query widths varied apart from h (OLMo 2's queries are always h wide: no
+b·s·q term of its own) - in bytes per element, for each (family, attention, precision, checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes qwen3  # a family's modes
@@ -41,18 +42,20 @@ HEAD_WIDTH_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 
                       (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
                                                        ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")),
-                                                       ("gemma3", ("eager", "sdpa")))
+                                                       ("gemma3", ("eager", "sdpa")), ("olmo2", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
 SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn", "head_dim")  # a shape tuple's
 
 
 def shapes_of(family: str) -> list[tuple]:
-    return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES, "gemma3": HEAD_WIDTH_SHAPES}.get(family, SHAPES)
+    """A family's shapes: its head width varied where its configs set one; OLMo 2's heads are hidden / heads wide."""
+    return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES, "gemma3": HEAD_WIDTH_SHAPES,
+            "olmo2": LLAMA_SHAPES}.get(family, SHAPES)
 
 
 def fold_query_width(X):
     """A mode's feature matrix without its query-width column where every row's queries are h wide (a GPU grid of
-    Llama's: the column equals the b·s·h one, and the fit's b·s·h term holds both - the row the estimate then takes for
+    Llama's, every OLMo 2 grid: the column equals the b·s·h one, and the fit's b·s·h term holds both - the row the estimate then takes for
     such shapes alone, activations.fitted_row)."""
     import numpy as np
 
@@ -314,6 +317,7 @@ DROPOUT_FEATURES = (0, 1, 3, 6, 7, 8)
 DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)],
                   "llama": [HEAD_WIDTH_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
 DROPOUT_SHAPES["qwen3"] = DROPOUT_SHAPES["gemma3"] = DROPOUT_SHAPES["llama"]
+DROPOUT_SHAPES["olmo2"] = [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)]  # its queries h wide
 # a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
 DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
 
@@ -461,8 +465,9 @@ def main() -> None:
                       f"peak {m['peak'] / 1e6:8.1f} MB", flush=True)
             if opts.forward == "fused":
                 continue
-            coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
-            fit = np.array(rows, dtype=float) @ coef
+            X = fold_query_width(np.array(rows, dtype=float))  # OLMo 2's queries are h wide: eight terms
+            coef, *_ = np.linalg.lstsq(X, np.array(ys, dtype=float), rcond=None)
+            fit = X @ coef
             worst = max(abs(f - y) / y for f, y in zip(fit, ys))
             table[mode] = [round(float(c), 3) for c in coef]
             print(f"{mode:28s} coefficients {table[mode]}  worst fit error {worst:.1%}", flush=True)

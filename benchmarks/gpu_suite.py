@@ -56,7 +56,7 @@ GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4,
 DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)),
                                                             ("llama", ("sdpa",)), ("qwen3", ("sdpa",)),
-                                                            ("gemma3", ("sdpa",)))
+                                                            ("gemma3", ("sdpa",)), ("olmo2", ("sdpa",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 # Llama's: (key/value heads, MLP width) after the sizes, varied apart from the hidden size and from each other (its
 # activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES), and then
@@ -668,6 +668,11 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
         Section("gemma3-1b", 240, ("--model", "gemma3-1b", "--seq_len", "2048", "--per_device_train_batch_size",
                                    "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^gemma3/")))),
+    "olmo2": ("olmo2-1b compiled (the allocator's peak beside the estimate, whose OLMo 2 terms are CPU-fitted until "
+              "this plan's grid measures them), then the OLMo 2 rows of the CUDA activation grid", (
+        Section("olmo2-1b", 240, ("--model", "olmo2-1b", "--seq_len", "2048", "--per_device_train_batch_size",
+                                  "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
+        Section("grid", 540, ("--only", "grid", "--grid_filter", "^olmo2/")))),
     "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
             "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
         Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
@@ -933,7 +938,8 @@ def main() -> None:
         shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
         compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
         widths = HEAD_WIDTH_DRY_SHAPES if opts.dry_run else HEAD_WIDTH_GRID_SHAPES
-        own = {"llama": widths, "qwen3": widths, "gemma3": widths}  # --grid_shapes: GPT-2's and BLOOM's
+        llama = LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES  # OLMo 2: its heads hidden / heads wide
+        own = {"llama": widths, "qwen3": widths, "gemma3": widths, "olmo2": llama}  # --grid_shapes: GPT-2's, BLOOM's
 
         def of(mode: str, pool: list) -> list:
             family = own.get(mode.split("/")[0])

@@ -102,17 +102,20 @@ LLAMA_HELD_OUT = ["--model", "tiny-llama", "--n_layer", "3", "--hidden_size", "3
 QWEN3_HELD_OUT = ["--model", "tiny-qwen3", *LLAMA_HELD_OUT[2:]]
 GEMMA3_HELD_OUT = ["--model", "tiny-gemma3", *LLAMA_HELD_OUT[2:]]
 HEAD_WIDTH_HELD_OUT = [*LLAMA_HELD_OUT, "--head_dim", "32"]
+# ... and an OLMo 2 of the Llama's shape (calibrate_activations.py LLAMA_SHAPES: its heads are hidden / heads wide)
+OLMO2_HELD_OUT = ["--model", "tiny-olmo2", *LLAMA_HELD_OUT[2:]]
 
 
 @pytest.mark.parametrize("model,attention,checkpointing", [("llama", "sdpa", True), ("llama-heads", "sdpa", False),
-                                                           ("qwen3", "sdpa", False), ("gemma3", "sdpa", False)])
+                                                           ("qwen3", "sdpa", False), ("gemma3", "sdpa", False),
+                                                           ("olmo2", "sdpa", False)])
 def test_the_activation_estimate_matches_the_measured_step(tmp_path, model, attention, checkpointing):
     """The step's peak (one process on this CPU) within 10% of the estimate, on shapes the calibration never saw: a
     checkpointed Llama, and - uncheckpointed, where the most is kept - a Llama, a Qwen3 and a Gemma 3 whose queries are
-    half the model's width."""
+    half the model's width, and an OLMo 2."""
     out = tmp_path / "run"
     held_out = {"llama": LLAMA_HELD_OUT, "llama-heads": HEAD_WIDTH_HELD_OUT, "qwen3": QWEN3_HELD_OUT,
-                "gemma3": GEMMA3_HELD_OUT}[model]
+                "gemma3": GEMMA3_HELD_OUT, "olmo2": OLMO2_HELD_OUT}[model]
     cmd = [sys.executable, "-m", "hfscale", "train", *held_out, "--max_steps", "4", "--logging_steps", "1",
            "--save_strategy", "no", "--attn_implementation", attention, "--output_dir", str(out),
            *(["--activation_checkpointing"] if checkpointing else [])]
@@ -174,9 +177,10 @@ def test_a_killed_llama_run_resumes_exactly(tmp_path):
 # Beside ddp, zero3, fsdp_offload and tp above: the other engines' routes and the other optimizers' state layouts on
 # Llama (bitsandbytes' 8-bit blocks with the embedding's 32-bit states, Adafactor's factored states of the gated MLP,
 # DeepSpeed's CPU Adam over ZeRO-3's partitions, PowerSGD's compressed buckets), 3 steps each - ZeRO-1's on SmolLM3
-# (Llama's tensors, its head tied, a NoPE layer in four, built as SmolLM3ForCausalLM); test_multiprocess.py's matrix
-# runs zero2, fsdp_tp and fsdp_hybrid on Llama-shaped models
-LLAMA_PAIRS = [("zero1", "adamw_8bit", "tiny-smollm3"), ("zero3_offload", "adamw", "tiny-llama"),
+# (Llama's tensors, its head tied, a NoPE layer in four, built as SmolLM3ForCausalLM), ZeRO-3 offload's on OLMo 2
+# (its q/k norms as wide as the queries and keys, partitioned with them); test_multiprocess.py's matrix runs zero2,
+# fsdp_tp and fsdp_hybrid on Llama-shaped models
+LLAMA_PAIRS = [("zero1", "adamw_8bit", "tiny-smollm3"), ("zero3_offload", "adamw", "tiny-olmo2"),
                ("ddp_powersgd", "adafactor", "tiny-llama")]
 
 

@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, load_benchmark, run
 from hfscale.formulas import activations as act, memory, tensors
 from hfscale.formulas.metrics import ModelShape, param_count
-from hfscale.models import PRESETS, build_model, hf_config, model_class
+from hfscale.models import FAMILIES, PRESETS, build_model, hf_config, model_class
 from hfscale.parallel.optimizers import get_optimizer
 
 LOPSIDED = ModelShape("gpt2", 3, 96, 6, 1000, 256, ffn=1000)
@@ -194,17 +194,19 @@ def _dropout_bytes(coefficients, shape, seq, micro_batch) -> float:
 def test_dropout_counted_tensor_by_tensor_is_what_the_cpu_measured_for_eager_attention():
     """act.counted_dropout - the estimate of a device with no dropout measurements (a GPU, until one measures them) -
     with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit of
-    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Llama's, Qwen3's and
-    Gemma 3's none), the dropped probabilities where they are one more tensor, and nothing but the embeddings' under
+    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Llama's, Qwen3's,
+    Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more tensor - in fp32 under autocast
+    where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them back), and nothing but the embeddings' under
     checkpointing. SDPA on CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep no
     mask)."""
     fitted = act.DROPOUT_COEFFICIENTS["cpu"]
     eager = [mode for mode in fitted if mode.split("/")[1] == "eager"]
-    assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3"} and len(eager) == 15
+    assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3", "olmo2"}
+    assert len(eager) == 18
     for mode in eager:
         family = mode.split("/")[0]
         widths = {"llama": dict(ffn=1408, n_kv_head=2), "qwen3": dict(ffn=1408, n_kv_head=2, head_dim=128),
-                  "gemma3": dict(ffn=1408, n_kv_head=2, head_dim=128)}
+                  "gemma3": dict(ffn=1408, n_kv_head=2, head_dim=128), "olmo2": dict(ffn=1408, n_kv_head=2)}
         shape = ModelShape(family, 4, 512, 8, 8192, 1024, **widths.get(family, {}))
         measured = _dropout_bytes(fitted[mode], shape, 512, 4)
         counted = _dropout_bytes(act.counted_dropout(shape, mode, "cpu"), shape, 512, 4)
@@ -641,12 +643,15 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
 
 @pytest.mark.parametrize("family,measured", [("llama", "activations_llama_2026-11-29.json"),
                                              ("qwen3", "activations_qwen3_2026-11-29.json"),
-                                             ("gemma3", "activations_gemma3_2026-11-29.json")])
-def test_the_cpu_terms_with_a_query_width_are_the_fit_of_their_committed_rows(family, measured):
-    """Llama's, Qwen3's and Gemma 3's CPU coefficients (their query width a ninth term) are the least-squares fit of the
-    rows `calibrate_activations.py --modes FAMILY` measured and committed, as they stand: a hand-edited or stale table
-    fails here. Every row lies within 3% of the estimate (Gemma 3's checkpointed steps under eager attention within
-    7%: below); a held-out shape run for real, within 10% (tests/test_llama.py)."""
+                                             ("gemma3", "activations_gemma3_2026-11-29.json"),
+                                             ("olmo2", "activations_olmo2_2026-11-29.json")])
+def test_the_cpu_terms_of_own_widths_are_the_fit_of_their_committed_rows(family, measured):
+    """Llama's, Qwen3's, Gemma 3's and OLMo 2's CPU coefficients (their MLP, key/value and - where a config sets a head
+    width - query widths terms of their own) are the least-squares fit of the rows `calibrate_activations.py --modes
+    FAMILY` measured and committed, as they stand: a hand-edited or stale table fails here. OLMo 2's heads are hidden /
+    heads wide, so its rows hold the query width in the b·s·h term (eight terms, fold_query_width). Every row lies
+    within 3% of the estimate (Gemma 3's checkpointed steps under eager attention within 7%: below); a held-out shape
+    run for real, within 10% (tests/test_llama.py)."""
     import numpy as np
 
     calibrate = load_benchmark("calibrate_activations")
@@ -658,10 +663,13 @@ def test_the_cpu_terms_with_a_query_width_are_the_fit_of_their_committed_rows(fa
     assert len(modes) == 12
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
-        features = [act.activation_features(calibrate.row_shape(family, r), r["seq"], r["mbs"]) for r in mine]
-        assert len({r["head_dim"] * r["heads"] for r in mine}) > 2 and len(features[0]) == 9  # the query width varies
-        fitted = np.linalg.lstsq(np.array(features, float), np.array([r["activations"] for r in mine], float),
-                                 rcond=None)[0]
+        features = calibrate.fold_query_width(np.array(
+            [act.activation_features(calibrate.row_shape(family, r), r["seq"], r["mbs"]) for r in mine], float))
+        if FAMILIES[family].own_head_width:  # the query width varies apart from h: a ninth term
+            assert len({r["head_dim"] * r["heads"] for r in mine}) > 2 and features.shape[1] == 9
+        else:
+            assert all(r.get("head_dim") is None for r in mine) and features.shape[1] == 8
+        fitted = np.linalg.lstsq(features, np.array([r["activations"] for r in mine], float), rcond=None)[0]
         assert act.ACTIVATION_COEFFICIENTS["cpu"][mode] == pytest.approx(fitted, abs=2e-3), mode
         for r in mine:
             estimate = act.activations(calibrate.row_shape(family, r), r["seq"], r["mbs"], mode)

@@ -35,7 +35,11 @@ def test_param_formula_equals_model_numel(name):
                                             # their checkpoints' totals: 32 heads of 128 on a 5120-wide model
                                             ("mistral-nemo-12b", 12_247_782_400),
                                             ("mistral-small-24b", 23_572_403_200),
-                                            ("gemma3-1b", 999_885_952)])
+                                            ("gemma3-1b", 999_885_952),
+                                            # OLMo 2's cards: 1.48B, 7.30B, 13.7B, 32.2B (to the parameter: its
+                                            # q/k norms as wide as the queries and keys, no pre-norms)
+                                            ("olmo2-1b", 1_484_916_736), ("olmo2-7b", 7_298_617_344),
+                                            ("olmo2-13b", 13_716_198_400), ("olmo2-32b", 32_234_279_936)])
 def test_llama_presets_have_the_published_sizes(name, published):
     assert metrics.param_count(PRESETS[name]) == published
 
@@ -95,13 +99,14 @@ SHAPES = [
     ModelShape("llama", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # Mistral-Nemo's way, no q/k norms
     ModelShape("smollm3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # its 4th layer NoPE: no FLOPs fewer
     ModelShape("gemma3", 6, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # 5 windowed layers, 1 global
+    ModelShape("olmo2", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # norms after each sublayer, on q/k whole
 ]
 
 
 @pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32),
                                        (SHAPES[3], 256), (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128),
                                        (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128),
-                                       (SHAPES[9], 128), (SHAPES[10], 128)])
+                                       (SHAPES[9], 128), (SHAPES[10], 128), (SHAPES[11], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))

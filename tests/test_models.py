@@ -129,6 +129,15 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "gemma3").mkdir()
     (tmp_path / "gemma3" / "config.json").write_text(json.dumps(gemma3))
     assert pretrained_shape(str(tmp_path / "gemma3"), weights=False) == PRESETS["gemma3-1b"]
+    # OLMo-2-1124-7B's (transformers 4's keys; its tokenizer's special tokens)
+    olmo2 = {"architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+             "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+             "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 32,
+             "num_hidden_layers": 32, "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+             "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352}
+    (tmp_path / "olmo2").mkdir()
+    (tmp_path / "olmo2" / "config.json").write_text(json.dumps(olmo2))
+    assert pretrained_shape(str(tmp_path / "olmo2"), weights=False) == PRESETS["olmo2-7b"]
 
 
 def saved_for_backward(model, ids) -> int:

@@ -26,7 +26,7 @@ def parity() -> dict:
 
 @pytest.mark.parametrize("family,preset", [("gpt2", "tiny"), ("bloom", "tiny-bloom"), ("llama", "tiny-llama"),
                                            ("qwen2", "tiny-qwen2"), ("qwen3", "tiny-qwen3"),
-                                           ("gemma3", "tiny-gemma3")])
+                                           ("gemma3", "tiny-gemma3"), ("olmo2", "tiny-olmo2")])
 def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     for rank in parity:
         got = rank[family]
@@ -44,7 +44,7 @@ def test_the_split_model_trains_as_the_whole_one(parity, family, preset):
     assert parity[0][family]["local_numel"] < parity[0][family]["whole_numel"]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3", "olmo2"])
 def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     placements = parity[0][family]
     placements = placements["placements"]
@@ -65,7 +65,8 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
     out_dim = 1 if family == "gpt2" else 0
     first = {"gpt2": "transformer.h.0.mlp.c_fc", "bloom": "transformer.h.0.mlp.dense_h_to_4h",
              "llama": "model.layers.0.mlp.gate_proj", "qwen2": "model.layers.0.mlp.gate_proj",
-             "qwen3": "model.layers.0.mlp.gate_proj", "gemma3": "model.layers.0.mlp.gate_proj"}[family]
+             "qwen3": "model.layers.0.mlp.gate_proj", "gemma3": "model.layers.0.mlp.gate_proj",
+             "olmo2": "model.layers.0.mlp.gate_proj"}[family]
     assert placements[f"{first}.weight"] == f"(Shard(dim={out_dim}),)"
     if family in ("llama", "qwen2", "qwen3"):  # grouped-query attention: the key/value heads split like the query heads, an
         assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"  # untied head
@@ -81,6 +82,10 @@ def test_every_parameter_is_the_dtensor_the_plan_says(parity, family):
         assert {placements[f"model.layers.0.{n}.weight"] for n in FAMILIES[family].block_norms} == {"(Replicate(),)"}
         assert placements["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"
         assert "lm_head.weight" not in placements and placements["model.embed_tokens.weight"] == "(Shard(dim=0),)"
+    if family == "olmo2":  # the q/k norms span all heads: each rank holds its heads' slice (the parity test above fails
+        # if a rank normalises by its own slice's mean square); the norms after each sublayer stay whole
+        assert {placements[f"model.layers.0.self_attn.{n}_norm.weight"] for n in "qk"} == {"(Shard(dim=0),)"}
+        assert {placements[f"model.layers.0.{n}.weight"] for n in FAMILIES[family].block_norms} == {"(Replicate(),)"}
 
 
 @pytest.mark.parametrize("name", ["gpt2-fp8", "llama-fp8"])
@@ -106,7 +111,8 @@ def test_the_split_float8_model_computes_as_the_whole_one(parity, name):
         assert placed == "(Replicate(),)" if dim is None else f"dim={dim}" in placed, param
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3", "gpt2-fp8", "llama-fp8"])
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "llama", "qwen2", "qwen3", "gemma3", "olmo2", "gpt2-fp8",
+                                  "llama-fp8"])
 def test_a_split_models_whole_state_dict_reloads_into_its_slices(parity, name):
     """What tp and fsdp_tp checkpoints and resumes go through (full_state_dict, load_full_state_dict) restores every
     slice exactly - GPT-2 in float8 too, whose nn.Linear weights its state dict shows in Conv1D's layout."""

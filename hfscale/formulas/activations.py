@@ -1,9 +1,9 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
-backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2,
-which keeps what Llama keeps) and Qwen3, by device, precision, attention, checkpointing, torch.compile, tensor
-parallelism and the fused loss. Coefficients fitted to measurements (benchmarks/calibrate_activations.py); pure
-functions, no torch at import. formulas/memory.py adds them to the model states of a rank; docs/estimate.md has the
-tables.
+backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2 and
+SmolLM3, which keep what Llama keeps), Qwen3, Gemma 3 and OLMo 2, by device, precision, attention, checkpointing,
+torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
+(benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
+states of a rank; docs/estimate.md has the tables.
 """
 
 from dataclasses import dataclass
@@ -23,8 +23,9 @@ ACTIVATION_FEATURES = ("per layer b·s·h", "per layer b·a·s²", "b·s·V logi
                        "per layer b·s·kv (key/value width)", "per layer b·s·q (query width)")
 # GPT-2's and BLOOM's MLP is 4h wide and their keys and values h: the first feature holds those tensors, and their modes
 # have the first six coefficients. A family whose MLP, key/value and query widths vary apart from h (Llama, Qwen3:
-# Family.own_widths) has nine. A row of eight was fitted where the queries were h wide, its b·s·h term holding theirs:
-# it serves a shape whose queries are h wide alone (fitted_row).
+# Family.own_widths) has nine. A row of eight was fitted where the queries were h wide, its b·s·h term holding theirs
+# (the CUDA Llama rows; OLMo 2's, whose heads are always hidden / heads wide): it serves a shape whose queries are h
+# wide alone (fitted_row).
 ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     "cpu": {
     'gpt2/eager/fp32/0': (112.228, 3.993, 3.997, 7.447, 0.379, -0.006),
@@ -85,6 +86,20 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'gemma3/sdpa/autocast_bf16/1': (4.478, -0.03, 4.183, 8.519, 0.888, 0.572, -0.287, -0.325, 0.089),
     'gemma3/sdpa/bf16/0': (36.264, 0.013, 4.005, 9.736, -0.088, -0.004, 7.969, 11.816, 12.207),
     'gemma3/sdpa/bf16/1': (1.977, -0.007, 3.997, 9.784, 0.259, 0.011, -0.016, -0.003, 0.11),
+    # OLMo 2: Llama's tensors, its norms after each sublayer and on q and k over all heads; its queries h wide, their
+    # tensors in the b·s·h term (LLAMA_SHAPES: eight terms, calibrate_activations.fold_query_width)
+    'olmo2/eager/fp32/0': (48.188, 3.993, 4.008, 10.845, 0.363, 0.032, 16.012, 8.039),
+    'olmo2/eager/fp32/1': (4.103, -0.013, 3.992, 11.657, 4.631, 0.013, 0.005, -0.101),
+    'olmo2/eager/autocast_bf16/0': (42.193, 5.982, 3.981, 9.456, 0.669, 2.054, 7.951, 8.353),
+    'olmo2/eager/autocast_bf16/1': (4.499, -0.024, 4.176, 8.442, 5.099, 0.596, -0.292, -0.404),
+    'olmo2/eager/bf16/0': (36.292, 5.972, 3.996, 8.591, 0.841, 0.051, 8.028, 8.16),
+    'olmo2/eager/bf16/1': (2.195, 0.0, 3.992, 8.898, 2.69, 0.035, -0.021, -0.044),
+    'olmo2/sdpa/fp32/0': (40.529, -0.016, 3.995, 10.474, 0.792, 0.009, 15.971, 15.916),
+    'olmo2/sdpa/fp32/1': (4.017, -0.012, 3.996, 11.877, 0.558, 0.001, 0.015, -0.081),
+    'olmo2/sdpa/autocast_bf16/0': (38.363, -0.011, 3.983, 8.351, 1.117, 2.099, 7.904, 12.094),
+    'olmo2/sdpa/autocast_bf16/1': (4.48, -0.026, 4.163, 7.785, 1.348, 0.614, -0.261, -0.376),
+    'olmo2/sdpa/bf16/0': (31.968, 0.011, 3.992, 9.816, 0.639, -0.006, 8.039, 12.102),
+    'olmo2/sdpa/bf16/1': (1.59, 0.007, 4.001, 10.038, 0.326, 0.041, 0.062, 0.068),
 },
     "cuda": {  # no KV cache (rows measured with it have it taken off), SDPA without a b·a·s² term but fp32 with GQA
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),
@@ -142,6 +157,12 @@ DROPOUT_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {"cpu": {
     'llama/sdpa/autocast_bf16/0': (0.354, 11.991, 0.0, 0.031, 0.0, 0.0, -0.076, -3.753, 9.86),
     'llama/sdpa/bf16/0': (0.103, 11.979, 0.0, -0.341, 0.0, 0.0, 0.015, -4.086, 10.151),
     'llama/sdpa/fp32/0': (-0.001, 11.999, 0.0, -0.2, 0.0, 0.0, 0.033, -8.022, 8.004),
+    'olmo2/eager/autocast_bf16/0': (0.288, 1.983, 0.0, -0.443, 0.0, 0.0, -0.038, 0.13),
+    'olmo2/eager/bf16/0': (-0.112, 1.991, 0.0, -0.533, 0.0, 0.0, 0.099, 0.074),
+    'olmo2/eager/fp32/0': (-0.0, 8.0, 0.0, 0.522, 0.0, 0.0, -0.03, -0.081),
+    'olmo2/sdpa/autocast_bf16/0': (10.146, 11.998, 0.0, 0.384, 0.0, 0.0, -0.049, -4.026),
+    'olmo2/sdpa/bf16/0': (10.283, 11.988, 0.0, -0.141, 0.0, 0.0, -0.03, -3.982),
+    'olmo2/sdpa/fp32/0': (7.687, 12.001, 0.0, 1.334, 0.0, 0.0, 0.012, -8.101),
     'qwen3/eager/autocast_bf16/0': (0.184, 3.993, 0.0, -0.96, 0.0, 0.0, 0.013, 0.026, 0.075),
     'qwen3/eager/bf16/0': (0.096, 2.005, 0.0, -0.557, 0.0, 0.0, 0.01, 0.021, -0.009),
     'qwen3/eager/fp32/0': (0.072, 8.0, 0.0, -0.278, 0.0, 0.0, 0.009, -0.115, 0.053),

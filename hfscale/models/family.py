@@ -18,7 +18,7 @@ from ..errors import HfscaleError, one_of
 class ModelShape:
     """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
 
-    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3
+    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3 | olmo2
     n_layer: int
     hidden: int
     n_head: int
@@ -99,9 +99,10 @@ class Family(ABC):
     autocast_fp32_queries: bool = False  # under autocast its queries are fp32 (RoPE's fp32 cos and sin), and so are
     # the probabilities its attention dropout meets: the values' matmul casts them after it
     # module inside a block -> how tensor parallelism splits it (parallel/tensor_parallel.py applies it): colwise (by
-    # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split), or
+    # output), rowwise (by input), colwise_fused3 (GPT-2's fused [q | k | v] projection, each of the three split),
     # per_head: a module applied to each head alone (Qwen3's q/k norms), whole on every rank and fed the rank's heads,
-    # so its gradient is summed over the TP group (transformers' replicated_with_grad_allreduce)
+    # so its gradient is summed over the TP group (transformers' replicated_with_grad_allreduce), or colwise_norm: a
+    # norm over a column-parallel output (OLMo 2's q/k norms), its weight split as that output
     tp_plan: dict[str, str]
 
     # ---- for each family to define ----------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ class Llama(Family):
     class_name = "LlamaForCausalLM"
     config_class = "LlamaConfig"
     qkv_bias = False  # biases on the query, key and value projections (Qwen2's); none anywhere else
-    qk_norm = False  # per-head RMSNorms on the queries and keys (Qwen3's q_norm, k_norm)
+    qk_norm = False  # RMSNorms on the queries and keys (q_norm, k_norm): one head wide, applied to each (Qwen3's) ...
+    qk_norm_whole = False  # ... or over all heads at once, as wide as the queries and the keys (OLMo 2's)
     block_norms = ("input_layernorm", "post_attention_layernorm")  # a block's hidden-wide RMSNorms, in their order
     tied_default = False
     gated_mlp = True
@@ -77,8 +78,9 @@ class Llama(Family):
             if self.qkv_bias:  # each bias right after its weight, as the model's parameters come
                 block.append((f"self_attn.{proj}.bias", (width,)))
         block.append(("self_attn.o_proj.weight", (h, q)))
-        if self.qk_norm:  # one head's width each, applied to every head
-            block += [("self_attn.q_norm.weight", (shape.head_size,)), ("self_attn.k_norm.weight", (shape.head_size,))]
+        if self.qk_norm:
+            q_norm, k_norm = (q, kv) if self.qk_norm_whole else (shape.head_size, shape.head_size)
+            block += [("self_attn.q_norm.weight", (q_norm,)), ("self_attn.k_norm.weight", (k_norm,))]
         block += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
                   *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
         return [(self.embedding, (v, h)),

@@ -1,6 +1,6 @@
-"""hfscale's tensor parallelism for HF GPT-2, BLOOM, Llama, Qwen2 and Qwen3 on torch's DTensor: each family's plan is a
-table in its module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof read too); this
-module applies it.
+"""hfscale's tensor parallelism for every family (GPT-2, BLOOM and the Llama-shaped ones) on torch's DTensor: each
+family's plan is a table in its module (models/<family>.py, `tp_plan`, which the memory model and the start-up proof
+read too); this module applies it.
 
 Megatron's layout: each block's QKV projections and first MLP matmuls split by output columns (whole query and
 key/value heads per rank), its attention output projection and last MLP matmul split by input rows (their partial
@@ -20,6 +20,9 @@ DTensor's full tensor is the HF tensor, in HF's shape and order:
   heads and n_kv_head / TP key/value heads (the grouped-query ratio unchanged); its attention reshapes by head size.
 - Qwen3's per-head q/k norms stay whole on every rank and take the rank's heads (_per_head): their gradients are
   summed over the group.
+- OLMo 2's q/k norms span all heads: each rank holds its heads' slice of the weight and normalises its slice of the
+  queries (keys) by the mean square over the whole width, summed over the group (_colwise_norm). transformers' own
+  plan gathers the projections whole on every rank instead, and runs every head's attention on each.
 Each attention module then runs its own n_head / TP heads (the family's adapt_attention_for_tp). Proven in
 tests/test_tensor_parallel.py (2 processes, gloo): the loss, every gradient, the clipped norm and AdamW steps equal
 the unsharded model's.
@@ -142,6 +145,19 @@ def _per_head(module, mesh) -> None:
     module.register_forward_hook(lambda m, args, out: _local(out))
 
 
+def _colwise_norm(module, mesh) -> None:
+    """A norm over a column-parallel output (OLMo 2's q/k norms, as wide as the queries and keys): its weight split as
+    that output (Shard(0)), its input this rank's columns (Shard on the last dimension). DTensor reduces the mean
+    square over the whole width - one all-reduce of b·s values, 1/h of a block's - and its backward likewise."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [Shard(0)]))
+    module.register_forward_pre_hook(
+        lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 1)], run_check=False), *args[1:]))
+    module.register_forward_hook(lambda m, args, out: _local(out))
+
+
 def _vocab_parallel(model, mesh) -> None:
     """The word embedding and the LM head split by vocabulary rows (Shard(0)) as Megatron splits them - one parameter
     when the head is tied to the embedding, two when not (Llama's): the embedding's partial lookups are summed
@@ -197,7 +213,9 @@ def apply_tensor_parallel(model, mesh, spec):
     for block in model.get_submodule(spec.block_prefix):
         for name, style in spec.tp_plan.items():
             module = block.get_submodule(name)
-            if style.startswith("colwise"):
+            if style == "colwise_norm":
+                _colwise_norm(module, mesh)
+            elif style.startswith("colwise"):
                 _colwise(module, mesh, fused=3 if style.endswith("fused3") else 1)
             elif style == "per_head":
                 _per_head(module, mesh)

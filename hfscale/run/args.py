@@ -50,16 +50,17 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2, qwen3, smollm3 or "
-                                        "gemma3_text checkpoint (local directory or Hub name); overrides --model."})
+        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2, qwen3, smollm3, "
+                                        "gemma3_text or olmo2 checkpoint (local directory or Hub name); overrides "
+                                        "--model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
     num_key_value_heads: int | None = field(default=None, metadata={
-        "help": "Override a Llama or Qwen preset's key/value heads (grouped-query attention; must divide the heads)."})
+        "help": "Override a Llama-shaped preset's key/value heads (grouped-query attention; must divide the heads)."})
     head_dim: int | None = field(default=None, metadata={
         "help": "Override a Llama, Mistral, Qwen3, SmolLM3 or Gemma 3 preset's head width (its queries are heads x "
-                "head_dim wide; GPT-2's, BLOOM's and Qwen2's heads are hidden / heads)."})
+                "head_dim wide; GPT-2's, BLOOM's, Qwen2's and OLMo 2's heads are hidden / heads)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})

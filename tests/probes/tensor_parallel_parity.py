@@ -1,7 +1,7 @@
 """hfscale's tensor-parallel plan against the unsharded model: 2 gloo processes (a TP mesh of 2) each build the same
 tiny GPT-2, tiny BLOOM, tiny Llama (grouped-query attention, an untied head), tiny Qwen2 (Llama's with q/k/v
-biases), tiny Qwen3 (per-head q/k norms, a head width of its own) and tiny Gemma 3 (Qwen3's attention, four norms a
-block, a tied head) twice, split one copy
+biases), tiny Qwen3 (per-head q/k norms, a head width of its own), tiny Gemma 3 (Qwen3's attention, four norms a
+block, a tied head) and tiny OLMo 2 (q/k norms over all heads, norms after each sublayer) twice, split one copy
 (hfscale.parallel.tensor_parallel) and train both for 3 AdamW steps with gradient clipping on the same batches - and
 GPT-2 and Llama once more with their blocks' linear layers in float8 (--fp8's conversion, run/float8.convert, before
 the split; torchao's emulation). Prints, as JSON, per model: the losses of both, the largest difference of any
@@ -20,7 +20,7 @@ from world import spawn_world
 
 TP = 2
 PRESET = {"gpt2": "tiny", "bloom": "tiny-bloom", "llama": "tiny-llama", "qwen2": "tiny-qwen2",
-          "qwen3": "tiny-qwen3", "gemma3": "tiny-gemma3"}
+          "qwen3": "tiny-qwen3", "gemma3": "tiny-gemma3", "olmo2": "tiny-olmo2"}
 FLOAT8 = {"gpt2-fp8": "tiny", "llama-fp8": "tiny-llama"}  # the float8 recipe of a run's --fp8 default
 
 
