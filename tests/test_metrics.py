@@ -100,13 +100,15 @@ SHAPES = [
     ModelShape("smollm3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # its 4th layer NoPE: no FLOPs fewer
     ModelShape("gemma3", 6, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # 5 windowed layers, 1 global
     ModelShape("olmo2", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # norms after each sublayer, on q/k whole
+    ModelShape("olmo3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # 3 windowed layers, 1 global
 ]
 
 
 @pytest.mark.parametrize("shape,seq", [(SHAPES[0], 32), (SHAPES[1], 512), (SHAPES[2], 128), (SHAPES[3], 32),
                                        (SHAPES[3], 256), (SHAPES[4], 64), (SHAPES[4], 256), (SHAPES[5], 128),
                                        (SHAPES[6], 128), (SHAPES[7], 64), (SHAPES[7], 256), (SHAPES[8], 128),
-                                       (SHAPES[9], 128), (SHAPES[10], 128), (SHAPES[11], 128)])
+                                       (SHAPES[9], 128), (SHAPES[10], 128), (SHAPES[11], 128),
+                                       (SHAPES[12], 128)])
 def test_exact_flops_match_torch_flop_counter(shape, seq):
     model = _model(shape)
     ids = torch.randint(0, shape.vocab, (2, seq))

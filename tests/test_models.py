@@ -138,6 +138,15 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "olmo2").mkdir()
     (tmp_path / "olmo2" / "config.json").write_text(json.dumps(olmo2))
     assert pretrained_shape(str(tmp_path / "olmo2"), weights=False) == PRESETS["olmo2-7b"]
+    # an OLMo 3 config in the form its checkpoints write (one rotary base at the top, the layer types listed), on
+    # OLMo 2 7B's widths and 4 layers: hfscale keeps no OLMo 3 preset but its tiny one
+    olmo3 = {**olmo2, "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "max_position_embeddings": 65536,
+             "sliding_window": 4096, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+             "num_hidden_layers": 4}
+    (tmp_path / "olmo3").mkdir()
+    (tmp_path / "olmo3" / "config.json").write_text(json.dumps(olmo3))
+    assert pretrained_shape(str(tmp_path / "olmo3"), weights=False) == replace(
+        PRESETS["olmo2-7b"], family="olmo3", n_layer=4, positions=65536)
 
 
 def saved_for_backward(model, ids) -> int:
@@ -180,3 +189,33 @@ def test_qwen2_and_smollm3_keep_for_their_backward_what_llama_keeps(attention):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 kept[family] = saved_for_backward(model, ids)
         assert kept["llama"] > 1e6 and kept["qwen2"] == kept["smollm3"] == kept["llama"], (autocast, kept)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_olmo3_keeps_for_its_backward_what_olmo2_keeps_within_its_window(attention):
+    """Why OLMo 3 takes OLMo 2's measured activation terms: with the same sizes and a sequence within its sliding
+    window, its forward keeps OLMo 2's bytes but for its second rotary table (the windowed layers' cos and sin, fp32:
+    2 x 4 x s x head width), in fp32 and under bf16 autocast. Its windowed layers are real: with the window shorter
+    than the sequence the logits move."""
+    from hfscale.models import FAMILIES
+
+    assert FAMILIES["olmo3"].activations_as == "olmo2" and FAMILIES["olmo2"].activations_as is None
+    sizes = dict(n_layer=4, hidden=96, n_head=6, n_kv_head=2, ffn=256, vocab=512, positions=128)
+    seq = 96
+    ids = torch.randint(0, 512, (2, seq), generator=torch.Generator().manual_seed(0))
+    for autocast in (False, True):
+        kept = {}
+        for family in ("olmo2", "olmo3"):
+            model = build_model(replace(PRESETS[f"tiny-{family}"], **sizes), seed=0, attn_implementation=attention)
+            model.train()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                kept[family] = saved_for_backward(model, ids)
+        assert kept["olmo2"] > 1e6 and kept["olmo3"] - kept["olmo2"] == 2 * 4 * seq * 96 // 6, (autocast, kept)
+    model = build_model(replace(PRESETS["tiny-olmo3"], **sizes), seed=0, attn_implementation=attention).eval()
+    assert model.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    with torch.no_grad():
+        within = model(input_ids=ids).logits
+        model.config.sliding_window = 16
+        for layer in model.model.layers[:3]:
+            layer.self_attn.sliding_window = 16
+        assert not torch.allclose(model(input_ids=ids).logits, within)

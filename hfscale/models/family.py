@@ -18,7 +18,7 @@ from ..errors import HfscaleError, one_of
 class ModelShape:
     """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
 
-    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3 | olmo2
+    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3 | olmo2 | olmo3
     n_layer: int
     hidden: int
     n_head: int

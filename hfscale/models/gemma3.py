@@ -29,6 +29,7 @@ class Gemma3(Qwen3):
     config_class = "Gemma3TextConfig"
     tied_default = True
     mlp_output_normed = True
+    rope_per_layer_type, sliding_rope_theta = True, LOCAL_ROPE_THETA
     block_norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                    "post_feedforward_layernorm")
     config_needs = {"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
@@ -44,15 +45,6 @@ class Gemma3(Qwen3):
         if shape.hidden % shape.n_head:  # Gemma3TextConfig's own rule, whatever the head width
             raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden}): Gemma 3's config "
                                f"requires it, its heads' own width apart")
-
-    def rope_parameters(self, theta):
-        """Gemma 3's global layers rotate with the shape's base, its sliding-window layers with their own."""
-        return {"full_attention": {"rope_type": "default", "rope_theta": theta},
-                "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_THETA}}
-
-    def rope_theta_of(self, config):
-        """The global layers' rotary base."""
-        return ((getattr(config, "rope_parameters", None) or {}).get("full_attention") or {}).get("rope_theta")
 
 
 GEMMA3_FAMILY = register(Gemma3())

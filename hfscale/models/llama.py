@@ -33,6 +33,9 @@ class Llama(Family):
     qk_norm = False  # RMSNorms on the queries and keys (q_norm, k_norm): one head wide, applied to each (Qwen3's) ...
     qk_norm_whole = False  # ... or over all heads at once, as wide as the queries and the keys (OLMo 2's)
     block_norms = ("input_layernorm", "post_attention_layernorm")  # a block's hidden-wide RMSNorms, in their order
+    # rope_parameters per layer type, full_attention and sliding_attention (Gemma 3's and OLMo 3's configs), the
+    # sliding-window layers' base their own where set (Gemma 3's 10,000), else the shape's
+    rope_per_layer_type, sliding_rope_theta = False, None
     tied_default = False
     gated_mlp = True
     own_widths = True
@@ -117,8 +120,12 @@ class Llama(Family):
                             rope_parameters=self.rope_parameters(theta), attention_dropout=dropout, **extra)
 
     def rope_parameters(self, theta: float) -> dict:
-        """The config's rope_parameters for a rotary base (transformers 5's form)."""
-        return {"rope_type": "default", "rope_theta": theta}
+        """The config's rope_parameters for a rotary base (transformers 5's form); per layer type where the family's
+        config keeps them so (the global layers at the shape's base, the sliding-window ones at their own, if any)."""
+        if not self.rope_per_layer_type:
+            return {"rope_type": "default", "rope_theta": theta}
+        return {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": self.sliding_rope_theta or theta}}
 
     def shape_from_config(self, config):
         heads, hidden = config.num_attention_heads, config.hidden_size
@@ -136,8 +143,10 @@ class Llama(Family):
                           self.recorded_head_dim(head_dim, natural))
 
     def rope_theta_of(self, config) -> float | None:
-        """The rotary base a config sets (transformers 5's rope_parameters)."""
-        return (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+        """The rotary base a config sets (transformers 5's rope_parameters; the global layers' where it keeps one per
+        layer type)."""
+        params = getattr(config, "rope_parameters", None) or {}
+        return (params.get("full_attention") or {} if self.rope_per_layer_type else params).get("rope_theta")
 
     def recorded_head_dim(self, head_dim: int | None, natural: int) -> int | None:
         """The shape's head_dim for a config's: set where it is apart from hidden / heads (`natural`), else None - the

@@ -10,6 +10,8 @@ activation terms are measured on OLMo 2 itself (formulas/activations.py). Under 
 heads' slice of each q/k norm's weight and the norm's mean square is summed over the group (the colwise_norm style,
 parallel/tensor_parallel.py) - transformers' own plan gathers the queries and keys whole on every rank instead.
 
+OLMo 3 (Olmo3 below) is OLMo 2's tensors with sliding-window layers.
+
 The presets are the published OLMo 2 base models' config.json (OLMo-2-0425-1B, OLMo-2-1124-7B and -13B,
 OLMo-2-0325-32B): hidden, layers, heads, key/value heads, intermediate size, the embedding's 100,352 rows (the dolma2
 tokenizer's 100,278 padded), 4,096 positions, rotary base 500,000.
@@ -29,9 +31,7 @@ class Olmo2(Llama):
     name, title = "olmo2", "OLMo 2"
     model_types = ("olmo2",)
     differs = {"olmoe": "a mixture of experts in place of each block's MLP",
-               "olmo": "the first OLMo's non-parametric LayerNorms before each sublayer (no weights)",
-               "olmo3": "OLMo 3's sliding-window attention in three layers of four (its tensors are OLMo 2's; not "
-                        "served yet)"}
+               "olmo": "the first OLMo's non-parametric LayerNorms before each sublayer (no weights)"}
     class_name = "Olmo2ForCausalLM"
     config_class = "Olmo2Config"
     qk_norm, qk_norm_whole = True, True
@@ -60,3 +60,27 @@ class Olmo2(Llama):
 
 
 OLMO2_FAMILY = register(Olmo2())
+
+
+class Olmo3(Olmo2):
+    """OLMo 3 (transformers' Olmo3ForCausalLM): OLMo 2's tensors, with three layers in four attending over a sliding
+    window (4,096 tokens) and the rotary parameters kept per layer type. The window is a mask: no parameter, and no
+    FLOP fewer under SDPA's and eager attention's full score matrices, which the counts take. Where the sequence lies
+    within the window its forward keeps what OLMo 2's does (tests/test_models.py), so it takes OLMo 2's activation
+    terms; beyond it, not measured (docs/models.md). No published preset: a checkpoint's own config
+    (--model_name_or_path)."""
+
+    name, title = "olmo3", "OLMo 3"
+    model_types = ("olmo3",)
+    differs = {}
+    class_name = "Olmo3ForCausalLM"
+    config_class = "Olmo3Config"
+    rope_per_layer_type = True
+    activations_as = "olmo2"
+    presets = {
+        # tiny-olmo2's sizes on 4 layers, so that one attends globally (layer_types' default: every fourth)
+        "tiny-olmo3": ModelShape("olmo3", 4, 64, 4, 2048, 256, 176, 2, False, 10000.0),
+    }
+
+
+OLMO3_FAMILY = register(Olmo3())

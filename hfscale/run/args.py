@@ -51,7 +51,7 @@ class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2, qwen3, smollm3, "
-                                        "gemma3_text or olmo2 checkpoint (local directory or Hub name); overrides "
+                                        "gemma3_text, olmo2 or olmo3 checkpoint (local directory or Hub name); overrides "
                                         "--model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
@@ -60,7 +60,7 @@ class ModelArguments:
         "help": "Override a Llama-shaped preset's key/value heads (grouped-query attention; must divide the heads)."})
     head_dim: int | None = field(default=None, metadata={
         "help": "Override a Llama, Mistral, Qwen3, SmolLM3 or Gemma 3 preset's head width (its queries are heads x "
-                "head_dim wide; GPT-2's, BLOOM's, Qwen2's and OLMo 2's heads are hidden / heads)."})
+                "head_dim wide; GPT-2's, BLOOM's, Qwen2's and OLMo's heads are hidden / heads)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
