@@ -55,8 +55,8 @@ def shapes_of(family: str) -> list[tuple]:
 
 def fold_query_width(X):
     """A mode's feature matrix without its query-width column where every row's queries are h wide (a GPU grid of
-    Llama's, every OLMo 2 grid: the column equals the b·s·h one, and the fit's b·s·h term holds both - the row the estimate then takes for
-    such shapes alone, activations.fitted_row)."""
+    Llama's, every OLMo 2 grid: the column equals the b·s·h one, and the fit's b·s·h term holds both - the row the
+    estimate then takes for such shapes alone, activations.fitted_row)."""
     import numpy as np
 
     return X[:, :8] if X.shape[1] == 9 and np.array_equal(X[:, 8], X[:, 0]) else X

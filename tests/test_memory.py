@@ -196,9 +196,9 @@ def test_dropout_counted_tensor_by_tensor_is_what_the_cpu_measured_for_eager_att
     with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit of
     every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Llama's, Qwen3's,
     Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more tensor - in fp32 under autocast
-    where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them back), and nothing but the embeddings' under
-    checkpointing. SDPA on CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep no
-    mask)."""
+    where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them back) - and nothing but the embeddings'
+    under checkpointing. SDPA on CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep
+    no mask)."""
     fitted = act.DROPOUT_COEFFICIENTS["cpu"]
     eager = [mode for mode in fitted if mode.split("/")[1] == "eager"]
     assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3", "olmo2"}

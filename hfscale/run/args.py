@@ -51,8 +51,8 @@ class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2, qwen3, smollm3, "
-                                        "gemma3_text, olmo2 or olmo3 checkpoint (local directory or Hub name); overrides "
-                                        "--model."})
+                                        "gemma3_text, olmo2 or olmo3 checkpoint (local directory or Hub name); "
+                                        "overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
