@@ -135,26 +135,30 @@ def _per_head(module, mesh) -> None:
     every rank (Replicate), its input this rank's heads - a (..., heads, head_dim) view, Shard on the heads dimension.
     The weight's gradient is then a sum over heads that lie on several ranks, which DTensor completes over the group
     (transformers' replicated_with_grad_allreduce); fed as Replicate, each rank would step on its own heads' share."""
-    import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate
 
-    for name, param in list(module.named_parameters(recurse=False)):
-        setattr(module, name, torch.nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()])))
-    module.register_forward_pre_hook(
-        lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 2)], run_check=False), *args[1:]))
-    module.register_forward_hook(lambda m, args, out: _local(out))
+    _on_split_input(module, mesh, Replicate(), from_end=2)
 
 
 def _colwise_norm(module, mesh) -> None:
     """A norm over a column-parallel output (OLMo 2's q/k norms, as wide as the queries and keys): its weight split as
     that output (Shard(0)), its input this rank's columns (Shard on the last dimension). DTensor reduces the mean
     square over the whole width - one all-reduce of b·s values, 1/h of a block's - and its backward likewise."""
+    from torch.distributed.tensor import Shard
+
+    _on_split_input(module, mesh, Shard(0), from_end=1)
+
+
+def _on_split_input(module, mesh, placement, from_end: int) -> None:
+    """`module`'s own parameters placed as `placement`, and its input - this rank's local slice - taken as sharded on
+    its dimension `from_end` from the last; its output handed on local."""
     import torch
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    module.weight = torch.nn.Parameter(distribute_tensor(module.weight.data, mesh, [Shard(0)]))
-    module.register_forward_pre_hook(
-        lambda m, args: (DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - 1)], run_check=False), *args[1:]))
+    for name, param in list(module.named_parameters(recurse=False)):
+        setattr(module, name, torch.nn.Parameter(distribute_tensor(param.data, mesh, [placement])))
+    module.register_forward_pre_hook(lambda m, args: (
+        DTensor.from_local(args[0], mesh, [Shard(args[0].dim() - from_end)], run_check=False), *args[1:]))
     module.register_forward_hook(lambda m, args, out: _local(out))
 
 
