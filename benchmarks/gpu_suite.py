@@ -664,7 +664,9 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                     "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^qwen3/")))),
     "gemma3": ("gemma3-1b compiled (the allocator's peak beside the estimate, whose Gemma 3 terms are CPU-fitted "
-               "until this plan's grid measures them), then the Gemma 3 rows of the CUDA activation grid", (
+               "until this plan's grid measures them; its 512-token window under the 2,048-token sequence: what the "
+               "windowed layers' explicit mask keeps on CUDA, which the estimate leaves out), then the Gemma 3 rows of "
+               "the CUDA activation grid", (
         Section("gemma3-1b", 240, ("--model", "gemma3-1b", "--seq_len", "2048", "--per_device_train_batch_size",
                                    "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^gemma3/")))),

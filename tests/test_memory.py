@@ -467,6 +467,9 @@ def test_the_estimate_states_the_heads_as_a_model_card_does():
     (["--model", "tiny-llama", "--hidden_size", "60"], "head width 15 is odd: rotary positions rotate pairs"),
     (["--model", "tiny-gemma3", "--n_head", "3", "--num_key_value_heads", "1"],
      "heads (3) must divide hidden size (64): Gemma 3's config requires it"),
+    (["--model", "tiny-llama", "--sliding_window", "32"],
+     "--sliding_window: Llama's layers attend over the whole sequence; a window is set on a Gemma 3 or OLMo 3 preset"),
+    (["--model", "tiny-olmo3", "--sliding_window", "0"], "model sliding_window must be between 1 and 16,777,216 tokens"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)
@@ -857,3 +860,25 @@ def test_no_attention_named_is_transformers_choice_sdpa_where_the_family_has_it(
                        device_type="cuda", precision="bf16").memory().activation_peak
 
     assert peak(None) == peak("sdpa") < peak("eager")
+
+
+def test_the_estimate_says_when_windowed_layers_see_less_than_the_sequence(capsys):
+    """Gemma 3 1B's 22 windowed layers (one in six attends to the whole sequence) see 512 tokens: at seq 2,048 under
+    SDPA the notes say their explicit mask's keep is not in the estimate; within the window, or under eager attention
+    (which kept the same bytes either way), and for a model without windowed layers, they say nothing of it."""
+    from hfscale.plan import estimate
+
+    def window_notes(*argv):
+        estimate.main(["--strategy", "zero2", "--optim", "adamw", "--gpus", "8", "--bf16", "--json", *argv])
+        return [line for line in json.loads(capsys.readouterr().out)["assumptions"] if "window" in line]
+
+    noted = window_notes("--model", "gemma3-1b", "--seq_len", "2048")
+    assert len(noted) == 1 and noted[0].startswith("22 of the 26 layers attend over a 512-token window, shorter than "
+                                                   "the sequence (2,048)"), noted
+    assert window_notes("--model", "gemma3-1b", "--seq_len", "512") == []
+    assert window_notes("--model", "gemma3-1b", "--seq_len", "2048", "--attn_implementation", "eager") == []
+    assert window_notes("--model", "llama-3.2-1b", "--seq_len", "8192") == []
+    # --sliding_window sets a windowed family's span: OLMo 3's 4,096 at 512 tokens, then 128
+    assert window_notes("--model", "tiny-olmo3", "--seq_len", "256") == []
+    assert window_notes("--model", "tiny-olmo3", "--seq_len", "256", "--sliding_window", "128")[0].startswith(
+        "3 of the 4 layers attend over a 128-token window")

@@ -374,6 +374,26 @@ def test_a_one_step_run_does_not_compare_its_step_with_the_steady_estimate():
     assert "step peak above the states 0.610 / 0.550 GB" in memory_line(results)
 
 
+def test_a_run_whose_windowed_layers_saw_less_than_its_sequence_says_the_estimate_left_that_out():
+    """The summary names what the step-peak estimate leaves out where the model's windowed layers were shorter than the
+    sequence under SDPA (formulas/activations.window_caveat); at the window's length it says nothing of it."""
+    from hfscale.run.results import Results
+    from hfscale.run.summary import format_summary
+
+    gemma = {"name": "gemma3-1b", "params_model": 1e9, "family": "gemma3", "n_layer": 26, "hidden": 1152, "n_head": 4,
+             "n_kv_head": 1, "vocab": 262144, "positions": 32768, "ffn": 6912, "tied": True, "head_dim": 256,
+             "sliding_window": 512}
+
+    def summary(seq, attention="sdpa"):
+        return format_summary(Results.from_dict({
+            "status": "ok", "run_name": "r", "model": gemma, "config": {"world_size": 1, "seq_len": seq,
+                                                                         "token_budget": 1e11},
+            "estimate": {"model_states": 1e9, "step_peak": 1e9, "attention": attention}}))
+
+    assert "its step peak estimate: 22 of the 26 layers attend over a 512-token window" in summary(1024)
+    assert "window" not in summary(512) and "window" not in summary(1024, "eager")
+
+
 def test_the_run_peak_outlives_the_per_step_resets():
     """StepMemory resets the process's peaks at every step (the kernel's high-water mark here, the allocator's peak
     statistics on CUDA); the run's peak in results.json is still the largest of the run, not the last step's. A

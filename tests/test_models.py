@@ -92,17 +92,24 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     shape_from_config are inverses, for every family (a Qwen2 config.json names its own model_type and class). A
     BLOOM config holds no sequence length (ALiBi): it reads as the one BLOOM trained with. A Llama config writes its
     head width out whatever it is; read back, a Llama's is set only where apart from hidden / heads, as the presets'."""
+    from hfscale.errors import HfscaleError
     from hfscale.models import hf_config, pretrained_shape
 
     def sizes(shape):
         positions = 2048 if shape.family == "bloom" else shape.positions
         return (shape.family, shape.n_layer, shape.hidden, shape.n_head, shape.kv_heads, shape.head_size,
-                shape.head_dim, shape.ffn_size, shape.vocab, positions, shape.tied_head, shape.rope_theta)
+                shape.head_dim, shape.ffn_size, shape.vocab, positions, shape.tied_head, shape.rope_theta, shape.window)
 
     for name, shape in PRESETS.items():
         folder = tmp_path / name
-        hf_config(shape).save_pretrained(folder)
+        config = hf_config(shape)
+        config.save_pretrained(folder)
         assert sizes(pretrained_shape(str(folder), weights=False)) == sizes(shape), name
+        # the windowed layers the estimate counts are those transformers' config derives
+        types = getattr(config, "layer_types", None) or ["full_attention"] * shape.n_layer
+        assert shape.spec.windowed_layers(shape) == types.count("sliding_attention"), name
+        assert shape.window == (config.sliding_window if "sliding_attention" in types else None), name
+    assert PRESETS["gemma3-1b"].window == 512 and PRESETS["gemma3-1b"].spec.windowed_layers(PRESETS["gemma3-1b"]) == 22
     # Mistral-Nemo-Base-2407's own config.json (transformers 4's keys, model_type mistral): the preset
     nemo = {"architectures": ["MistralForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
             "intermediate_size": 14336, "max_position_embeddings": 1024000, "model_type": "mistral",
@@ -111,6 +118,17 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "nemo").mkdir()
     (tmp_path / "nemo" / "config.json").write_text(json.dumps(nemo))
     assert pretrained_shape(str(tmp_path / "nemo"), weights=False) == PRESETS["mistral-nemo-12b"]
+    # Mistral-7B-v0.1's: a 4,096-token window on every layer (MistralForCausalLM's, the class its checkpoint builds)
+    v01 = {**nemo, "head_dim": None, "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000,
+           "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096}
+    (tmp_path / "v01").mkdir()
+    (tmp_path / "v01" / "config.json").write_text(json.dumps(v01))
+    mistral = pretrained_shape(str(tmp_path / "v01"), weights=False)
+    assert (mistral.family, mistral.window, mistral.spec.windowed_layers(mistral)) == ("llama", 4096, 32)
+    # Qwen2's use_sliding_window windows the layers from max_window_layers on: its attention's business, not the shape's
+    hf_config(PRESETS["tiny-qwen2"], use_sliding_window=True, max_window_layers=1,
+              sliding_window=32).save_pretrained(tmp_path / "qwen2-windowed")
+    assert pretrained_shape(str(tmp_path / "qwen2-windowed"), weights=False).window is None
     # SmolLM3-3B's, its NoPE layers listed (1: rotary, 0: none)
     smollm3 = {"architectures": ["SmolLM3ForCausalLM"], "hidden_act": "silu", "hidden_size": 2048,
                "intermediate_size": 11008, "max_position_embeddings": 65536, "model_type": "smollm3",
@@ -128,7 +146,13 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
               "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144}
     (tmp_path / "gemma3").mkdir()
     (tmp_path / "gemma3" / "config.json").write_text(json.dumps(gemma3))
-    assert pretrained_shape(str(tmp_path / "gemma3"), weights=False) == PRESETS["gemma3-1b"]
+    assert pretrained_shape(str(tmp_path / "gemma3"), weights=False) == PRESETS["gemma3-1b"]  # its 512 window too
+    # layer types other than the family's pattern: refused, the estimate would count the pattern's
+    (tmp_path / "gemma3-global").mkdir()
+    (tmp_path / "gemma3-global" / "config.json").write_text(json.dumps({**gemma3, "layer_types": ["full_attention"] * 26}))
+    with pytest.raises(HfscaleError, match=r"in layers \[0, 1, .*, 25\], where Gemma 3's pattern \(one layer in 6\), "
+                                           r"which hfscale counts, does in \[5, 11, 17, 23\]"):
+        pretrained_shape(str(tmp_path / "gemma3-global"), weights=False)
     # OLMo-2-1124-7B's (transformers 4's keys; its tokenizer's special tokens)
     olmo2 = {"architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
              "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
@@ -211,11 +235,12 @@ def test_olmo3_keeps_for_its_backward_what_olmo2_keeps_within_its_window(attenti
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 kept[family] = saved_for_backward(model, ids)
         assert kept["olmo2"] > 1e6 and kept["olmo3"] - kept["olmo2"] == 2 * 4 * seq * 96 // 6, (autocast, kept)
-    model = build_model(replace(PRESETS["tiny-olmo3"], **sizes), seed=0, attn_implementation=attention).eval()
-    assert model.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
-    with torch.no_grad():
-        within = model(input_ids=ids).logits
-        model.config.sliding_window = 16
-        for layer in model.model.layers[:3]:
-            layer.self_attn.sliding_window = 16
-        assert not torch.allclose(model(input_ids=ids).logits, within)
+    logits = {}
+    for window in (None, 16):  # the family's 4,096, and a window the shape sets shorter than the sequence
+        model = build_model(replace(PRESETS["tiny-olmo3"], **sizes, sliding_window=window), seed=0,
+                            attn_implementation=attention).eval()
+        assert model.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+        assert model.config.sliding_window == (window or 4096)
+        with torch.no_grad():
+            logits[window] = model(input_ids=ids).logits
+    assert not torch.allclose(logits[16], logits[None])

@@ -29,6 +29,9 @@ class ModelShape:
     tied: bool | None = None  # the LM head is the word embedding; None: the family's default
     rope_theta: float | None = None  # rotary base of a family with rotary positions; None: the family's default
     head_dim: int | None = None  # width of one attention head; None: hidden / heads (Qwen3's, Mistral-Nemo's: own)
+    # tokens a sliding-window layer attends over where the model sets its own (Gemma 3 1B's 512); None: its family's
+    # config default (Gemma 3's and OLMo 3's 4,096), or no windowed layers (Family.windowed_layers)
+    sliding_window: int | None = None
 
     @property
     def spec(self) -> "Family":
@@ -62,6 +65,18 @@ class ModelShape:
     def tied_head(self) -> bool:
         return self.spec.tied_default if self.tied is None else self.tied
 
+    @property
+    def window(self) -> int | None:
+        """Tokens each windowed layer attends over, or None where no layer attends over a window."""
+        if not self.spec.windowed_layers(self):
+            return None
+        return self.sliding_window if self.sliding_window is not None else self.spec.default_window
+
+    def window_shorter_than(self, seq: int) -> bool:
+        """Whether windowed layers see less than a sequence of `seq` tokens: there transformers hands SDPA an explicit
+        mask instead of its causal flag, which the activation terms were not measured with (docs/models.md)."""
+        return self.window is not None and self.window < seq
+
 
 UNTIED_HEAD = "lm_head.weight"  # transformers' name of a causal LM's own head weight (tied: the embedding's)
 
@@ -91,6 +106,11 @@ class Family(ABC):
     own_widths: bool = False  # MLP and key/value widths apart from the hidden size: activation terms of their own
     own_head_width: bool = False  # heads of a width of their own (the config's head_dim), so queries heads x head_dim
     # wide apart from h: the shape's head_dim, the --head_dim override
+    # one layer in this many attends over the whole sequence, the others over a sliding window (Gemma 3's 6, OLMo 3's
+    # 4: the layer types their configs derive; --sliding_window sets its span); 0: no such pattern - Llama's family
+    # records a Mistral config's window on every layer
+    full_attention_every: int = 0
+    default_window: int | None = None  # its config's sliding window where it has windowed layers (the shape's default)
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
     # embeddings' b·s·h sum); every family drops its attention probabilities too (activations.counted_dropout)
@@ -124,6 +144,10 @@ class Family(ABC):
 
     def check(self, shape: ModelShape) -> None:
         """Family-specific refusals of a shape (HfscaleError); the common ones are models.resolve.validate_shape's."""
+
+    def windowed_layers(self, shape: ModelShape) -> int:
+        """How many of the shape's layers attend over a sliding window rather than the whole sequence."""
+        return 0
 
     def adapt_attention_for_tp(self, attention, tp: int, rank: int) -> None:
         """Make a block's attention module run its 1/TP of the heads once its projections are split."""

@@ -5,9 +5,10 @@ with four RMSNorms, not two: the attention's and the MLP's outputs are normalise
 tanh-approximated GELU (GeGLU: Llama's three matrices), its embedding output scaled by sqrt(h), its head tied, and five
 layers in six attend over a sliding window with their own rotary base (10,000; the global layers' 1,000,000). The
 window is a mask: no parameter, and no FLOP fewer under SDPA's and eager attention's full score matrices, which the
-counts take; the presets keep Gemma3TextConfig's window. Its forward keeps tensors Llama's does not (the two more
-norms, the GELU's input, the scaled embedding): activation terms of its own, measured on Gemma 3 shapes
-(formulas/activations.py). Under TP the q/k norms stay whole and take the rank's heads, as Qwen3's.
+counts take; gemma3-1b keeps Gemma 3 1B's own window (512 tokens), tiny-gemma3 Gemma3TextConfig's (4,096). Its
+forward keeps tensors Llama's does not (the two more norms, the GELU's input, the scaled embedding): activation terms
+of its own, measured on Gemma 3 shapes (formulas/activations.py). Under TP the q/k norms stay whole and take the rank's
+heads, as Qwen3's.
 
 The image-text Gemma 3 checkpoints (4B-27B, model_type gemma3) hold a vision tower beside this text model: refused.
 The presets are Gemma 3 1B's config.json (tiny-gemma3: tiny-qwen3's sizes with Gemma's block).
@@ -30,6 +31,7 @@ class Gemma3(Qwen3):
     tied_default = True
     mlp_output_normed = True
     rope_per_layer_type, sliding_rope_theta = True, LOCAL_ROPE_THETA
+    full_attention_every, default_window = 6, 4096  # Gemma3TextConfig's; Gemma 3 1B's own window is 512
     block_norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                    "post_feedforward_layernorm")
     config_needs = {"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
@@ -37,7 +39,7 @@ class Gemma3(Qwen3):
                     "use_bidirectional_attention": False}
     presets = {
         "tiny-gemma3": ModelShape("gemma3", 2, 64, 4, 2048, 256, 176, 2, True, 1000000.0, 32),
-        "gemma3-1b": ModelShape("gemma3", 26, 1152, 4, GEMMA3_VOCAB, 32768, 6912, 1, True, 1000000.0, 256),
+        "gemma3-1b": ModelShape("gemma3", 26, 1152, 4, GEMMA3_VOCAB, 32768, 6912, 1, True, 1000000.0, 256, 512),
     }
 
     def check(self, shape):

@@ -113,11 +113,41 @@ class Llama(Family):
         config_class = getattr(transformers, self.config_class)
         if shape.head_dim is not None:  # LlamaConfig's default is hidden / heads
             extra = {"head_dim": shape.head_dim, **extra}
+        if self.full_attention_every:  # its config derives the layer types from the same pattern
+            extra = {"sliding_window": shape.window, **extra}
         return config_class(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
                             num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
                             intermediate_size=shape.ffn_size, vocab_size=shape.vocab,
                             max_position_embeddings=shape.positions, tie_word_embeddings=shape.tied_head,
                             rope_parameters=self.rope_parameters(theta), attention_dropout=dropout, **extra)
+
+    def windowed_layers(self, shape):
+        if self.full_attention_every:
+            return shape.n_layer - shape.n_layer // self.full_attention_every
+        return shape.n_layer if shape.sliding_window is not None else 0
+
+    def layer_types(self, n_layer: int) -> list[str]:
+        """The attention of each layer as transformers' configs list it (layer_types), by the family's pattern."""
+        every = self.full_attention_every
+        return ["full_attention" if not every or (i + 1) % every == 0 else "sliding_attention" for i in range(n_layer)]
+
+    def window_of(self, config) -> int | None:
+        """The shape's sliding_window for a config's: its windowed layers' span where apart from the family's default,
+        else None. A pattern family's config must window the layers its pattern does. Elsewhere a window on every layer
+        (Mistral's) is recorded; one on some layers only (Qwen's use_sliding_window above max_window_layers) is its
+        attention's business, not in the shape (docs/models.md)."""
+        window, n_layer = getattr(config, "sliding_window", None), config.num_hidden_layers
+        types = list(getattr(config, "layer_types", None) or ([] if window is None else ["sliding_attention"] * n_layer))
+        windowed = types.count("sliding_attention")
+        if self.full_attention_every:
+            if types and types != self.layer_types(n_layer):
+                def full(kinds):
+                    return [i for i, kind in enumerate(kinds) if kind != "sliding_attention"] or "none"
+                raise HfscaleError(f"its layer_types attend over the whole sequence in layers {full(types)}, where "
+                                   f"{self.title}'s pattern (one layer in {self.full_attention_every}), which hfscale "
+                                   f"counts, does in {full(self.layer_types(n_layer))}")
+            return None if window == self.default_window else window
+        return window if windowed and windowed == n_layer else None
 
     def rope_parameters(self, theta: float) -> dict:
         """The config's rope_parameters for a rotary base (transformers 5's form); per layer type where the family's
@@ -140,7 +170,7 @@ class Llama(Family):
                           config.max_position_embeddings, config.intermediate_size,
                           getattr(config, "num_key_value_heads", None) or heads,
                           bool(getattr(config, "tie_word_embeddings", False)), self.rope_theta_of(config),
-                          self.recorded_head_dim(head_dim, natural))
+                          self.recorded_head_dim(head_dim, natural), self.window_of(config))
 
     def rope_theta_of(self, config) -> float | None:
         """The rotary base a config sets (transformers 5's rope_parameters; the global layers' where it keeps one per

@@ -13,22 +13,31 @@ PRESETS: dict[str, ModelShape] = all_presets()
 
 # The shape overrides every model flag set takes (hfscale train's ModelArguments and the planners' options).
 MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "num_key_value_heads", "head_dim", "ffn_hidden_size",
-                   "vocab_size")
+                   "vocab_size", "sliding_window")
+
+
+def _families_where(attribute: str) -> str:
+    """The families whose presets set a Family attribute, as a sentence lists them: "Gemma 3 or OLMo 3"."""
+    *others, last = dict.fromkeys(s.spec.title for s in PRESETS.values() if getattr(s.spec, attribute))
+    return f"{', '.join(others)} or {last}" if others else last
 
 
 def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = None, n_head: int | None = None,
                   ffn: int | None = None, vocab: int | None = None, positions: int | None = None,
-                  n_kv_head: int | None = None, head_dim: int | None = None) -> ModelShape:
+                  n_kv_head: int | None = None, head_dim: int | None = None,
+                  sliding_window: int | None = None) -> ModelShape:
     """A preset with explicit overrides applied, validated."""
     if preset not in PRESETS:
         raise one_of("model preset", preset, PRESETS)
-    if head_dim is not None and not PRESETS[preset].spec.own_head_width:
-        *others, last = dict.fromkeys(s.spec.title for s in PRESETS.values() if s.spec.own_head_width)
-        families = f"{', '.join(others)} or {last}" if others else last
-        raise HfscaleError(f"--head_dim: {PRESETS[preset].spec.title}'s heads are hidden / heads wide; a head width "
-                           f"of its own is set on a {families} preset")
+    spec = PRESETS[preset].spec
+    if sliding_window is not None and not spec.full_attention_every:
+        raise HfscaleError(f"--sliding_window: {spec.title}'s layers attend over the whole sequence; a window is set "
+                           f"on a {_families_where('full_attention_every')} preset")
+    if head_dim is not None and not spec.own_head_width:
+        raise HfscaleError(f"--head_dim: {spec.title}'s heads are hidden / heads wide; a head width of its own is set "
+                           f"on a {_families_where('own_head_width')} preset")
     overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions,
-                     n_kv_head=n_kv_head, head_dim=head_dim)
+                     n_kv_head=n_kv_head, head_dim=head_dim, sliding_window=sliding_window)
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
     validate_shape(shape)
     return shape
@@ -38,20 +47,21 @@ def model_shape(model: str = "tiny", model_name_or_path: str | None = None, trus
                 n_layer: int | None = None, hidden_size: int | None = None, n_head: int | None = None,
                 ffn_hidden_size: int | None = None, vocab_size: int | None = None,
                 num_key_value_heads: int | None = None, weights: bool = True,
-                head_dim: int | None = None) -> ModelShape:
+                head_dim: int | None = None, sliding_window: int | None = None) -> ModelShape:
     """The shape of the model these flags name: a pretrained checkpoint's config (read, not its weights), else the
     preset with the overrides applied. The one place `--model`, `--model_name_or_path` and the overrides resolve.
     `weights`: a local checkpoint must hold its weights (a run loads them; a plan reads the config alone)."""
     if model_name_or_path:
         overrides = dict(n_layer=n_layer, hidden_size=hidden_size, n_head=n_head, ffn_hidden_size=ffn_hidden_size,
-                         vocab_size=vocab_size, num_key_value_heads=num_key_value_heads, head_dim=head_dim)
+                         vocab_size=vocab_size, num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+                         sliding_window=sliding_window)
         given = next((flag for flag, value in overrides.items() if value is not None), None)
         if given:  # a checkpoint's weights have its config's sizes: the override was ignored without a word
             raise HfscaleError(f"--{given} overrides a preset's shape; {model_name_or_path!r} brings its own "
                                f"config: drop --{given}")
         return pretrained_shape(model_name_or_path, trust_remote_code, weights)
     return resolve_shape(model, n_layer, hidden_size, n_head, ffn_hidden_size, vocab_size,
-                         n_kv_head=num_key_value_heads, head_dim=head_dim)
+                         n_kv_head=num_key_value_heads, head_dim=head_dim, sliding_window=sliding_window)
 
 
 # Far beyond any model trained (the deepest ~1,000 layers, the widest hidden ~25k, vocabularies ~1M, contexts ~1M
@@ -75,6 +85,9 @@ def validate_shape(shape: ModelShape) -> None:
         raise HfscaleError(f"heads ({shape.n_head}) must divide hidden size ({shape.hidden})")
     if shape.head_dim is not None and not 0 < shape.head_dim <= HEAD_DIM_BOUND:
         raise HfscaleError(f"model head_dim must be between 1 and {HEAD_DIM_BOUND:,}, got {shape.head_dim}")
+    if shape.sliding_window is not None and not 0 < shape.sliding_window <= SHAPE_BOUNDS["positions"]:
+        raise HfscaleError(f"model sliding_window must be between 1 and {SHAPE_BOUNDS['positions']:,} tokens, got "
+                           f"{shape.sliding_window}")
     shape.spec.check(shape)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import ArgumentParser
 from ..flags import ALL, comma_list, positive, refuse_renamed
+from ..formulas.activations import window_caveat
 from ..formulas.memory import FRAGMENTATION, RUNTIME_ALLOWANCE_BYTES, construction_host_bytes, max_micro_batch
 from ..formulas.metrics import GB, ModelShape, param_count, size_label
 from ..formulas.peaks import DEVICES
@@ -195,6 +196,7 @@ def assumptions(opts, shape: ModelShape, seq: int, device_bytes: float) -> list[
         "except fsdp*, zero3* (rank 0 builds it and shards it out: one copy + a shard per other process) and tp, "
         "fsdp_tp (each node's first process builds it, its TP group takes its slices; docs/estimate.md)",
         "not modelled: CUDA-graph pools, evaluation, dataloader workers (docs/estimate.md)",
+        *filter(None, [window_caveat(shape, seq, opts.attn_implementation)]),
     ] + ([f"megatron* rows: TP x PP x CP x DP = --gpus, the busiest pipeline stage with "
           f"{opts.gradient_accumulation_steps} micro-batch(es) per step ("
           + ("1F1B keeps min(PP, GAS) in flight on the first stage" if opts.vp == 1 else

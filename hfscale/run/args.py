@@ -61,6 +61,9 @@ class ModelArguments:
     head_dim: int | None = field(default=None, metadata={
         "help": "Override a Llama, Mistral, Qwen3, SmolLM3 or Gemma 3 preset's head width (its queries are heads x "
                 "head_dim wide; GPT-2's, BLOOM's, Qwen2's and OLMo's heads are hidden / heads)."})
+    sliding_window: int | None = field(default=None, metadata={
+        "help": "Override a Gemma 3 or OLMo 3 preset's sliding window: the tokens its windowed layers attend over "
+                "(default: the preset's; Gemma 3 1B's 512, Gemma3TextConfig's and Olmo3Config's 4,096)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
@@ -78,7 +81,8 @@ class ModelArguments:
             raise HfscaleError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.model_name_or_path is None:  # a preset's mistakes are found before anything else is read
             resolve_shape(self.model, self.n_layer, self.hidden_size, self.n_head, self.ffn_hidden_size,
-                          self.vocab_size, n_kv_head=self.num_key_value_heads, head_dim=self.head_dim)
+                          self.vocab_size, n_kv_head=self.num_key_value_heads, head_dim=self.head_dim,
+                          sliding_window=self.sliding_window)
         self.name = Path(self.model_name_or_path).name if self.model_name_or_path else self.model
 
     def dropout_probability(self) -> float:
@@ -89,7 +93,7 @@ class ModelArguments:
         """The model's shape (a pretrained checkpoint's config is read here, not its weights)."""
         return model_shape(self.model, self.model_name_or_path, self.trust_remote_code, self.n_layer,
                            self.hidden_size, self.n_head, self.ffn_hidden_size, self.vocab_size,
-                           self.num_key_value_heads, head_dim=self.head_dim)
+                           self.num_key_value_heads, head_dim=self.head_dim, sliding_window=self.sliding_window)
 
 
 def has_tokenizer_files(path: str) -> bool:

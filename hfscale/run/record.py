@@ -87,7 +87,8 @@ def base_results(model_args, data_args, args, state, model, env: EnvironmentReco
         model=ModelRecord(name=model_args.name, family=shape.family, n_layer=shape.n_layer, hidden=shape.hidden,
                           n_head=shape.n_head, n_kv_head=shape.kv_heads, vocab=shape.vocab, positions=shape.positions,
                           ffn=shape.ffn, ffn_size=shape.ffn_size, tied=shape.tied_head,
-                          rope_theta=shape.rope_theta, head_dim=shape.head_dim, params_formula=param_count(shape),
+                          rope_theta=shape.rope_theta, head_dim=shape.head_dim, sliding_window=shape.sliding_window,
+                          params_formula=param_count(shape),
                           # the BigScience size formula; its s x h term only for a family with a position table
                           params_bigscience=param_count_bigscience(
                               shape.n_layer, shape.hidden, shape.positions if shape.spec.position_embedding else 0,

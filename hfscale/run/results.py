@@ -89,7 +89,7 @@ def _json_kind(annotation) -> str:
 @dataclass
 class ModelRecord(_Section):
     name: str | None = None
-    family: str | None = None  # gpt2 | bloom | llama | qwen2 | qwen3
+    family: str | None = None  # a registered family (models.FAMILIES): gpt2, bloom, llama, ...
     n_layer: int | None = None
     hidden: int | None = None
     n_head: int | None = None
@@ -97,6 +97,7 @@ class ModelRecord(_Section):
     tied: bool | None = None  # the LM head is the word embedding (null: the family's default)
     rope_theta: float | None = None
     head_dim: int | None = None  # a head's width where the model sets its own (Qwen3, Mistral-Nemo; null: h / heads)
+    sliding_window: int | None = None  # its windowed layers' span where the model sets its own (null: the family's)
     vocab: int | None = None
     positions: int | None = None
     ffn: int | None = None
@@ -113,7 +114,7 @@ class ModelRecord(_Section):
         if missing:
             raise HfscaleError(f"the results file does not describe the model's shape (no {', '.join(missing)})")
         return ModelShape(self.family, self.n_layer, self.hidden, self.n_head, self.vocab, self.positions, self.ffn,
-                          self.n_kv_head, self.tied, self.rope_theta, self.head_dim)
+                          self.n_kv_head, self.tied, self.rope_theta, self.head_dim, self.sliding_window)
 
 
 @dataclass

@@ -5,6 +5,7 @@ step's time went when it was profiled."""
 import sys
 
 from ..formulas import metrics
+from ..formulas.activations import window_caveat
 from ..formulas.metrics import GB
 
 
@@ -45,6 +46,7 @@ def format_summary(results) -> str:
         loss_line(results),
         *([eval_line(results)] if results.eval_history else []),
         memory_line(results),
+        *window_line(results),
         f"  {cfg.token_budget / 1e9:g}B tokens: {f('days_to_budget', '{:,.1f}')} days on "
         f"{cfg.world_size} {unit}{'(es)' if unit == 'process' else '(s)'} = {f('gpu_days_to_budget', '{:,.1f}')} "
         f"{unit}-days",
@@ -116,6 +118,15 @@ def memory_line(results) -> str:
         measured_step += " (process RSS with glibc's heap reuse; MALLOC_MMAP_THRESHOLD_=65536 makes it follow the tensors)"
     return (f"  memory per rank, estimated / measured: model states {gb(m.estimated_states)} / {gb(m.measured_states)} "
             f"GB · step peak above the states {gb(m.estimated_step)} / {measured_step}")
+
+
+def window_line(results) -> list[str]:
+    """The estimate's caveat where the model's windowed layers saw less than the sequence (formulas/activations.py)."""
+    est, model, seq = results.estimate or {}, results.model, results.config.seq_len
+    if not est or model.family is None or not seq:
+        return []
+    caveat = window_caveat(model.shape(), seq, est.get("attention"))
+    return [f"  its step peak estimate: {caveat}"] if caveat else []
 
 
 def print_summary(results) -> None:
