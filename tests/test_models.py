@@ -162,15 +162,14 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "olmo2").mkdir()
     (tmp_path / "olmo2" / "config.json").write_text(json.dumps(olmo2))
     assert pretrained_shape(str(tmp_path / "olmo2"), weights=False) == PRESETS["olmo2-7b"]
-    # an OLMo 3 config in the form its checkpoints write (one rotary base at the top, the layer types listed), on
-    # OLMo 2 7B's widths and 4 layers: hfscale keeps no OLMo 3 preset but its tiny one
+    # an OLMo 3 config in the form its checkpoints write (one rotary base at the top, the layer types listed): on
+    # OLMo 2 7B's widths, the olmo3-7b preset
     olmo3 = {**olmo2, "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "max_position_embeddings": 65536,
-             "sliding_window": 4096, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
-             "num_hidden_layers": 4}
+             "sliding_window": 4096, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 8}
     (tmp_path / "olmo3").mkdir()
     (tmp_path / "olmo3" / "config.json").write_text(json.dumps(olmo3))
-    assert pretrained_shape(str(tmp_path / "olmo3"), weights=False) == replace(
-        PRESETS["olmo2-7b"], family="olmo3", n_layer=4, positions=65536)
+    assert pretrained_shape(str(tmp_path / "olmo3"), weights=False) == PRESETS["olmo3-7b"]
+    assert replace(PRESETS["olmo3-7b"], family="olmo2", positions=4096) == PRESETS["olmo2-7b"]
 
 
 def saved_for_backward(model, ids) -> int:

@@ -17,10 +17,13 @@ OLMo-2-0325-32B): hidden, layers, heads, key/value heads, intermediate size, the
 tokenizer's 100,278 padded), 4,096 positions, rotary base 500,000.
 """
 
+from dataclasses import replace
+
 from .family import ModelShape, register
 from .llama import Llama
 
 OLMO2_VOCAB, OLMO2_POSITIONS = 100352, 4096
+OLMO3_POSITIONS = 65536  # its released checkpoints' context: 8,192 pretrained, extended 8x (YaRN)
 
 
 def _olmo2(n_layer, hidden, n_head, n_kv_head, ffn):
@@ -67,8 +70,7 @@ class Olmo3(Olmo2):
     window (4,096 tokens) and the rotary parameters kept per layer type. The window is a mask: no parameter, and no
     FLOP fewer under SDPA's and eager attention's full score matrices, which the counts take. Where the sequence lies
     within the window its forward keeps what OLMo 2's does (tests/test_models.py), so it takes OLMo 2's activation
-    terms; beyond it, not measured (docs/models.md). No published preset: a checkpoint's own config
-    (--model_name_or_path)."""
+    terms; beyond it, not measured (docs/models.md). Its presets are OLMo-core's olmo3_7B and olmo3_32B."""
 
     name, title = "olmo3", "OLMo 3"
     model_types = ("olmo3",)
@@ -81,6 +83,9 @@ class Olmo3(Olmo2):
     presets = {
         # tiny-olmo2's sizes on 4 layers, so that one attends globally (layer_types' default: every fourth)
         "tiny-olmo3": ModelShape("olmo3", 4, 64, 4, 2048, 256, 176, 2, False, 10000.0),
+        # OLMo-core's olmo3_7B and olmo3_32B: OLMo 2 7B's and 32B's with the window pattern (4,096 x 3, then global)
+        **{f"olmo3-{size}": replace(Olmo2.presets[f"olmo2-{size}"], family="olmo3", positions=OLMO3_POSITIONS)
+           for size in ("7b", "32b")},
     }
 
 
