@@ -18,7 +18,7 @@ from ..errors import HfscaleError, one_of
 class ModelShape:
     """The shape of a decoder-only language model: all the architecture the formulas need, with its family's name."""
 
-    family: str  # a registered family: gpt2 | bloom | llama | qwen2 | qwen3 | smollm3 | gemma3 | olmo2 | olmo3
+    family: str  # a registered family's name (FAMILIES): gpt2, bloom, llama, ...
     n_layer: int
     hidden: int
     n_head: int
@@ -236,8 +236,18 @@ def family_for_model_type(model_type: str) -> Family:
             return spec
         if model_type in spec.differs:
             raise HfscaleError(f"model type {model_type!r} is not served: {spec.differs[model_type]}")
-    served = ", ".join(t for spec in FAMILIES.values() for t in spec.model_types)
-    raise HfscaleError(f"model type {model_type!r} is not supported; hfscale knows: {served}")
+    raise HfscaleError(f"model type {model_type!r} is not supported; hfscale knows: {', '.join(served_model_types())}")
+
+
+def served_model_types() -> list[str]:
+    """Every transformers model_type a registered family serves, in registration order."""
+    return [t for spec in FAMILIES.values() for t in spec.model_types]
+
+
+def families_where(attribute: str) -> str:
+    """The families with presets whose Family sets `attribute`, as a sentence lists them: "Gemma 3 or OLMo 3"."""
+    *others, last = dict.fromkeys(s.spec.title for s in all_presets().values() if getattr(s.spec, attribute))
+    return f"{', '.join(others)} or {last}" if others else last
 
 
 def all_presets() -> dict[str, ModelShape]:

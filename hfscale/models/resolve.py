@@ -7,19 +7,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import HfscaleError, one_of
-from .family import ModelShape, all_presets, family_for_model_type
+from .family import ModelShape, all_presets, families_where, family_for_model_type
 
 PRESETS: dict[str, ModelShape] = all_presets()
 
 # The shape overrides every model flag set takes (hfscale train's ModelArguments and the planners' options).
 MODEL_OVERRIDES = ("n_layer", "hidden_size", "n_head", "num_key_value_heads", "head_dim", "ffn_hidden_size",
                    "vocab_size", "sliding_window")
-
-
-def _families_where(attribute: str) -> str:
-    """The families whose presets set a Family attribute, as a sentence lists them: "Gemma 3 or OLMo 3"."""
-    *others, last = dict.fromkeys(s.spec.title for s in PRESETS.values() if getattr(s.spec, attribute))
-    return f"{', '.join(others)} or {last}" if others else last
 
 
 def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = None, n_head: int | None = None,
@@ -32,10 +26,10 @@ def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = 
     spec = PRESETS[preset].spec
     if sliding_window is not None and not spec.full_attention_every:
         raise HfscaleError(f"--sliding_window: {spec.title}'s layers attend over the whole sequence; a window is set "
-                           f"on a {_families_where('full_attention_every')} preset")
+                           f"on a {families_where('full_attention_every')} preset")
     if head_dim is not None and not spec.own_head_width:
         raise HfscaleError(f"--head_dim: {spec.title}'s heads are hidden / heads wide; a head width of its own is set "
-                           f"on a {_families_where('own_head_width')} preset")
+                           f"on a {families_where('own_head_width')} preset")
     overrides = dict(n_layer=n_layer, hidden=hidden, n_head=n_head, ffn=ffn, vocab=vocab, positions=positions,
                      n_kv_head=n_kv_head, head_dim=head_dim, sliding_window=sliding_window)
     shape = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})

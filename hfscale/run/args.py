@@ -24,8 +24,8 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..errors import HfscaleError, unknown_names
 from ..files import check_writable_dir, is_run_file, read_run_file
 from ..formulas.metrics import ModelShape, param_count
-from ..models import (PRESETS, check_attention, missing_local_path, model_dropout, model_shape, resolve_seq_len,
-                      resolve_shape)
+from ..models import (PRESETS, check_attention, families_where, missing_local_path, model_dropout, model_shape,
+                      resolve_seq_len, resolve_shape, served_model_types)
 from ..parallel.optimizers import OPTIMIZERS
 from ..parallel.strategies import all_strategies
 from ..runplan import RunPlan
@@ -50,20 +50,21 @@ def require_finite(values: dict) -> None:
 class ModelArguments:
     model: str = field(default="tiny", metadata={"help": f"Model preset: {', '.join(PRESETS)}."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained gpt2, bloom, llama (mistral), qwen2, qwen3, smollm3, "
-                                        "gemma3_text, olmo2 or olmo3 checkpoint (local directory or Hub name); "
-                                        "overrides --model."})
+        default=None, metadata={"help": f"A pretrained {', '.join(served_model_types()[:-1])} or "
+                                        f"{served_model_types()[-1]} checkpoint (local directory or Hub name); "
+                                        f"overrides --model."})
     n_layer: int | None = field(default=None, metadata={"help": "Override the preset's number of layers."})
     hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's hidden size."})
     n_head: int | None = field(default=None, metadata={"help": "Override the preset's attention heads."})
     num_key_value_heads: int | None = field(default=None, metadata={
         "help": "Override a Llama-shaped preset's key/value heads (grouped-query attention; must divide the heads)."})
     head_dim: int | None = field(default=None, metadata={
-        "help": "Override a Llama, Mistral, Qwen3, SmolLM3 or Gemma 3 preset's head width (its queries are heads x "
-                "head_dim wide; GPT-2's, BLOOM's, Qwen2's and OLMo's heads are hidden / heads)."})
+        "help": f"Override a {families_where('own_head_width')} preset's head width (its queries are heads x head_dim "
+                f"wide; the other families' heads are hidden / heads)."})
     sliding_window: int | None = field(default=None, metadata={
-        "help": "Override a Gemma 3 or OLMo 3 preset's sliding window: the tokens its windowed layers attend over "
-                "(default: the preset's; Gemma 3 1B's 512, Gemma3TextConfig's and Olmo3Config's 4,096)."})
+        "help": f"Override a {families_where('full_attention_every')} preset's sliding window: the tokens its windowed "
+                f"layers attend over (default: the preset's; Gemma 3 1B's 512, Gemma3TextConfig's and Olmo3Config's "
+                f"4,096)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
