@@ -118,6 +118,16 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "nemo").mkdir()
     (tmp_path / "nemo" / "config.json").write_text(json.dumps(nemo))
     assert pretrained_shape(str(tmp_path / "nemo"), weights=False) == PRESETS["mistral-nemo-12b"]
+    # Llama-3.1-8B's (transformers 4's keys): its llama3 rotary scaling is no parameter and no FLOP - the preset
+    llama31 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
+               "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+               "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+               "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256}
+    (tmp_path / "llama31").mkdir()
+    (tmp_path / "llama31" / "config.json").write_text(json.dumps(llama31))
+    assert pretrained_shape(str(tmp_path / "llama31"), weights=False) == PRESETS["llama-3.1-8b"]
     # Mistral-7B-v0.1's: a 4,096-token window on every layer (MistralForCausalLM's, the class its checkpoint builds)
     v01 = {**nemo, "head_dim": None, "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000,
            "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096}
