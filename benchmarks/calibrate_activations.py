@@ -1,4 +1,4 @@
-"""Measure what a training step of HF GPT-2/BLOOM/Llama/Qwen3/Gemma 3/OLMo 2 really holds, and fit the activation
+"""Measure what a training step of HF GPT-2/BLOOM/Llama/Qwen3/Gemma 3/OLMo 2/Phi-3 really holds, and fit the activation
 constants of hfscale/formulas/activations.py (ACTIVATION_COEFFICIENTS) to it. Prints the measurements and the fitted
 table.
 
@@ -8,8 +8,8 @@ forward minus before it (what autograd keeps for the backward; the weights are a
 kernel's high-water mark over forward + backward + optimizer step (reset through /proc/self/clear_refs) minus the
 level before the step. The fit is a least-squares over per-layer features (b·s·h, b·a·s²) and once-per-model
 features (b·s·V logits, b·s·h, b·s² mask, weight matrices) - and for the Llama-shaped families per-layer b·s·f,
-b·s·kv and b·s·q, their MLP, key/value and query widths varied apart from h (OLMo 2's queries are always h wide: no
-b·s·q term of its own) - in bytes per element, for each (family, attention, precision, checkpointing) mode.
+b·s·kv and b·s·q, their MLP, key/value and query widths varied apart from h (OLMo 2's and Phi-3's queries are always
+h wide: no b·s·q term of their own) - in bytes per element, for each (family, attention, precision, checkpointing) mode.
 
     python benchmarks/calibrate_activations.py              # every mode, ~30 minutes on 2 cores
     python benchmarks/calibrate_activations.py --modes qwen3  # a family's modes
@@ -42,15 +42,17 @@ HEAD_WIDTH_SHAPES += [(4, 256, 4, 8192, 512, 4, 2, 704, 128), (4, 256, 8, 8192, 
                       (4, 256, 2, 8192, 512, 4, 1, 512, 96)]
 MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("eager", "sdpa")), ("bloom", ("eager",)),
                                                        ("llama", ("eager", "sdpa")), ("qwen3", ("eager", "sdpa")),
-                                                       ("gemma3", ("eager", "sdpa")), ("olmo2", ("eager", "sdpa")))
+                                                       ("gemma3", ("eager", "sdpa")), ("olmo2", ("eager", "sdpa")),
+                                                       ("phi3", ("eager", "sdpa")))
          for attn in attns for prec in ("fp32", "autocast_bf16", "bf16") for ck in (0, 1)]
 SIZES = ("n_layer", "hidden", "heads", "vocab", "seq", "mbs", "kv_heads", "ffn", "head_dim")  # a shape tuple's
 
 
 def shapes_of(family: str) -> list[tuple]:
-    """A family's shapes: its head width varied where its configs set one; OLMo 2's heads are hidden / heads wide."""
+    """A family's shapes: its head width varied where its configs set one; OLMo 2's and Phi-3's heads are hidden /
+    heads wide."""
     return {"llama": HEAD_WIDTH_SHAPES, "qwen3": HEAD_WIDTH_SHAPES, "gemma3": HEAD_WIDTH_SHAPES,
-            "olmo2": LLAMA_SHAPES}.get(family, SHAPES)
+            "olmo2": LLAMA_SHAPES, "phi3": LLAMA_SHAPES}.get(family, SHAPES)
 
 
 def fold_query_width(X):
@@ -317,7 +319,7 @@ DROPOUT_FEATURES = (0, 1, 3, 6, 7, 8)
 DROPOUT_SHAPES = {"gpt2": [SHAPES[i] for i in (0, 1, 2, 6)],
                   "llama": [HEAD_WIDTH_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9, 10, 12)]}
 DROPOUT_SHAPES["qwen3"] = DROPOUT_SHAPES["gemma3"] = DROPOUT_SHAPES["llama"]
-DROPOUT_SHAPES["olmo2"] = [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)]  # its queries h wide
+DROPOUT_SHAPES["olmo2"] = DROPOUT_SHAPES["phi3"] = [LLAMA_SHAPES[i] for i in (0, 1, 2, 6, 7, 8, 9)]  # queries h wide
 # a checkpointed block keeps its input alone: only the embeddings' masks, which activations.counted_dropout counts
 DROPOUT_MODES = [m for m in MODES if m.endswith("/0")]
 

@@ -56,7 +56,8 @@ GRID_SHAPES = [(4, 1024, 16, 50257, 1024, 4), (8, 1024, 16, 50257, 1024, 4), (4,
 DRY_SHAPES = [(2, 128, 4, 512, 128, 4), (3, 128, 4, 512, 128, 4)]  # each activation >= 64 KB: mmapped on CPU
 GRID_MODES = [f"{fam}/{attn}/{prec}/{ck}" for fam, attns in (("gpt2", ("sdpa", "eager")), ("bloom", ("eager",)),
                                                             ("llama", ("sdpa",)), ("qwen3", ("sdpa",)),
-                                                            ("gemma3", ("sdpa",)), ("olmo2", ("sdpa",)))
+                                                            ("gemma3", ("sdpa",)), ("olmo2", ("sdpa",)),
+                                                            ("phi3", ("sdpa",)))
               for attn in attns for prec in ("autocast_bf16", "bf16", "fp32") for ck in (0, 1)]
 # Llama's: (key/value heads, MLP width) after the sizes, varied apart from the hidden size and from each other (its
 # activation model has per-layer b·s·f and b·s·kv terms: benchmarks/calibrate_activations.py LLAMA_SHAPES), and then
@@ -675,6 +676,12 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
         Section("olmo2-1b", 240, ("--model", "olmo2-1b", "--seq_len", "2048", "--per_device_train_batch_size",
                                   "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
         Section("grid", 540, ("--only", "grid", "--grid_filter", "^olmo2/")))),
+    "phi3": ("phi-3-mini compiled (the allocator's peak beside the estimate, whose Phi-3 terms are CPU-fitted until "
+             "this plan's grid measures them; its 2,047-token window under the 2,048-token sequence), then the Phi-3 "
+             "rows of the CUDA activation grid", (
+        Section("phi-3-mini", 240, ("--model", "phi-3-mini", "--seq_len", "2048", "--per_device_train_batch_size",
+                                    "2", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
+        Section("grid", 540, ("--only", "grid", "--grid_filter", "^phi3/")))),
     "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
             "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
         Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
@@ -940,8 +947,8 @@ def main() -> None:
         shapes = DRY_SHAPES if opts.dry_run else opts.grid_shapes or GRID_SHAPES
         compiled_shapes = shapes if opts.grid_shapes else shapes[:COMPILED_SHAPES]  # chosen ones: each compiled too
         widths = HEAD_WIDTH_DRY_SHAPES if opts.dry_run else HEAD_WIDTH_GRID_SHAPES
-        llama = LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES  # OLMo 2: its heads hidden / heads wide
-        own = {"llama": widths, "qwen3": widths, "gemma3": widths, "olmo2": llama}  # --grid_shapes: GPT-2's, BLOOM's
+        llama = LLAMA_DRY_SHAPES if opts.dry_run else LLAMA_GRID_SHAPES  # OLMo 2, Phi-3: heads hidden / heads wide
+        own = {"llama": widths, "qwen3": widths, "gemma3": widths, "olmo2": llama, "phi3": llama}  # else GPT-2's
 
         def of(mode: str, pool: list) -> list:
             family = own.get(mode.split("/")[0])

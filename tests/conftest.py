@@ -374,7 +374,7 @@ def llama_parity() -> dict:
 
 def llama_pair_run(strategy: str, optim: str, model: str = "tiny-llama") -> dict:
     """A 3-step run of one strategy x optimizer pair on a Llama-shaped tiny model (tests/test_llama.py's LLAMA_PAIRS;
-    ddp_powersgd x adafactor on tiny-llama and zero1 x adamw_8bit on tiny-smollm3 are also those pairs' runs in the
+    ddp_powersgd x adafactor on tiny-phi3 and zero1 x adamw_8bit on tiny-smollm3 are also those pairs' runs in the
     strategy x optimizer matrix)."""
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     key = f"{model.removeprefix('tiny-')}-{strategy}-{optim}"

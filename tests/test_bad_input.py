@@ -228,7 +228,8 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
     # families hfscale does not serve, or shapes it cannot train, named before their missing weights
     configs = {"opt": '{"model_type": "opt"}', "qwen3-moe": '{"model_type": "qwen3_moe"}',
                "gemma3-vision": '{"model_type": "gemma3"}',
-               "olmo": '{"model_type": "olmo"}', "phi3": '{"model_type": "phi3"}', "biased-olmo2": '{"model_type": "olmo2", "attention_bias": true}',
+               "olmo": '{"model_type": "olmo"}', "biased-olmo2": '{"model_type": "olmo2", "attention_bias": true}',
+               "partial-phi3": '{"model_type": "phi3", "partial_rotary_factor": 0.75}',
                "gelu-qwen2": '{"model_type": "qwen2", "hidden_act": "gelu"}',
                "biased-qwen3": '{"model_type": "qwen3", "attention_bias": true}',
                "gqa": '{"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}',
@@ -259,8 +260,8 @@ def test_missing_incomplete_or_foreign_model_directories_are_one_line(tmp_path, 
                            (tmp_path / "opt", "its config's model type 'opt' is not supported; hfscale knows: gpt2, "
                                               "bloom, llama, mistral, qwen2, qwen3, smollm3, gemma3_text, "
                                               "olmo2, olmo3"),
-                           (tmp_path / "phi3", "model type 'phi3' is not served: Phi-3's and Phi-4's fused "
-                                               "projections - q, k and v in one qkv_proj"),
+                           (tmp_path / "partial-phi3", "its phi3 config differs from the Phi-3 shape hfscale trains: "
+                                                       "partial_rotary_factor=0.75 (needs 1.0"),
                            (tmp_path / "olmo", "model type 'olmo' is not served: the first OLMo's non-parametric "
                                                "LayerNorms before each sublayer"),
                            (tmp_path / "biased-olmo2", "its olmo2 config differs from the OLMo 2 shape hfscale trains: "

@@ -178,10 +178,11 @@ def test_a_killed_llama_run_resumes_exactly(tmp_path):
 # Llama (bitsandbytes' 8-bit blocks with the embedding's 32-bit states, Adafactor's factored states of the gated MLP,
 # DeepSpeed's CPU Adam over ZeRO-3's partitions, PowerSGD's compressed buckets), 3 steps each - ZeRO-1's on SmolLM3
 # (Llama's tensors, its head tied, a NoPE layer in four, built as SmolLM3ForCausalLM), ZeRO-3 offload's on OLMo 2
-# (its q/k norms as wide as the queries and keys, partitioned with them); test_multiprocess.py's matrix runs zero2,
-# fsdp_tp and fsdp_hybrid on Llama-shaped models
+# (its q/k norms as wide as the queries and keys, partitioned with them), PowerSGD's on Phi-3 (its fused q/k/v and
+# gate/up matrices compressed and factored whole); test_multiprocess.py's matrix runs zero2, fsdp_tp and fsdp_hybrid
+# on Llama-shaped models
 LLAMA_PAIRS = [("zero1", "adamw_8bit", "tiny-smollm3"), ("zero3_offload", "adamw", "tiny-olmo2"),
-               ("ddp_powersgd", "adafactor", "tiny-llama")]
+               ("ddp_powersgd", "adafactor", "tiny-phi3")]
 
 
 @pytest.mark.parametrize("strategy,optim,model", LLAMA_PAIRS)

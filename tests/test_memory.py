@@ -647,12 +647,13 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
 @pytest.mark.parametrize("family,measured", [("llama", "activations_llama_2026-11-29.json"),
                                              ("qwen3", "activations_qwen3_2026-11-29.json"),
                                              ("gemma3", "activations_gemma3_2026-11-29.json"),
-                                             ("olmo2", "activations_olmo2_2026-11-29.json")])
+                                             ("olmo2", "activations_olmo2_2026-11-29.json"),
+                                             ("phi3", "activations_phi3_2026-11-29.json")])
 def test_the_cpu_terms_of_own_widths_are_the_fit_of_their_committed_rows(family, measured):
-    """Llama's, Qwen3's, Gemma 3's and OLMo 2's CPU coefficients (their MLP, key/value and - where a config sets a head
+    """Llama's, Qwen3's, Gemma 3's, OLMo 2's and Phi-3's CPU coefficients (their MLP, key/value and - where a config sets a head
     width - query widths terms of their own) are the least-squares fit of the rows `calibrate_activations.py --modes
-    FAMILY` measured and committed, as they stand: a hand-edited or stale table fails here. OLMo 2's heads are hidden /
-    heads wide, so its rows hold the query width in the b·s·h term (eight terms, fold_query_width). Every row lies
+    FAMILY` measured and committed, as they stand: a hand-edited or stale table fails here. OLMo 2's and Phi-3's heads
+    are hidden / heads wide, so their rows hold the query width in the b·s·h term (eight terms, fold_query_width). Every row lies
     within 3% of the estimate (Gemma 3's checkpointed steps under eager attention within 7%: below); a held-out shape
     run for real, within 10% (tests/test_llama.py)."""
     import numpy as np

@@ -39,7 +39,10 @@ def test_param_formula_equals_model_numel(name):
                                             # OLMo 2's cards: 1.48B, 7.30B, 13.7B, 32.2B (to the parameter: its
                                             # q/k norms as wide as the queries and keys, no pre-norms)
                                             ("olmo2-1b", 1_484_916_736), ("olmo2-7b", 7_298_617_344),
-                                            ("olmo2-13b", 13_716_198_400), ("olmo2-32b", 32_234_279_936)])
+                                            ("olmo2-13b", 13_716_198_400), ("olmo2-32b", 32_234_279_936),
+                                            # Phi-3-mini's and Phi-4's cards: 3.8B and 14.7B (their fused projections
+                                            # hold Llama's matrices)
+                                            ("phi-3-mini", 3_821_079_552), ("phi-4", 14_659_507_200)])
 def test_llama_presets_have_the_published_sizes(name, published):
     assert metrics.param_count(PRESETS[name]) == published
 
@@ -101,6 +104,8 @@ SHAPES = [
     ModelShape("gemma3", 6, 64, 4, 512, 256, ffn=176, n_kv_head=2, head_dim=32),  # 5 windowed layers, 1 global
     ModelShape("olmo2", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # norms after each sublayer, on q/k whole
     ModelShape("olmo3", 4, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # 3 windowed layers, 1 global
+    ModelShape("phi3", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2),  # q/k/v and gate/up fused: Llama's matmuls
+    ModelShape("phi3", 2, 64, 4, 512, 256, ffn=176, n_kv_head=2, sliding_window=32),  # a window: no FLOP fewer
 ]
 
 

@@ -105,8 +105,10 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
         config = hf_config(shape)
         config.save_pretrained(folder)
         assert sizes(pretrained_shape(str(folder), weights=False)) == sizes(shape), name
-        # the windowed layers the estimate counts are those transformers' config derives
-        types = getattr(config, "layer_types", None) or ["full_attention"] * shape.n_layer
+        # the windowed layers the estimate counts are those transformers' config derives (a config without layer types,
+        # Mistral's and Phi-3's, windows every layer where it sets a window: their models pick the mask so)
+        window = getattr(config, "sliding_window", None)
+        types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * shape.n_layer
         assert shape.spec.windowed_layers(shape) == types.count("sliding_attention"), name
         assert shape.window == (config.sliding_window if "sliding_attention" in types else None), name
     assert PRESETS["gemma3-1b"].window == 512 and PRESETS["gemma3-1b"].spec.windowed_layers(PRESETS["gemma3-1b"]) == 22
@@ -128,6 +130,23 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "llama31").mkdir()
     (tmp_path / "llama31" / "config.json").write_text(json.dumps(llama31))
     assert pretrained_shape(str(tmp_path / "llama31"), weights=False) == PRESETS["llama-3.1-8b"]
+    # Phi-3-mini-4k's (transformers 4's keys; a 2,047-token window on every layer, its tokenizer's special tokens) and
+    # Phi-4's (no window)
+    phi3 = {"architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+            "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+            "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+            "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
+            "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064}
+    phi4 = {**phi3, "bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100257, "hidden_size": 5120,
+            "intermediate_size": 17920, "max_position_embeddings": 16384, "original_max_position_embeddings": 16384,
+            "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 10, "rope_theta": 250000,
+            "sliding_window": None, "vocab_size": 100352}
+    for name, config in (("phi-3-mini", phi3), ("phi-4", phi4)):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert pretrained_shape(str(tmp_path / name), weights=False) == PRESETS[name], name
+    assert PRESETS["phi-3-mini"].window == 2047 and PRESETS["phi-4"].window is None
     # Mistral-7B-v0.1's: a 4,096-token window on every layer (MistralForCausalLM's, the class its checkpoint builds)
     v01 = {**nemo, "head_dim": None, "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000,
            "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096}

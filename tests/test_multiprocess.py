@@ -290,7 +290,7 @@ _RUN_ELSEWHERE = {("ddp", "adamw"): "parity:ddp", ("fsdp", "adamw"): "parity:fsd
                   ("ddp", "adamw_8bit"): "8bit:ddp", ("zero2", "adamw_8bit"): "8bit:zero2", ("fsdp", "adamw_8bit"): "8bit:fsdp",
                   ("ddp", "adafactor"): "sweep:ddp-adafactor-np2-mbs4-gas1",  # test_sweep.py's (3 steps, MBS 4)
                   ("zero1", "adafactor"): "tune:zero1-adafactor-np2-mbs4-gas1",  # a trial of test_tune.py's (5 steps)
-                  ("ddp_powersgd", "adafactor"): "llama:ddp_powersgd-adafactor",  # test_llama.py's, on tiny-llama
+                  ("ddp_powersgd", "adafactor"): "phi3:ddp_powersgd-adafactor",  # test_llama.py's, on tiny-phi3
                   ("zero1", "adamw_8bit"): "smollm3:zero1-adamw_8bit"}  # ... and on tiny-smollm3
 # runs whose own checks do not depend on the optimizer, made with the optimizer of a pair (conftest)
 _RUN_ELSEWHERE.update({(s, o): f"partitions:{s}" for s, o in PARTITION_OPTIM.items() if (s, o) not in _RUN_ELSEWHERE})
@@ -313,7 +313,7 @@ def pair_result(strategy: str, optim: str) -> dict:
     if key:  # a run another test makes, by the conftest function that makes it
         return {"parity": parity_run, "bf16": bf16_result, "8bit": eight_bit_run, "sweep": swept_run, "tune": tune_trial,
                 "partitions": partition_run, "host": host_memory_run,
-                "llama": lambda pair: llama_pair_run(*pair.split("-")),
+                "phi3": lambda pair: llama_pair_run(*pair.split("-"), model="tiny-phi3"),
                 "smollm3": lambda pair: llama_pair_run(*pair.split("-"), model="tiny-smollm3")}[kind](key)
     extra = ["--powersgd_warmup_steps", "2"] if strategy == "ddp_powersgd" else []
     if (strategy, optim) in BLOOM_PAIRS:
@@ -352,9 +352,8 @@ def test_every_pair_runs_or_is_refused_before_launch(tmp_path, strategy, optim, 
 BLOOM_PAIRS = [("ddp_powersgd", "adamw_8bit"), ("fsdp_offload", "adamw_8bit")]
 BLOOM_RUNS = [("zero3", "adafactor")]
 # ... and Llama (grouped-query attention split by TP, an untied head): torchao's 8-bit AdamW on HSDP's 2-D mesh (the
-# matrix's run of fsdp_hybrid with it) and PowerSGD with Adafactor (the run tests/test_llama.py makes; it runs the
-# other engines on Llama too)
-LLAMA_PAIRS = [("fsdp_hybrid", "adamw_8bit"), ("ddp_powersgd", "adafactor")]
+# matrix's run of fsdp_hybrid with it; tests/test_llama.py runs the other engines on Llama)
+LLAMA_PAIRS = [("fsdp_hybrid", "adamw_8bit")]
 # ... and Qwen2, Llama's tensors with biases on q/k/v: bitsandbytes' 8-bit Adam under ZeRO-2 keeps such small
 # tensors' states in 32 bits, counted by the memory model (tests/test_tensor_parallel.py splits its biases over TP)
 QWEN2_PAIRS = [("zero2", "adamw_8bit")]
@@ -365,10 +364,13 @@ QWEN3_PAIRS = [("fsdp_tp", "adamw_8bit")]
 # ... and SmolLM3, Llama's tensors with a tied head and a NoPE layer in four: ZeRO-1 with bitsandbytes' 8-bit Adam,
 # whose 32-bit states of the tied embedding the memory model counts (test_llama.py's run)
 SMOLLM3_PAIRS = [("zero1", "adamw_8bit")]
+# ... and Phi-3, its q/k/v and gate/up projections fused: PowerSGD with Adafactor, whose factored states of those
+# matrices the memory model counts (test_llama.py's run)
+PHI3_PAIRS = [("ddp_powersgd", "adafactor")]
 # the host-memory runs (conftest.HOST_RUNS) build a Llama too
 FAMILY = {**{p: "bloom" for p in BLOOM_PAIRS}, **{p: "llama" for p in LLAMA_PAIRS},
           **{p: "qwen2" for p in QWEN2_PAIRS}, **{p: "qwen3" for p in QWEN3_PAIRS},
-          **{p: "smollm3" for p in SMOLLM3_PAIRS},
+          **{p: "smollm3" for p in SMOLLM3_PAIRS}, **{p: "phi3" for p in PHI3_PAIRS},
           **{(s, o): "llama" for name, (s, o, _) in HOST_RUNS.items() if _RUN_ELSEWHERE.get((s, o)) == f"host:{name}"}}
 
 

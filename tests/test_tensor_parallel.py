@@ -266,3 +266,17 @@ def test_tp_checkpoint_resumes_exactly(tmp_path, strategy):
     assert _losses(resumed) == _losses(full)
     if strategy == "tp":
         assert resumed["final_weights"] == full["final_weights"]
+
+
+def test_tp_refuses_phi3s_fused_projections_while_megatrons_layouts_plan_them():
+    """hfscale's TP splits whole projections; Phi-3's fused q/k/v and gate/up would split per part, so tp and fsdp_tp
+    refuse it in one line before anything starts, while a Megatron layout (its fused QKV split by heads) plans it, each
+    rank holding 1/TP of those matrices."""
+    phi4 = PRESETS["phi-4"]
+    assert tp_refusal(phi4, 1) is None
+    assert tp_refusal(phi4, 2).startswith("Phi-3: its fused qkv_proj and gate_up_proj would split per part")
+    assert p3d.grid_refusal(phi4, p3d.Grid(tp=2, dp=4), 8) is None
+    whole = {t.name: t.numel for t in tp_local_tensors(phi4, 1)}
+    split = {t.name: t.numel for t in tp_local_tensors(phi4, 2)}
+    for name in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"):
+        assert split[name] * 2 == whole[name]

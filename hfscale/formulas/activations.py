@@ -1,6 +1,6 @@
 """Bytes of activations per micro-batch: what a training step keeps after the forward, its peak at the start of the
 backward, and (under checkpointing) what the backward holds at its end - for HF's GPT-2, BLOOM, Llama (and Qwen2 and
-SmolLM3, which keep what Llama keeps), Qwen3, Gemma 3 and OLMo 2, by device, precision, attention, checkpointing,
+SmolLM3, which keep what Llama keeps), Qwen3, Gemma 3, OLMo 2 and Phi-3, by device, precision, attention, checkpointing,
 torch.compile, tensor parallelism and the fused loss. Coefficients fitted to measurements
 (benchmarks/calibrate_activations.py); pure functions, no torch at import. formulas/memory.py adds them to the model
 states of a rank; docs/estimate.md has the tables.
@@ -100,6 +100,19 @@ ACTIVATION_COEFFICIENTS: dict[str, dict[str, tuple[float, ...]]] = {
     'olmo2/sdpa/autocast_bf16/1': (4.48, -0.026, 4.163, 7.785, 1.348, 0.614, -0.261, -0.376),
     'olmo2/sdpa/bf16/0': (31.968, 0.011, 3.992, 9.816, 0.639, -0.006, 8.039, 12.102),
     'olmo2/sdpa/bf16/1': (1.59, 0.007, 4.001, 10.038, 0.326, 0.041, 0.062, 0.068),
+    # Phi-3: its q/k/v and gate/up fused, heads hidden / heads wide (eight terms: LLAMA_SHAPES)
+    'phi3/eager/fp32/0': (40.228, 3.991, 3.999, 10.879, 0.455, 0.023, 16.013, 0.031),
+    'phi3/eager/fp32/1': (4.134, -0.007, 4.002, 11.061, 4.331, 0.051, -0.018, -0.008),
+    'phi3/eager/autocast_bf16/0': (28.405, 5.987, 3.992, 8.633, 0.667, 2.053, 7.99, -0.073),
+    'phi3/eager/autocast_bf16/1': (4.087, -0.025, 4.167, 8.922, 5.094, 0.585, -0.208, -0.169),
+    'phi3/eager/bf16/0': (24.319, 5.988, 3.994, 7.892, 0.385, -0.034, 8.026, -0.045),
+    'phi3/eager/bf16/1': (2.073, -0.0, 4.004, 8.517, 1.962, -0.016, -0.03, -0.019),
+    'phi3/sdpa/fp32/0': (40.466, -0.015, 3.993, 11.039, 0.753, 0.015, 15.918, 12.05),
+    'phi3/sdpa/fp32/1': (4.17, -0.01, 3.99, 11.846, 0.465, 0.0, -0.021, -0.054),
+    'phi3/sdpa/autocast_bf16/0': (28.347, -0.004, 3.983, 9.074, 1.014, 2.054, 7.915, 5.965),
+    'phi3/sdpa/autocast_bf16/1': (3.914, -0.017, 4.174, 9.586, 0.763, 0.569, -0.193, -0.126),
+    'phi3/sdpa/bf16/0': (24.223, -0.002, 4.001, 7.566, 0.412, 0.001, 7.997, 5.951),
+    'phi3/sdpa/bf16/1': (1.981, 0.003, 3.997, 7.901, 0.204, 0.007, 0.005, 0.004),
 },
     "cuda": {  # no KV cache (rows measured with it have it taken off), SDPA without a b·a·s² term but fp32 with GQA
         'gpt2/sdpa/fp32/0': (112.074, 0.0, 4.005, 7.765, -0.005, 0.004),

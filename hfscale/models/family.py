@@ -124,6 +124,8 @@ class Family(ABC):
     # so its gradient is summed over the TP group (transformers' replicated_with_grad_allreduce), or colwise_norm: a
     # norm over a column-parallel output (OLMo 2's q/k norms), its weight split as that output
     tp_plan: dict[str, str]
+    # why hfscale's own TP (tp, fsdp_tp) cannot split this family's modules, or None; Megatron's layouts still plan it
+    tp_unsupported: str | None = None
 
     # ---- for each family to define ----------------------------------------------------------------------------------
     def default_ffn(self, hidden: int) -> int:

@@ -27,9 +27,6 @@ def _llama(n_layer, hidden, n_head, n_kv_head, ffn, vocab, positions, tied, rope
 class Llama(Family):
     name, title = "llama", "Llama"
     model_types = ("llama", "mistral")
-    differs = {"phi3": "Phi-3's and Phi-4's fused projections - q, k and v in one qkv_proj, gate and up in one "
-                       "gate_up_proj - keep other tensors for the backward than Llama's do and split otherwise under "
-                       "TP: not yet a family"}
     class_name = "LlamaForCausalLM"
     config_class = "LlamaConfig"
     qkv_bias = False  # biases on the query, key and value projections (Qwen2's); none anywhere else

@@ -42,7 +42,10 @@ from ..models.family import ModelShape
 
 
 def tp_refusal(shape: ModelShape, tp: int) -> str | None:
-    """Why this model cannot be split over `tp` ranks (its family's rule: whole heads per rank), or None."""
+    """Why hfscale's TP cannot split this model over `tp` ranks (its family's rule: whole heads per rank; a family
+    whose modules it does not split), or None."""
+    if tp > 1 and shape.spec.tp_unsupported:
+        return f"{shape.spec.title}: {shape.spec.tp_unsupported}"
     return shape.spec.tp_refusal(shape, tp)
 
 
