@@ -194,19 +194,20 @@ def _dropout_bytes(coefficients, shape, seq, micro_batch) -> float:
 def test_dropout_counted_tensor_by_tensor_is_what_the_cpu_measured_for_eager_attention():
     """act.counted_dropout - the estimate of a device with no dropout measurements (a GPU, until one measures them) -
     with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit of
-    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Llama's, Qwen3's,
-    Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more tensor - in fp32 under autocast
+    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Phi-3's two block
+    outputs, Llama's, Qwen3's, Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more tensor - in fp32 under autocast
     where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them back) - and nothing but the embeddings'
     under checkpointing. SDPA on CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep
     no mask)."""
     fitted = act.DROPOUT_COEFFICIENTS["cpu"]
     eager = [mode for mode in fitted if mode.split("/")[1] == "eager"]
-    assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3", "olmo2"}
-    assert len(eager) == 18
+    assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3", "olmo2", "phi3"}
+    assert len(eager) == 21
     for mode in eager:
         family = mode.split("/")[0]
         widths = {"llama": dict(ffn=1408, n_kv_head=2), "qwen3": dict(ffn=1408, n_kv_head=2, head_dim=128),
-                  "gemma3": dict(ffn=1408, n_kv_head=2, head_dim=128), "olmo2": dict(ffn=1408, n_kv_head=2)}
+                  "gemma3": dict(ffn=1408, n_kv_head=2, head_dim=128), "olmo2": dict(ffn=1408, n_kv_head=2),
+                  "phi3": dict(ffn=1408, n_kv_head=2)}
         shape = ModelShape(family, 4, 512, 8, 8192, 1024, **widths.get(family, {}))
         measured = _dropout_bytes(fitted[mode], shape, 512, 4)
         counted = _dropout_bytes(act.counted_dropout(shape, mode, "cpu"), shape, 512, 4)
