@@ -469,7 +469,8 @@ def test_the_estimate_states_the_heads_as_a_model_card_does():
     (["--model", "tiny-gemma3", "--n_head", "3", "--num_key_value_heads", "1"],
      "heads (3) must divide hidden size (64): Gemma 3's config requires it"),
     (["--model", "tiny-llama", "--sliding_window", "32"],
-     "--sliding_window: Llama's layers attend over the whole sequence; a window is set on a Gemma 3 or OLMo 3 preset"),
+     "--sliding_window: Llama's layers attend over the whole sequence; a window is set on a Gemma 3, OLMo 3 or Phi-3 "
+     "preset"),
     (["--model", "tiny-olmo3", "--sliding_window", "0"], "model sliding_window must be between 1 and 16,777,216 tokens"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
@@ -884,3 +885,7 @@ def test_the_estimate_says_when_windowed_layers_see_less_than_the_sequence(capsy
     assert window_notes("--model", "tiny-olmo3", "--seq_len", "256") == []
     assert window_notes("--model", "tiny-olmo3", "--seq_len", "256", "--sliding_window", "128")[0].startswith(
         "3 of the 4 layers attend over a 128-token window")
+    # ... and Phi-3's window on every layer (none on tiny-phi3 until set)
+    assert window_notes("--model", "tiny-phi3", "--seq_len", "256") == []
+    assert window_notes("--model", "tiny-phi3", "--seq_len", "256", "--sliding_window", "128")[0].startswith(
+        "2 of the 2 layers attend over a 128-token window")

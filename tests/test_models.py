@@ -147,6 +147,7 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(config))
         assert pretrained_shape(str(tmp_path / name), weights=False) == PRESETS[name], name
     assert PRESETS["phi-3-mini"].window == 2047 and PRESETS["phi-4"].window is None
+    assert hf_config(replace(PRESETS["phi-4"], sliding_window=1024)).sliding_window == 1024  # --sliding_window's
     # Mistral-7B-v0.1's: a 4,096-token window on every layer (MistralForCausalLM's, the class its checkpoint builds)
     v01 = {**nemo, "head_dim": None, "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000,
            "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096}

@@ -1,7 +1,7 @@
 """What hfscale knows about models: one module per family (gpt2, bloom, llama, qwen2, qwen3, smollm3, gemma3,
 olmo2 with OLMo 3, phi3), each registered by the transformers model_types it serves (family.py); the shape of the
-model a user names (resolve.py); building and loading one (build.py, torch and transformers imported inside its functions).
-Importing this package imports neither."""
+model a user names (resolve.py); building and loading one (build.py, torch and transformers imported inside its
+functions). Importing this package imports neither."""
 
 # each registers its family, in the order presets are listed
 from . import gpt2, bloom, llama, qwen2, qwen3, smollm3, gemma3, olmo2, phi3  # noqa: F401,I001

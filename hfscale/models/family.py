@@ -111,6 +111,7 @@ class Family(ABC):
     # records a Mistral config's window on every layer
     full_attention_every: int = 0
     default_window: int | None = None  # its config's sliding window where it has windowed layers (the shape's default)
+    window_in_config = False  # hf_config builds the shape's window (--sliding_window applies): Gemma 3, OLMo 3, Phi-3
     dropout_keys: tuple[str, ...] = ()  # the config's dropout probabilities (what hf_config sets from --dropout)
     # where those drop, in the activation terms: (dropouts a block applies to its b·s·h outputs, dropouts of the
     # embeddings' b·s·h sum); every family drops its attention probabilities too (activations.counted_dropout)

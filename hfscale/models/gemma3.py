@@ -32,6 +32,7 @@ class Gemma3(Qwen3):
     mlp_output_normed = True
     rope_per_layer_type, sliding_rope_theta = True, LOCAL_ROPE_THETA
     full_attention_every, default_window = 6, 4096  # Gemma3TextConfig's; Gemma 3 1B's own window is 512
+    window_in_config = True
     block_norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                    "post_feedforward_layernorm")
     config_needs = {"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,

@@ -113,7 +113,7 @@ class Llama(Family):
         config_class = getattr(transformers, self.config_class)
         if shape.head_dim is not None:  # LlamaConfig's default is hidden / heads
             extra = {"head_dim": shape.head_dim, **extra}
-        if self.full_attention_every:  # its config derives the layer types from the same pattern
+        if self.window_in_config:  # a pattern family's config derives the layer types from the same pattern
             extra = {"sliding_window": shape.window, **extra}
         return config_class(num_hidden_layers=shape.n_layer, hidden_size=shape.hidden,
                             num_attention_heads=shape.n_head, num_key_value_heads=shape.kv_heads,
@@ -137,7 +137,9 @@ class Llama(Family):
         (Mistral's) is recorded; one on some layers only (Qwen's use_sliding_window above max_window_layers) is its
         attention's business, not in the shape (docs/models.md)."""
         window, n_layer = getattr(config, "sliding_window", None), config.num_hidden_layers
-        types = list(getattr(config, "layer_types", None) or ([] if window is None else ["sliding_attention"] * n_layer))
+        types = list(getattr(config, "layer_types", None) or [])
+        if not types and window is not None:  # Mistral's and Phi-3's configs list no layer types: every layer windowed
+            types = ["sliding_attention"] * n_layer
         windowed = types.count("sliding_attention")
         if self.full_attention_every:
             if types and types != self.layer_types(n_layer):

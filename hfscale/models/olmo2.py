@@ -79,6 +79,7 @@ class Olmo3(Olmo2):
     config_class = "Olmo3Config"
     rope_per_layer_type = True
     full_attention_every, default_window = 4, 4096  # Olmo3Config's
+    window_in_config = True
     activations_as = "olmo2"
     presets = {
         # tiny-olmo2's sizes on 4 layers, so that one attends globally (layer_types' default: every fourth)

@@ -29,13 +29,14 @@ class Phi3(Llama):
     own_head_width = False  # Phi3Config has no head_dim: its heads are hidden / heads wide
     activations_as = None  # its fused projections keep other tensors than Llama's: terms of its own
     config_needs = {"hidden_act": "silu"}
+    window_in_config = True  # a window on every layer where the shape sets one (Phi-3-mini's 2,047)
     dropout_keys = ("resid_pdrop", "attention_dropout")
-    dropout_sites = (2, 0)  # resid_attn_dropout and resid_mlp_dropout on a block's b·s·h outputs; no embedding dropout
+    dropout_sites = (2, 0)  # resid_attn_dropout and resid_mlp_dropout on a block's b·s·h outputs; none on embeddings
     # the sizes Megatron's TP gives each rank (its fused QKV splits by heads, gate/up by columns): formulas/tensors.py
     tp_plan = {"self_attn.qkv_proj": "colwise", "self_attn.o_proj": "rowwise", "mlp.gate_up_proj": "colwise",
                "mlp.down_proj": "rowwise"}
-    tp_unsupported = ("its fused qkv_proj and gate_up_proj would split per part (each rank its heads' q, k and v rows), "
-                      "which hfscale's TP does not build; use fsdp or zero3")
+    tp_unsupported = ("its fused qkv_proj and gate_up_proj would split per part (each rank its heads' q, k and v "
+                      "rows), which hfscale's TP does not build; use fsdp or zero3")
     presets = {
         # tiny-llama's sizes in Phi-3's block
         "tiny-phi3": ModelShape("phi3", 2, 64, 4, 2048, 256, 176, 2, False, 10000.0),
@@ -57,7 +58,7 @@ class Phi3(Llama):
         vocabulary): none, as Qwen3Config's, and the run sets end-of-text from its tokenizer. Its window is the
         shape's, on every layer (Phi-3-mini's 2,047; none by default)."""
         tokens = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None, "resid_pdrop": dropout,
-                  "embd_pdrop": 0.0, "sliding_window": shape.sliding_window}
+                  "embd_pdrop": 0.0}
         return super().hf_config(shape, dropout, **{**tokens, **extra})
 
     def shape_from_config(self, config):

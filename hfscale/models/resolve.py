@@ -24,9 +24,9 @@ def resolve_shape(preset: str, n_layer: int | None = None, hidden: int | None = 
     if preset not in PRESETS:
         raise one_of("model preset", preset, PRESETS)
     spec = PRESETS[preset].spec
-    if sliding_window is not None and not spec.full_attention_every:
+    if sliding_window is not None and not spec.window_in_config:
         raise HfscaleError(f"--sliding_window: {spec.title}'s layers attend over the whole sequence; a window is set "
-                           f"on a {families_where('full_attention_every')} preset")
+                           f"on a {families_where('window_in_config')} preset")
     if head_dim is not None and not spec.own_head_width:
         raise HfscaleError(f"--head_dim: {spec.title}'s heads are hidden / heads wide; a head width of its own is set "
                            f"on a {families_where('own_head_width')} preset")

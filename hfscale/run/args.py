@@ -62,9 +62,9 @@ class ModelArguments:
         "help": f"Override a {families_where('own_head_width')} preset's head width (its queries are heads x head_dim "
                 f"wide; the other families' heads are hidden / heads)."})
     sliding_window: int | None = field(default=None, metadata={
-        "help": f"Override a {families_where('full_attention_every')} preset's sliding window: the tokens its windowed "
+        "help": f"Override a {families_where('window_in_config')} preset's sliding window: the tokens its windowed "
                 f"layers attend over (default: the preset's; Gemma 3 1B's 512, Gemma3TextConfig's and Olmo3Config's "
-                f"4,096)."})
+                f"4,096 on their windowed layers, Phi-3-mini's 2,047 on every layer, none on Phi-4)."})
     ffn_hidden_size: int | None = field(default=None, metadata={
         "help": "Override the MLP inner size (GPT-2: default 4 x hidden; Llama, Qwen: its intermediate size; not BLOOM)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Override the vocabulary size."})
