@@ -193,12 +193,12 @@ def _dropout_bytes(coefficients, shape, seq, micro_batch) -> float:
 
 def test_dropout_counted_tensor_by_tensor_is_what_the_cpu_measured_for_eager_attention():
     """act.counted_dropout - the estimate of a device with no dropout measurements (a GPU, until one measures them) -
-    with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit of
-    every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Phi-3's two block
-    outputs, Llama's, Qwen3's, Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more tensor - in fp32 under autocast
-    where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them back) - and nothing but the embeddings'
-    under checkpointing. SDPA on CPU runs torch's math kernel with dropout (the fit holds it; CUDA's fused kernels keep
-    no mask)."""
+    with the CPU's mask (torch's unfused dropout keeps its noise in the dropped tensor's dtype) against the CPU fit
+    of every eager mode: its sites per family (GPT-2's two block outputs and embeddings, BLOOM's two, Phi-3's two
+    block outputs, Llama's, Qwen3's, Gemma 3's and OLMo 2's none), the dropped probabilities where they are one more
+    tensor - in fp32 under autocast where RoPE leaves the queries fp32 (Llama's, not OLMo 2's, which casts them
+    back) - and nothing but the embeddings' under checkpointing. SDPA on CPU runs torch's math kernel with dropout
+    (the fit holds it; CUDA's fused kernels keep no mask)."""
     fitted = act.DROPOUT_COEFFICIENTS["cpu"]
     eager = [mode for mode in fitted if mode.split("/")[1] == "eager"]
     assert {m.split("/")[0] for m in eager} == {"gpt2", "bloom", "llama", "qwen3", "gemma3", "olmo2", "phi3"}
@@ -471,7 +471,8 @@ def test_the_estimate_states_the_heads_as_a_model_card_does():
     (["--model", "tiny-llama", "--sliding_window", "32"],
      "--sliding_window: Llama's layers attend over the whole sequence; a window is set on a Gemma 3, OLMo 3 or Phi-3 "
      "preset"),
-    (["--model", "tiny-olmo3", "--sliding_window", "0"], "model sliding_window must be between 1 and 16,777,216 tokens"),
+    (["--model", "tiny-olmo3", "--sliding_window", "0"],
+     "model sliding_window must be between 1 and 16,777,216 tokens"),
 ])
 def test_estimate_refuses_bad_input_in_one_line(tmp_path, argv, expected):
     proc = run([sys.executable, "-m", "hfscale", "estimate", *argv], cwd=tmp_path, timeout=120)
@@ -652,12 +653,12 @@ def test_the_cuda_table_is_what_the_fit_gives_and_predicts_rows_it_was_not_fitte
                                              ("olmo2", "activations_olmo2_2026-11-29.json"),
                                              ("phi3", "activations_phi3_2026-11-29.json")])
 def test_the_cpu_terms_of_own_widths_are_the_fit_of_their_committed_rows(family, measured):
-    """Llama's, Qwen3's, Gemma 3's, OLMo 2's and Phi-3's CPU coefficients (their MLP, key/value and - where a config sets a head
-    width - query widths terms of their own) are the least-squares fit of the rows `calibrate_activations.py --modes
-    FAMILY` measured and committed, as they stand: a hand-edited or stale table fails here. OLMo 2's and Phi-3's heads
-    are hidden / heads wide, so their rows hold the query width in the b·s·h term (eight terms, fold_query_width). Every row lies
-    within 3% of the estimate (Gemma 3's checkpointed steps under eager attention within 7%: below); a held-out shape
-    run for real, within 10% (tests/test_llama.py)."""
+    """Llama's, Qwen3's, Gemma 3's, OLMo 2's and Phi-3's CPU coefficients (their MLP, key/value and - where a config
+    sets a head width - query widths terms of their own) are the least-squares fit of the rows
+    `calibrate_activations.py --modes FAMILY` measured and committed, as they stand: a hand-edited or stale table
+    fails here. OLMo 2's and Phi-3's heads are hidden / heads wide, so their rows hold the query width in the b·s·h
+    term (eight terms, fold_query_width). Every row lies within 3% of the estimate (Gemma 3's checkpointed steps
+    under eager attention within 7%: below); a held-out shape run for real, within 10% (tests/test_llama.py)."""
     import numpy as np
 
     calibrate = load_benchmark("calibrate_activations")

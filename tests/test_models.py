@@ -108,7 +108,8 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
         # the windowed layers the estimate counts are those transformers' config derives (a config without layer types,
         # Mistral's and Phi-3's, windows every layer where it sets a window: their models pick the mask so)
         window = getattr(config, "sliding_window", None)
-        types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * shape.n_layer
+        types = getattr(config, "layer_types", None) or [
+            "sliding_attention" if window else "full_attention"] * shape.n_layer
         assert shape.spec.windowed_layers(shape) == types.count("sliding_attention"), name
         assert shape.window == (config.sliding_window if "sliding_attention" in types else None), name
     assert PRESETS["gemma3-1b"].window == 512 and PRESETS["gemma3-1b"].spec.windowed_layers(PRESETS["gemma3-1b"]) == 22
@@ -121,7 +122,8 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     (tmp_path / "nemo" / "config.json").write_text(json.dumps(nemo))
     assert pretrained_shape(str(tmp_path / "nemo"), weights=False) == PRESETS["mistral-nemo-12b"]
     # Llama-3.1-8B's (transformers 4's keys): its llama3 rotary scaling is no parameter and no FLOP - the preset
-    llama31 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
+    llama31 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+               "hidden_size": 4096,
                "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
                "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
                "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -179,7 +181,8 @@ def test_every_presets_config_reads_back_as_the_preset(tmp_path):
     assert pretrained_shape(str(tmp_path / "gemma3"), weights=False) == PRESETS["gemma3-1b"]  # its 512 window too
     # layer types other than the family's pattern: refused, the estimate would count the pattern's
     (tmp_path / "gemma3-global").mkdir()
-    (tmp_path / "gemma3-global" / "config.json").write_text(json.dumps({**gemma3, "layer_types": ["full_attention"] * 26}))
+    global_only = {**gemma3, "layer_types": ["full_attention"] * 26}
+    (tmp_path / "gemma3-global" / "config.json").write_text(json.dumps(global_only))
     with pytest.raises(HfscaleError, match=r"in layers \[0, 1, .*, 25\], where Gemma 3's pattern \(one layer in 6\), "
                                            r"which hfscale counts, does in \[5, 11, 17, 23\]"):
         pretrained_shape(str(tmp_path / "gemma3-global"), weights=False)

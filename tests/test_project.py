@@ -751,9 +751,9 @@ def test_tune_and_project_judge_the_same_plan_alike():
     from hfscale.plan.options import fit
     from hfscale.plan.tune import candidates
 
-    opts = SimpleNamespace(model="bloom-1b7", model_name_or_path=None, **dict.fromkeys(MODEL_OVERRIDES), seq_len=2048, num_processes=8, strategy="all",
-                           optim="adamw", per_device_train_batch_size="1,8,32", activation_checkpointing="false",
-                           global_batch_size=None, bf16=True, fp16=False, attn_implementation="sdpa", torch_compile=False,
+    opts = SimpleNamespace(model="bloom-1b7", model_name_or_path=None, **dict.fromkeys(MODEL_OVERRIDES), seq_len=2048,
+                           num_processes=8, strategy="all", optim="adamw", per_device_train_batch_size="1,8,32",
+                           activation_checkpointing="false", global_batch_size=None, bf16=True, fp16=False, attn_implementation="sdpa", torch_compile=False,
                            device="A100-40GB", device_memory_gb=None, fp8_axis="auto")
     cands, _, _ = candidates(opts, [])
     judged = {c.run.name: c.status for c in cands if c.status in ("planned", "pruned")}
