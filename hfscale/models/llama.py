@@ -74,7 +74,15 @@ class Llama(Family):
         return 256 * ceil(8 * hidden / 3 / 256)
 
     def tensors(self, shape):
-        h, f, v, q, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.q_hidden, shape.kv_hidden
+        h, v = shape.hidden, shape.vocab
+        block = self.layer_tensors(shape)
+        return [(self.embedding, (v, h)),
+                *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
+                ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
+
+    def layer_tensors(self, shape) -> list[tuple[str, tuple[int, ...]]]:
+        """One block's tensors, named within it, in `model.parameters()` order."""
+        h, f, q, kv = shape.hidden, shape.ffn_size, shape.q_hidden, shape.kv_hidden
         block = []
         for proj, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             block.append((f"self_attn.{proj}.weight", (width, h)))
@@ -84,11 +92,8 @@ class Llama(Family):
         if self.qk_norm:
             q_norm, k_norm = (q, kv) if self.qk_norm_whole else (shape.head_size, shape.head_size)
             block += [("self_attn.q_norm.weight", (q_norm,)), ("self_attn.k_norm.weight", (k_norm,))]
-        block += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),
-                  *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
-        return [(self.embedding, (v, h)),
-                *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
-                ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
+        return block + [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
+                        ("mlp.down_proj.weight", (h, f)), *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
 
     def check(self, shape):
         if shape.kv_heads > shape.n_head or shape.n_head % shape.kv_heads:

@@ -16,7 +16,7 @@ window on every layer (Phi-4 has none).
 """
 
 from ..errors import HfscaleError
-from .family import UNTIED_HEAD, ModelShape, register
+from .family import ModelShape, register
 from .llama import Llama
 
 
@@ -44,14 +44,11 @@ class Phi3(Llama):
         "phi-4": ModelShape("phi3", 40, 5120, 40, 100352, 16384, 17920, 10, False, 250000.0),
     }
 
-    def tensors(self, shape):
-        h, f, v, q, kv = shape.hidden, shape.ffn_size, shape.vocab, shape.q_hidden, shape.kv_hidden
-        block = [("self_attn.o_proj.weight", (h, q)), ("self_attn.qkv_proj.weight", (q + 2 * kv, h)),
-                 ("mlp.gate_up_proj.weight", (2 * f, h)), ("mlp.down_proj.weight", (h, f)),
-                 *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
-        return [(self.embedding, (v, h)),
-                *((f"{self.block_prefix}.{i}.{name}", dims) for i in range(shape.n_layer) for name, dims in block),
-                ("model.norm.weight", (h,)), *([] if shape.tied_head else [(UNTIED_HEAD, (v, h))])]
+    def layer_tensors(self, shape):
+        h, f, q, kv = shape.hidden, shape.ffn_size, shape.q_hidden, shape.kv_hidden
+        return [("self_attn.o_proj.weight", (h, q)), ("self_attn.qkv_proj.weight", (q + 2 * kv, h)),
+                ("mlp.gate_up_proj.weight", (2 * f, h)), ("mlp.down_proj.weight", (h, f)),
+                *((f"{norm}.weight", (h,)) for norm in self.block_norms)]
 
     def hf_config(self, shape, dropout=0.0, **extra):
         """Phi3Config's special tokens default to Phi-3's tokenizer's ids (padding at 32,000, beyond a smaller
