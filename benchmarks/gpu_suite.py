@@ -641,6 +641,14 @@ def _ddp(*args: str) -> tuple[str, ...]:
     return ("--only", "runs", "--strategy", "ddp", "--optim", "adamw", "--no-pairs", *args)
 
 
+def _compiled_then_grid(preset: str, family: str, mbs: int = 4) -> tuple[Section, Section]:
+    """A family's plan: its preset compiled under ddp at 2,048 tokens (the allocator's peak beside the estimate, whose
+    terms are CPU-fitted until then), then the family's rows of the CUDA activation grid."""
+    return (Section(preset, 240, ("--model", preset, "--seq_len", "2048", "--per_device_train_batch_size", str(mbs),
+                                  *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
+            Section("grid", 540, ("--only", "grid", "--grid_filter", f"^{family}/")))
+
+
 _SHAPES_8 = ("--grid_shapes", "8x1024x16x50257x1024x8,8x1024x16x50257x1024x16")
 PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
     "llama": ("llama-3.2-1b compiled (MFU, beside the hand-written loss-only step, the allocator's peak beside the "
@@ -660,28 +668,17 @@ PLANS: dict[str, tuple[str, tuple[Section, ...]]] = {
                                     "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),)),
     "qwen3": ("qwen3-1.7b compiled (the allocator's peak beside the estimate, whose Qwen3 terms are CPU-fitted "
               "until this plan's grid measures them), then the Qwen3 rows of the CUDA activation grid (their head "
-              "width apart from hidden / heads)", (
-        Section("qwen3-1.7b", 240, ("--model", "qwen3-1.7b", "--seq_len", "2048", "--per_device_train_batch_size",
-                                    "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
-        Section("grid", 540, ("--only", "grid", "--grid_filter", "^qwen3/")))),
+              "width apart from hidden / heads)", _compiled_then_grid("qwen3-1.7b", "qwen3")),
     "gemma3": ("gemma3-1b compiled (the allocator's peak beside the estimate, whose Gemma 3 terms are CPU-fitted "
                "until this plan's grid measures them; its 512-token window under the 2,048-token sequence: what the "
                "windowed layers' explicit mask keeps on CUDA, which the estimate leaves out), then the Gemma 3 rows of "
-               "the CUDA activation grid", (
-        Section("gemma3-1b", 240, ("--model", "gemma3-1b", "--seq_len", "2048", "--per_device_train_batch_size",
-                                   "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
-        Section("grid", 540, ("--only", "grid", "--grid_filter", "^gemma3/")))),
+               "the CUDA activation grid", _compiled_then_grid("gemma3-1b", "gemma3")),
     "olmo2": ("olmo2-1b compiled (the allocator's peak beside the estimate, whose OLMo 2 terms are CPU-fitted until "
-              "this plan's grid measures them), then the OLMo 2 rows of the CUDA activation grid", (
-        Section("olmo2-1b", 240, ("--model", "olmo2-1b", "--seq_len", "2048", "--per_device_train_batch_size",
-                                  "4", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
-        Section("grid", 540, ("--only", "grid", "--grid_filter", "^olmo2/")))),
+              "this plan's grid measures them), then the OLMo 2 rows of the CUDA activation grid",
+              _compiled_then_grid("olmo2-1b", "olmo2")),
     "phi3": ("phi-3-mini compiled (the allocator's peak beside the estimate, whose Phi-3 terms are CPU-fitted until "
              "this plan's grid measures them; its 2,047-token window under the 2,048-token sequence), then the Phi-3 "
-             "rows of the CUDA activation grid", (
-        Section("phi-3-mini", 240, ("--model", "phi-3-mini", "--seq_len", "2048", "--per_device_train_batch_size",
-                                    "2", *_ddp("--ddp_variants", "compiled", "--steps", "20"))),
-        Section("grid", 540, ("--only", "grid", "--grid_filter", "^phi3/")))),
+             "rows of the CUDA activation grid", _compiled_then_grid("phi-3-mini", "phi3", mbs=2)),
     "fp8": ("--fp8 against bf16, compiled, on one Hopper GPU (issue 64's goals: >= 1.10x at gpt2-1.3b, >= 1.2x at the "
             "largest Llama one GPU trains): tokens/s side by side, the allocator's peak beside the estimate", (
         Section("fp8-gpt2-1.3b", 260, ("--model", "gpt2-1.3b", "--per_device_train_batch_size", "8",  # seq 1024
